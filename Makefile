@@ -1,0 +1,38 @@
+# `make test` and `make demo` create .venv/ on first use (about 11 minutes:
+# mmcv 2.1.0 compiles from source); later runs reuse it and install nothing.
+#
+# Install order matters:
+# 1. torch first, pinned, so nothing later pulls a multi-GB CUDA build;
+# 2. setuptools<70, wheel, ninja: mmcv 2.1.0's build imports pkg_resources;
+# 3. mmcv built against that torch (--no-build-isolation);
+# 4. the rest; this brings setuptools back up to what torch 2.13 asks for;
+# 5. sn_mm itself, editable.
+PY        ?= python3
+VENV      := .venv
+VPY       := $(VENV)/bin/python
+PIP       := $(VPY) -m pip
+TORCH_VERSION ?= 2.13.0
+# Written last: a .venv whose install broke half-way is completed next time.
+STAMP     := $(VENV)/.sn_mm-installed
+
+.PHONY: venv test demo demo-seg clean-venv
+
+venv: $(STAMP)
+
+$(STAMP): requirements/build.txt requirements/runtime.txt requirements/tests.txt setup.py
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install torch==$(TORCH_VERSION)
+	$(PIP) install -r requirements/build.txt
+	$(PIP) install mmengine==0.10.7
+	MAX_JOBS=$${MAX_JOBS:-2} $(PIP) install --no-build-isolation mmcv==2.1.0
+	$(PIP) install -r requirements/runtime.txt -r requirements/tests.txt \
+		torch==$(TORCH_VERSION)
+	$(PIP) install --no-build-isolation --no-deps -e .
+	touch $(STAMP)
+
+test: venv
+	$(VPY) -m pytest tests
+
+clean-venv:
+	rm -rf $(VENV)
