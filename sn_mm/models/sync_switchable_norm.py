@@ -1,0 +1,112 @@
+"""SyncSN: Switchable Normalization with BN statistics shared across ranks."""
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from mmengine.registry import MODELS
+from torch import Tensor
+
+from .switchable_norm import SwitchableNorm
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """Sum over the group whose gradient is again a sum over the group.
+
+    The loss being the sum of the ranks' losses, each rank's contribution to
+    the shared sums receives the gradient summed over every rank -- which is
+    what makes SyncSN's gradients equal SN's over the concatenated batch.
+    """
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor, group) -> Tensor:
+        ctx.group = group
+        tensor = tensor.clone()
+        dist.all_reduce(tensor, group=group)
+        return tensor
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        grad = grad.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+@MODELS.register_module('SyncSN')
+class SyncSwitchableNorm(SwitchableNorm):
+    """Switchable Normalization whose BN term is computed over all ranks.
+
+    Each rank sends one vector (per-channel sums of the IN means and second
+    moments, and its sample count) through a single all-reduce in forward and
+    one in backward, so BN statistics are weighted by every rank's number of
+    samples, ranks may hold different numbers of samples (zero included), and
+    gradients equal those of :class:`SwitchableNorm` on the concatenated
+    batch. Without an initialised process group, or with a group of one
+    rank, it computes exactly what :class:`SwitchableNorm` does.
+
+    Args:
+        group (ProcessGroup, optional): Ranks that share statistics.
+            Default: the whole world.
+        Others: as :class:`SwitchableNorm`.
+    """
+
+    def __init__(self,
+                 num_features: int,
+                 eps: float = 1e-5,
+                 momentum: float = 0.1,
+                 using_bn: bool = True,
+                 unbiased: bool = True,
+                 group: Optional[object] = None) -> None:
+        super().__init__(num_features, eps, momentum, using_bn, unbiased)
+        self.group = group
+
+    def _is_distributed(self) -> bool:
+        return (dist.is_available() and dist.is_initialized()
+                and dist.get_world_size(self.group) > 1)
+
+    def _reduce_bn_sums(self, sums: Tensor) -> Tensor:
+        if not self._is_distributed():
+            return sums
+        group = self.group if self.group is not None else dist.group.WORLD
+        return _AllReduceSum.apply(sums, group)
+
+
+def _swap_norm(module: nn.Module, old_type: type, make_new) -> nn.Module:
+    """Replace, recursively, every layer of exactly ``old_type`` by
+    ``make_new(layer)``, handing over the same Parameter objects so that an
+    optimizer built before the swap still updates the new layers."""
+    if type(module) is old_type:
+        new = make_new(module)
+        new.weight = module.weight
+        new.bias = module.bias
+        new.mean_weight = module.mean_weight
+        new.var_weight = module.var_weight
+        if module.using_bn:
+            new.running_mean = module.running_mean
+            new.running_var = module.running_var
+        new.train(module.training)
+        return new
+    for name, child in module.named_children():
+        new_child = _swap_norm(child, old_type, make_new)
+        if new_child is not child:
+            module.add_module(name, new_child)
+    return module
+
+
+def convert_sync_sn(module: nn.Module, group=None) -> nn.Module:
+    """Turn every :class:`SwitchableNorm` in ``module`` into a
+    :class:`SyncSwitchableNorm` sharing its parameters and buffers, like
+    ``nn.SyncBatchNorm.convert_sync_batchnorm``. Returns the converted module
+    (a new object only where ``module`` itself is an SN layer)."""
+    return _swap_norm(
+        module, SwitchableNorm, lambda m: SyncSwitchableNorm(
+            m.num_features, m.eps, m.momentum, m.using_bn, m.unbiased,
+            group=group))
+
+
+def revert_sync_sn(module: nn.Module) -> nn.Module:
+    """Turn every :class:`SyncSwitchableNorm` in ``module`` back into a
+    :class:`SwitchableNorm`, e.g. to test on one process or the CPU."""
+    return _swap_norm(
+        module, SyncSwitchableNorm, lambda m: SwitchableNorm(
+            m.num_features, m.eps, m.momentum, m.using_bn, m.unbiased))

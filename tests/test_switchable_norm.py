@@ -1,0 +1,186 @@
+import pytest
+import torch
+import torch.nn as nn
+from torch.func import functional_call
+
+from sn_mm import SwitchableNorm
+from sn_mm.models.switchable_norm import TERMS
+from sn_reference import reference_sn
+
+SHAPES = {
+    '2d': (6, 5),
+    '4d': (4, 5, 6, 7),
+    '5d': (3, 5, 2, 4, 3),
+    'one_position': (4, 5, 1, 1),
+}
+
+
+def make_sn(c, using_bn=True, unbiased=True, dtype=torch.float64, seed=0):
+    """An SN layer with non-trivial parameters and running statistics."""
+    gen = torch.Generator().manual_seed(seed)
+    sn = SwitchableNorm(c, using_bn=using_bn, unbiased=unbiased).to(dtype)
+    with torch.no_grad():
+        sn.weight.copy_(torch.rand(c, generator=gen) + 0.5)
+        sn.bias.copy_(torch.randn(c, generator=gen))
+        sn.mean_weight.copy_(torch.randn(sn.mean_weight.shape, generator=gen))
+        sn.var_weight.copy_(torch.randn(sn.var_weight.shape, generator=gen))
+        if using_bn:
+            sn.running_mean.copy_(torch.randn(c, generator=gen))
+            sn.running_var.copy_(torch.rand(c, generator=gen) + 0.5)
+    return sn
+
+
+def random_input(shape, seed=1, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    # A per-channel offset and scale, so that the normalisers differ.
+    x = torch.randn(shape, generator=gen, dtype=dtype)
+    offset = torch.randn(shape[:2], generator=gen, dtype=dtype) * 3
+    return x * 2 + offset.reshape(*shape[:2], *([1] * (len(shape) - 2)))
+
+
+def reference_of(sn, x, training):
+    return reference_sn(x, sn.weight.detach(), sn.bias.detach(),
+                        sn.mean_weight.detach(), sn.var_weight.detach(),
+                        sn.running_mean, sn.running_var, training,
+                        momentum=sn.momentum, eps=sn.eps, using_bn=sn.using_bn,
+                        unbiased=sn.unbiased)
+
+
+def test_initial_state():
+    sn = SwitchableNorm(8)
+    assert sn.weight.shape == sn.bias.shape == (8, )
+    assert torch.equal(sn.mean_weight, torch.ones(3))
+    assert torch.equal(sn.var_weight, torch.ones(3))
+    assert torch.equal(sn.running_mean, torch.zeros(8))
+    assert torch.equal(sn.running_var, torch.ones(8))
+    no_bn = SwitchableNorm(8, using_bn=False)
+    assert no_bn.mean_weight.shape == no_bn.var_weight.shape == (2, )
+    assert no_bn.running_mean is None and no_bn.running_var is None
+    assert 'running_mean' not in no_bn.state_dict()
+
+
+@pytest.mark.parametrize('shape', SHAPES.values(), ids=SHAPES.keys())
+@pytest.mark.parametrize('using_bn', [True, False])
+@pytest.mark.parametrize('unbiased', [True, False])
+def test_matches_reference_train_and_eval(shape, using_bn, unbiased):
+    sn = make_sn(shape[1], using_bn, unbiased)
+    x = random_input(shape)
+    # Two training steps: the second starts from updated running stats.
+    for _ in range(2):
+        expected, exp_rm, exp_rv = reference_of(sn, x, training=True)
+        out = sn.train()(x)
+        torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+        if using_bn:
+            torch.testing.assert_close(sn.running_mean, exp_rm)
+            torch.testing.assert_close(sn.running_var, exp_rv)
+    expected, _, _ = reference_of(sn, x, training=False)
+    torch.testing.assert_close(sn.eval()(x), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_eval_does_not_touch_running_stats():
+    sn = make_sn(5).eval()
+    before = (sn.running_mean.clone(), sn.running_var.clone())
+    sn(random_input((4, 5, 3, 3)))
+    assert torch.equal(sn.running_mean, before[0])
+    assert torch.equal(sn.running_var, before[1])
+
+
+def test_eval_is_per_sample():
+    # In eval mode a sample's output must not depend on its batch-mates.
+    sn = make_sn(5).eval()
+    x = random_input((4, 5, 3, 3))
+    torch.testing.assert_close(sn(x)[:1], sn(x[:1]))
+
+
+@pytest.mark.parametrize('shape', [(3, 4, 3, 2), (5, 4), (3, 4, 1, 1),
+                                   (2, 4, 2, 3, 2)])
+@pytest.mark.parametrize('using_bn', [True, False])
+@pytest.mark.parametrize('training', [True, False])
+def test_gradcheck(shape, using_bn, training):
+    sn = make_sn(shape[1], using_bn).train(training)
+    names = ['weight', 'bias', 'mean_weight', 'var_weight']
+    params = [getattr(sn, n).detach().clone().requires_grad_() for n in names]
+    x = random_input(shape).requires_grad_()
+
+    def fn(x, *params):
+        return functional_call(sn, dict(zip(names, params)), (x, ))
+
+    assert torch.autograd.gradcheck(fn, (x, *params))
+
+
+@pytest.mark.parametrize('shape', [(0, 4, 5, 5), (0, 4)])
+@pytest.mark.parametrize('training', [True, False])
+def test_empty_batch(shape, training):
+    sn = make_sn(4, dtype=torch.float32).train(training)
+    before = (sn.running_mean.clone(), sn.running_var.clone())
+    x = torch.zeros(shape, requires_grad=True)
+    out = sn(x)
+    assert out.shape == shape and out.requires_grad
+    out.sum().backward()
+    assert x.grad.shape == shape
+    for p in sn.parameters():
+        assert p.grad is not None and torch.all(p.grad == 0)
+    assert torch.equal(sn.running_mean, before[0])
+    assert torch.equal(sn.running_var, before[1])
+
+
+@pytest.mark.parametrize('unbiased', [True, False])
+def test_one_position_has_no_nan_and_skips_in(unbiased):
+    sn = make_sn(5, unbiased=unbiased, dtype=torch.float32)
+    x = random_input((4, 5, 1, 1), dtype=torch.float32).requires_grad_()
+    out = sn(x)
+    out.square().sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+    # The IN logit plays no part: its gradient is exactly zero.
+    assert sn.mean_weight.grad[0] == 0 and sn.var_weight.grad[0] == 0
+    assert sn.mean_weight.grad[1:].abs().sum() > 0
+
+
+def test_single_sample_train_is_finite():
+    sn = make_sn(5, dtype=torch.float32)
+    out = sn(random_input((1, 5, 1, 1), dtype=torch.float32))
+    assert torch.isfinite(out).all()
+    assert torch.isfinite(sn.running_var).all()
+
+
+def test_bf16_autocast_computes_statistics_in_fp32():
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 8, 3, padding=1)
+    sn = SwitchableNorm(8)
+    x = torch.randn(2, 3, 8, 8)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        feat = conv(x) + 100.0  # a large offset: bf16 sums would drift
+        assert feat.dtype == torch.bfloat16
+        out = sn(feat)
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert sn.weight.grad.dtype == torch.float32
+    feat64 = feat.detach().double()
+    ref_sn = SwitchableNorm(8).double()
+    expected = ref_sn(feat64)
+    torch.testing.assert_close(sn.running_mean.double(), ref_sn.running_mean,
+                               rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out.double(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_wrong_input_raises():
+    sn = SwitchableNorm(4)
+    with pytest.raises(ValueError, match=r'shape \(N, C, \*\).*1D'):
+        sn(torch.randn(4))
+    with pytest.raises(ValueError, match='built for 4 channels, got .* 3'):
+        sn(torch.randn(2, 3, 5, 5))
+    # A rejected input must not have touched the running statistics.
+    assert torch.equal(sn.running_mean, torch.zeros(4))
+
+
+def test_ratios_and_repr():
+    sn = SwitchableNorm(4)
+    ratios = sn.ratios()
+    assert set(ratios) == {'mean', 'var'}
+    assert list(ratios['mean']) == list(TERMS)
+    assert all(abs(v - 1 / 3) < 1e-6 for v in ratios['var'].values())
+    with torch.no_grad():
+        sn.mean_weight.copy_(torch.tensor([0.0, 0.0, 10.0]))
+    assert sn.ratios()['mean']['bn'] > 0.99
+    assert 'mean_ratios=(in=0.000, ln=0.000, bn=1.000)' in repr(sn)
+    assert list(SwitchableNorm(4, using_bn=False).ratios()['var']) == ['in', 'ln']

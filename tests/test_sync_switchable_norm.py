@@ -1,0 +1,141 @@
+"""SyncSN in real gloo processes against SN on the whole batch."""
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from sn_mm import (SwitchableNorm, SyncSwitchableNorm, convert_sync_sn,
+                   revert_sync_sn)
+
+WORLD = 2
+# (name, input shape of the whole batch, samples on rank 0, on rank 1)
+CASES = [
+    ('4d_3+1', (4, 5, 3, 4), [3, 1]),
+    ('4d_4+0', (4, 5, 3, 4), [4, 0]),
+    ('2d_1+3', (4, 5), [1, 3]),
+    ('one_position_2+2', (4, 5, 1, 1), [2, 2]),
+]
+PARAMS = ('weight', 'bias', 'mean_weight', 'var_weight')
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def case_data(shape, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=gen, dtype=torch.float64) * 2 + 1
+    grad_out = torch.randn(shape, generator=gen, dtype=torch.float64)
+    return x, grad_out
+
+
+def init_layer(layer, seed):
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name in PARAMS:
+            p = getattr(layer, name)
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype))
+        layer.running_var.fill_(2.0)
+    return layer
+
+
+def run_layer(layer, x, grad_out, steps=2):
+    """Two training steps (running statistics move twice), then the output,
+    input gradient and parameter gradients of the last one."""
+    for _ in range(steps):
+        layer.zero_grad()
+        x = x.detach().requires_grad_()
+        out = layer(x)
+        (out * grad_out).sum().backward()
+    return dict(out=out.detach(), x_grad=x.grad,
+                running_mean=layer.running_mean.clone(),
+                running_var=layer.running_var.clone(),
+                **{n: getattr(layer, n).grad.clone() for n in PARAMS})
+
+
+def worker(rank, port, result_file):
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}',
+                            rank=rank, world_size=WORLD)
+    results = {}
+    for i, (name, shape, split) in enumerate(CASES):
+        x, grad_out = case_data(shape, seed=i)
+        start = sum(split[:rank])
+        sl = slice(start, start + split[rank])
+        layer = init_layer(SyncSwitchableNorm(shape[1]).double(), seed=100 + i)
+        results[name] = run_layer(layer, x[sl], grad_out[sl])
+    torch.save(results, f'{result_file}.{rank}')
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope='module')
+def sync_results(tmp_path_factory):
+    result_file = str(tmp_path_factory.mktemp('syncsn') / 'result')
+    mp.spawn(worker, args=(free_port(), result_file), nprocs=WORLD, join=True)
+    return [torch.load(f'{result_file}.{r}') for r in range(WORLD)]
+
+
+@pytest.mark.parametrize('case', range(len(CASES)), ids=[c[0] for c in CASES])
+def test_sync_matches_sn_on_whole_batch(sync_results, case):
+    name, shape, split = CASES[case]
+    x, grad_out = case_data(shape, seed=case)
+    expected = run_layer(
+        init_layer(SwitchableNorm(shape[1]).double(), seed=100 + case), x,
+        grad_out)
+    per_rank = [r[name] for r in sync_results]
+    # Outputs and input gradients: each rank holds its own slice.
+    for key in ('out', 'x_grad'):
+        torch.testing.assert_close(
+            torch.cat([r[key] for r in per_rank]), expected[key])
+    # Parameter gradients: the ranks' sum is the whole batch's gradient.
+    for key in PARAMS:
+        torch.testing.assert_close(
+            sum(r[key] for r in per_rank), expected[key])
+    # Running statistics: identical on every rank and equal to SN's.
+    for r in per_rank:
+        torch.testing.assert_close(r['running_mean'], expected['running_mean'])
+        torch.testing.assert_close(r['running_var'], expected['running_var'])
+
+
+def test_without_process_group_equals_sn():
+    assert not dist.is_initialized()
+    x, grad_out = case_data((4, 5, 3, 3), seed=7)
+    sync = run_layer(init_layer(SyncSwitchableNorm(5).double(), 3), x,
+                     grad_out)
+    plain = run_layer(init_layer(SwitchableNorm(5).double(), 3), x, grad_out)
+    for key in plain:
+        assert torch.equal(sync[key], plain[key]), key
+
+
+def test_convert_and_revert_round_trip():
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), SwitchableNorm(4),
+        torch.nn.Sequential(torch.nn.Conv2d(4, 6, 1),
+                            SwitchableNorm(6, using_bn=False, unbiased=False)))
+    init_layer(model[1], 0)
+    model.eval()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    params = list(model.parameters())
+
+    converted = convert_sync_sn(model)
+    assert converted is model
+    assert type(model[1]) is SyncSwitchableNorm
+    assert type(model[2][1]) is SyncSwitchableNorm
+    assert model[2][1].using_bn is False and model[2][1].unbiased is False
+    assert not model[1].training
+    # The very same Parameter objects: an existing optimizer keeps working.
+    assert all(a is b for a, b in zip(params, model.parameters()))
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+
+    reverted = revert_sync_sn(model)
+    assert type(model[1]) is SwitchableNorm
+    assert type(model[2][1]) is SwitchableNorm
+    assert all(a is b for a, b in zip(params, reverted.parameters()))
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+
+    # A bare layer is replaced and returned.
+    single = convert_sync_sn(SwitchableNorm(3))
+    assert type(single) is SyncSwitchableNorm
