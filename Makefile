@@ -15,7 +15,10 @@ TORCH_VERSION ?= 2.13.0
 # Written last: a .venv whose install broke half-way is completed next time.
 STAMP     := $(VENV)/.sn_mm-installed
 
-.PHONY: venv test demo demo-seg clean-venv
+.PHONY: venv test demo clean-venv
+
+DEMO_CONFIG := configs/toy/mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py
+TOY_COCO    := data/toy_coco/annotations/instances_val.json
 
 venv: $(STAMP)
 
@@ -33,6 +36,14 @@ $(STAMP): requirements/build.txt requirements/runtime.txt requirements/tests.txt
 
 test: venv
 	$(VPY) -m pytest tests
+
+# The main job: train Mask R-CNN with SN everywhere on the toy data, then
+# print COCO bbox/segm AP.
+demo: venv $(TOY_COCO)
+	$(VPY) tools/train.py $(DEMO_CONFIG) --work-dir work_dirs/demo
+
+$(TOY_COCO): | venv
+	$(VPY) tools/misc/make_toy_data.py coco --out data/toy_coco
 
 clean-venv:
 	rm -rf $(VENV)
