@@ -1,0 +1,55 @@
+"""What tools/train.py and tools/test.py share: config set-up and runner."""
+import os.path as osp
+from typing import Optional, Sequence
+
+from mmengine.config import Config
+from mmengine.registry import RUNNERS
+from mmengine.runner import Runner
+
+from ..engine import SNRunner
+
+
+def load_config(config: str,
+                work_dir: Optional[str] = None,
+                cfg_options: Optional[dict] = None,
+                launcher: str = 'none') -> Config:
+    """Read a config the way mmdet's and mmseg's tools do: CLI options win,
+    and the work dir defaults to ``work_dirs/<config name>``."""
+    cfg = Config.fromfile(config)
+    cfg.launcher = launcher
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    if work_dir is not None:
+        cfg.work_dir = work_dir
+    elif cfg.get('work_dir') is None:
+        cfg.work_dir = osp.join('work_dirs',
+                                osp.splitext(osp.basename(config))[0])
+    # Configs that forget it still get SN registered in every process.
+    imports = cfg.get('custom_imports', {}).get('imports', [])
+    if 'sn_mm' not in imports:
+        cfg.custom_imports = dict(imports=list(imports) + ['sn_mm'],
+                                  allow_failed_imports=False)
+    return cfg
+
+
+def build_runner(cfg: Config) -> Runner:
+    """The config's ``runner_type`` if it names one, else :class:`SNRunner`
+    (mmengine's Runner that can resume under torch >= 2.6)."""
+    if 'runner_type' in cfg:
+        return RUNNERS.build(cfg)
+    return SNRunner.from_cfg(cfg)
+
+
+def add_common_args(parser, extra_launchers: Sequence[str] = ()) -> None:
+    from mmengine.config import DictAction
+    parser.add_argument('--work-dir', help='where logs and checkpoints go '
+                        '(default: work_dirs/<config name>)')
+    parser.add_argument(
+        '--cfg-options', nargs='+', action=DictAction,
+        help='override config entries, key=value (e.g. '
+        'train_dataloader.batch_size=4 or model.backbone.init_cfg=None)')
+    parser.add_argument('--launcher',
+                        choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
+    # torch.distributed.launch passes --local-rank; torchrun sets LOCAL_RANK.
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)

@@ -1,0 +1,56 @@
+#!/usr/bin/env python
+"""Train a detector or segmentor (mmdet or mmseg config) with SN available.
+
+The flags are mmdet's and mmseg's own. Examples::
+
+    python tools/train.py configs/toy/mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py
+    python tools/train.py CONFIG --resume            # latest in --work-dir
+    python tools/train.py CONFIG --resume work_dirs/x/iter_200.pth
+    bash tools/dist_train.sh CONFIG 8                 # 8 GPUs
+"""
+import argparse
+import os
+
+import sn_mm  # noqa: F401  (registers SN, SyncSN, hooks, constructors)
+from sn_mm.utils import add_common_args, build_runner, load_config
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('config', help='train config file')
+    parser.add_argument('--amp', action='store_true',
+                        help='automatic mixed precision (needs a GPU)')
+    parser.add_argument('--auto-scale-lr', action='store_true',
+                        help='scale the LR by the actual total batch size '
+                        '(the config\'s auto_scale_lr.base_batch_size)')
+    parser.add_argument(
+        '--resume', nargs='?', type=str, const='auto',
+        help='resume from this checkpoint, or, with no value, from the '
+        'latest one in the work dir')
+    add_common_args(parser)
+    args = parser.parse_args(argv)
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cfg = load_config(args.config, args.work_dir, args.cfg_options,
+                      args.launcher)
+    if args.amp:
+        cfg.optim_wrapper.type = 'AmpOptimWrapper'
+        cfg.optim_wrapper.loss_scale = 'dynamic'
+    if args.auto_scale_lr:
+        if 'base_batch_size' not in cfg.get('auto_scale_lr', {}):
+            raise SystemExit('--auto-scale-lr: the config has no '
+                             'auto_scale_lr.base_batch_size')
+        cfg.auto_scale_lr.enable = True
+    if args.resume == 'auto':
+        cfg.resume, cfg.load_from = True, None
+    elif args.resume is not None:
+        cfg.resume, cfg.load_from = True, args.resume
+    build_runner(cfg).train()
+
+
+if __name__ == '__main__':
+    main()
