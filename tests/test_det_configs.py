@@ -1,0 +1,92 @@
+"""Every detection config builds; each distinct model takes a train step."""
+import glob
+import os.path as osp
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.optim import build_optim_wrapper
+from mmengine.registry import DefaultScope
+
+import sn_mm  # noqa: F401
+from sn_mm import SwitchableNorm
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DET_CONFIGS = sorted(
+    glob.glob(osp.join(ROOT, 'configs', 'faster_rcnn', '*.py')) +
+    glob.glob(osp.join(ROOT, 'configs', 'mask_rcnn', '*.py')))
+TOY_CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs', 'toy', '*.py')))
+
+
+def config_id(path):
+    return osp.splitext(osp.basename(path))[0]
+
+
+def distinct_models(paths):
+    """Scratch rows build the same network as their finetuned twins."""
+    return [p for p in paths if '-scratch' not in p]
+
+
+def test_the_paper_rows_are_all_there():
+    names = {config_id(p) for p in DET_CONFIGS}
+    assert len([n for n in names if '-c4_' in n]) == 7  # Table 4
+    assert len([n for n in names if n.startswith('faster-rcnn') and
+                '_fpn_' in n]) == 5  # Table 5
+    assert len([n for n in names if n.startswith('mask-rcnn')]) == 6
+
+
+@pytest.mark.parametrize('path', DET_CONFIGS + TOY_CONFIGS, ids=config_id)
+def test_config_builds(path):
+    cfg = Config.fromfile(path)
+    assert 'sn_mm' in cfg.custom_imports.imports
+    assert cfg.optim_wrapper.constructor == 'SNOptimWrapperConstructor'
+    assert cfg.optim_wrapper.paramwise_cfg.norm_decay_mult == 0
+    from mmdet.registry import MODELS
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        model = MODELS.build(cfg.model)
+    name = config_id(path)
+    norms = [m for m in model.modules() if isinstance(m, SwitchableNorm)]
+    backbone_sn = any(isinstance(m, SwitchableNorm)
+                      for m in model.backbone.modules())
+    assert bool(norms) == ('sn' in name.replace('scratch', ''))
+    assert backbone_sn == ('r50-sn' in name or 'r18-sn' in name)
+    if backbone_sn and 'scratch' not in name and 'toy' not in name:
+        init = cfg.model.backbone.init_cfg
+        assert init.checkpoint == 'checkpoints/resnet50_sn_8x2_mm.pth'
+        assert cfg.model.backbone.norm_eval is False
+
+
+def tiny_batch(model, with_mask):
+    from mmdet.testing import demo_mm_inputs
+    torch.manual_seed(0)
+    packed = demo_mm_inputs(batch_size=2, image_shapes=[(3, 96, 128)] * 2,
+                            num_items=[3, 2], num_classes=4,
+                            with_mask=with_mask)
+    return model.data_preprocessor(packed, True)
+
+
+@pytest.mark.parametrize('path',
+                         distinct_models(DET_CONFIGS) + TOY_CONFIGS,
+                         ids=config_id)
+def test_train_step(path):
+    cfg = Config.fromfile(path)
+    # Few RoIs: the C4 models run all of conv5 on every sampled RoI.
+    cfg.model.train_cfg.rpn_proposal.max_per_img = 64
+    cfg.model.train_cfg.rcnn.sampler.num = 16
+    from mmdet.registry import MODELS
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        model = MODELS.build(cfg.model)
+        optim_wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    model.train()
+    data = tiny_batch(model, with_mask='mask' in config_id(path))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()
+              if p.requires_grad}
+    losses = model(**data, mode='loss')
+    loss, _ = model.parse_losses(losses)
+    assert torch.isfinite(loss)
+    optim_wrapper.update_params(loss)
+    changed = [n for n, p in model.named_parameters()
+               if n in before and not torch.equal(before[n], p)]
+    assert changed, 'the optimizer step changed nothing'
+    if any(isinstance(m, SwitchableNorm) for m in model.modules()):
+        assert any(n.endswith('mean_weight') for n in changed)
