@@ -15,10 +15,12 @@ TORCH_VERSION ?= 2.13.0
 # Written last: a .venv whose install broke half-way is completed next time.
 STAMP     := $(VENV)/.sn_mm-installed
 
-.PHONY: venv test demo clean-venv
+.PHONY: venv test demo demo-seg clean-venv
 
 DEMO_CONFIG := configs/toy/mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py
 TOY_COCO    := data/toy_coco/annotations/instances_val.json
+SEG_CONFIG  := configs/toy/deeplabv3_r18-sn-d8_toy-seg.py
+TOY_SEG     := data/toy_seg/annotations/validation
 
 venv: $(STAMP)
 
@@ -44,6 +46,13 @@ demo: venv $(TOY_COCO)
 
 $(TOY_COCO): | venv
 	$(VPY) tools/misc/make_toy_data.py coco --out data/toy_coco
+
+# Train DeepLabV3 with SN on the toy segmentation data, print mIoU.
+demo-seg: venv $(TOY_SEG)
+	$(VPY) tools/train.py $(SEG_CONFIG) --work-dir work_dirs/demo-seg
+
+$(TOY_SEG): | venv
+	$(VPY) tools/misc/make_toy_data.py seg --out data/toy_seg
 
 clean-venv:
 	rm -rf $(VENV)

@@ -15,7 +15,7 @@ ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DET_CONFIGS = sorted(
     glob.glob(osp.join(ROOT, 'configs', 'faster_rcnn', '*.py')) +
     glob.glob(osp.join(ROOT, 'configs', 'mask_rcnn', '*.py')))
-TOY_CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs', 'toy', '*.py')))
+TOY_CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs', 'toy', '*coco.py')))
 
 
 def config_id(path):

@@ -15,7 +15,7 @@ import argparse
 import os
 
 import sn_mm  # noqa: F401  (registers SN, SyncSN, hooks, constructors)
-from sn_mm import revert_sync_sn
+from sn_mm import SyncSwitchableNorm, revert_sync_sn
 from sn_mm.engine import trusted_torch_load
 from sn_mm.utils import add_common_args, build_runner, load_config
 
@@ -69,7 +69,12 @@ def main(argv=None):
     runner = build_runner(cfg)
     if args.launcher == 'none':
         # As mmengine does for SyncBN: one process has nothing to sync with.
-        runner.model = revert_sync_sn(runner.model)
+        num_sync = sum(isinstance(m, SyncSwitchableNorm)
+                       for m in runner.model.modules())
+        if num_sync:
+            runner.model = revert_sync_sn(runner.model)
+            runner.logger.info(f'Testing on one process: turned {num_sync} '
+                               'SyncSN layers to SN')
     with trusted_torch_load():
         runner.test()
 

@@ -8,3 +8,5 @@ custom_imports = dict(imports=['sn_mm'], allow_failed_imports=False)
 sn_8x2_checkpoint = 'checkpoints/resnet50_sn_8x2_mm.pth'  # tools/model_converters/sn2mm.py
 bn_checkpoint = 'checkpoints/resnet50_torchvision.pth'  # torchvision://resnet50
 gn_checkpoint = 'checkpoints/resnet50_gn_detectron.pth'  # open-mmlab://detectron/resnet50_gn
+sn_8x4_checkpoint = 'checkpoints/resnet50_sn_8x4_mm.pth'
+sn_8x32_checkpoint = 'checkpoints/resnet50_sn_8x32_mm.pth'

@@ -50,6 +50,9 @@ def render_image(rng, size, max_objects, min_radius, max_radius):
     """An image and its non-overlapping instances ``(class_index, polygon)``.
     Shapes are placed by rejection so every mask is fully visible."""
     img = _background(rng, size)
+    # Small images get proportionally smaller shapes.
+    max_radius = min(max_radius, size / 2 - 2)
+    min_radius = min(min_radius, max_radius)
     placed = []  # (cx, cy, r)
     instances = []
     for _ in range(int(rng.integers(1, max_objects + 1))):
@@ -108,3 +111,27 @@ def make_toy_coco(root, num_train=400, num_val=100, size=128, max_objects=4,
                   'w') as f:
             json.dump(dict(images=images, annotations=annotations,
                            categories=categories), f)
+
+
+def make_toy_seg(root, num_train=300, num_val=60, size=96, max_objects=4,
+                 min_radius=10, max_radius=28, seed=0):
+    """Write an ADE20K-style set: ``root/images/{training,validation}/*.png``
+    and label PNGs under ``root/annotations/...``. As in ADE20K, 0 means
+    "unlabelled" (ignored with ``reduce_zero_label=True``); 1 is the
+    background and 2.. are the shape classes. Deterministic in ``seed``."""
+    for split, count, split_seed in (('training', num_train, seed + 10),
+                                     ('validation', num_val, seed + 11)):
+        rng = np.random.default_rng(split_seed)
+        img_dir = osp.join(root, 'images', split)
+        ann_dir = osp.join(root, 'annotations', split)
+        os.makedirs(img_dir, exist_ok=True)
+        os.makedirs(ann_dir, exist_ok=True)
+        for i in range(count):
+            img, instances = render_image(rng, size, max_objects, min_radius,
+                                          max_radius)
+            label = np.ones((size, size), np.uint8)
+            for cls, poly in instances:
+                cv2.fillPoly(label, [np.round(poly).astype(np.int32)],
+                             cls + 2)
+            cv2.imwrite(osp.join(img_dir, f'{i:05d}.png'), img)
+            cv2.imwrite(osp.join(ann_dir, f'{i:05d}.png'), label)

@@ -3,6 +3,7 @@ import contextlib
 import functools
 
 import torch
+import torch.distributed as dist
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
@@ -35,10 +36,40 @@ def trusted_torch_load():
 
 @RUNNERS.register_module()
 class SNRunner(Runner):
-    """mmengine's Runner whose ``resume`` works with torch >= 2.6.
+    """mmengine's Runner, able to resume under torch >= 2.6 and to run
+    several processes on CPUs.
 
-    ``tools/train.py`` uses it unless a config names another ``runner_type``.
+    - ``resume`` loads the run's own checkpoint (see
+      :func:`trusted_torch_load`).
+    - With a launcher but no CUDA (e.g. ``torchrun --nproc_per_node 2
+      tools/train.py CFG --launcher pytorch`` on a CPU machine), mmengine
+      0.10.7 would call ``torch.cuda.set_device`` and give DDP a device id;
+      here the process group starts on gloo and DDP wraps the CPU model.
+
+    ``tools/train.py`` and ``tools/test.py`` use it unless a config names
+    another ``runner_type``.
     """
+
+    def _cpu_distributed(self) -> bool:
+        return self.distributed and not torch.cuda.is_available()
+
+    def setup_env(self, env_cfg):
+        if self._cpu_distributed() and not dist.is_initialized():
+            # torchrun/slurm env:// variables; NCCL needs GPUs, gloo not.
+            dist.init_process_group(backend='gloo')
+        super().setup_env(env_cfg)
+
+    def wrap_model(self, model_wrapper_cfg, model):
+        if self._cpu_distributed():
+            model_wrapper_cfg = dict(
+                dict(type='MMDistributedDataParallel',
+                     broadcast_buffers=False,
+                     find_unused_parameters=self.cfg.get(
+                         'find_unused_parameters', False)),
+                **(model_wrapper_cfg or {}))
+            # An explicit None beats the LOCAL_RANK device id mmengine adds.
+            model_wrapper_cfg['device_ids'] = None
+        return super().wrap_model(model_wrapper_cfg, model)
 
     def resume(self, *args, **kwargs):
         with trusted_torch_load():

@@ -3,27 +3,32 @@
 import argparse
 import os.path as osp
 
-from sn_mm.datasets import make_toy_coco
+from sn_mm.datasets import make_toy_coco, make_toy_seg
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument('kind', choices=['coco'],
-                        help='coco: instance detection/segmentation in COCO '
-                        'format')
+    parser.add_argument('kind', choices=['coco', 'seg'],
+                        help='coco: instances (boxes, masks) in COCO format; '
+                        'seg: semantic labels in ADE20K layout')
     parser.add_argument('--out', default=None,
                         help='output folder (default: data/toy_<kind>)')
-    parser.add_argument('--num-train', type=int, default=400)
-    parser.add_argument('--num-val', type=int, default=100)
-    parser.add_argument('--size', type=int, default=128,
-                        help='image side in pixels')
+    parser.add_argument('--num-train', type=int, default=None,
+                        help='default: 400 (coco), 300 (seg)')
+    parser.add_argument('--num-val', type=int, default=None,
+                        help='default: 100 (coco), 60 (seg)')
+    parser.add_argument('--size', type=int, default=None,
+                        help='image side in pixels (default: 128 coco, 96 '
+                        'seg)')
     parser.add_argument('--seed', type=int, default=0)
     args = parser.parse_args()
     out = args.out or osp.join('data', f'toy_{args.kind}')
-    make_toy_coco(out, args.num_train, args.num_val, args.size,
-                  seed=args.seed)
-    print(f'Wrote toy {args.kind} data ({args.num_train} train, '
-          f'{args.num_val} val images) to {out}')
+    make = make_toy_coco if args.kind == 'coco' else make_toy_seg
+    sizes = {k: v for k, v in (('num_train', args.num_train),
+                               ('num_val', args.num_val),
+                               ('size', args.size)) if v is not None}
+    make(out, seed=args.seed, **sizes)
+    print(f'Wrote toy {args.kind} data to {out}')
 
 
 if __name__ == '__main__':

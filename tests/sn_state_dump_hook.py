@@ -1,0 +1,31 @@
+"""A hook the distributed test imports: each rank saves its SN state."""
+import os.path as osp
+
+import torch
+from mmengine.dist import get_rank
+from mmengine.hooks import Hook
+from mmengine.model import is_model_wrapper
+from mmengine.registry import HOOKS
+
+from sn_mm import SwitchableNorm
+
+
+@HOOKS.register_module()
+class SNStateDumpHook(Hook):
+    """After training, write every SN parameter and buffer of this rank to
+    ``work_dir/sn_state_rank{rank}.pth``."""
+
+    def after_train(self, runner):
+        model = runner.model.module if is_model_wrapper(
+            runner.model) else runner.model
+        state = {}
+        for name, module in model.named_modules():
+            if isinstance(module, SwitchableNorm):
+                for key, value in module.state_dict().items():
+                    state[f'{name}.{key}'] = value.detach().clone()
+        torch.save(
+            dict(state=state,
+                 types={n: type(m).__name__
+                        for n, m in model.named_modules()
+                        if isinstance(m, SwitchableNorm)}),
+            osp.join(runner.work_dir, f'sn_state_rank{get_rank()}.pth'))

@@ -1,0 +1,157 @@
+"""Every segmentation config builds; each distinct model takes a train step
+and a multi-scale (test-time augmentation) prediction."""
+import glob
+import os.path as osp
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.dataset import Compose, pseudo_collate
+from mmengine.model import revert_sync_batchnorm
+from mmengine.optim import build_optim_wrapper
+from mmengine.registry import DefaultScope
+
+import sn_mm  # noqa: F401
+from sn_mm import SwitchableNorm, SyncSwitchableNorm
+from sn_mm.datasets import make_toy_seg
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+SEG_CONFIGS = sorted(
+    glob.glob(osp.join(ROOT, 'configs', 'deeplabv3', '*.py')) +
+    glob.glob(osp.join(ROOT, 'configs', 'pspnet', '*.py')))
+TOY_CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs', 'toy', '*seg.py')))
+NORM_TYPES = {'syncbn': 'SyncBN', 'gn': 'GN', 'sn': 'SN', 'syncsn': 'SyncSN'}
+
+
+def config_id(path):
+    return osp.splitext(osp.basename(path))[0]
+
+
+def row(path):
+    """'sn-8x2' etc.: the part between 'r50-' and '-d8'."""
+    return config_id(path).split('_')[1][len('r50-'):-len('-d8')]
+
+
+def distinct_models(paths):
+    # (8,4) and (8,32) rows differ from (8,2) only in the checkpoint.
+    return [p for p in paths if not row(p).endswith(('8x4', '8x32'))]
+
+
+def build(cfg):
+    from mmseg.registry import MODELS
+    with DefaultScope.overwrite_default_scope('mmseg'):
+        return MODELS.build(cfg.model)
+
+
+def test_the_paper_rows_are_all_there():
+    rows = {'syncbn', 'gn', 'sn-8x2', 'sn-8x4', 'sn-8x32', 'syncsn-8x2',
+            'syncsn-8x4', 'syncsn-8x32'}
+    for model in ('deeplabv3', 'pspnet'):
+        for data in ('ade20k-450x450', 'cityscapes-713x713'):
+            found = {row(p) for p in SEG_CONFIGS
+                     if config_id(p).startswith(model + '_') and data in p}
+            assert found == rows, (model, data)
+
+
+@pytest.mark.parametrize('path', SEG_CONFIGS + TOY_CONFIGS, ids=config_id)
+def test_config_builds(path):
+    cfg = Config.fromfile(path)
+    assert 'sn_mm' in cfg.custom_imports.imports
+    model = build(cfg)
+    # The plain-stem ResNet of the released SN checkpoints, not ResNetV1c.
+    assert hasattr(model.backbone, 'conv1') and not hasattr(
+        model.backbone, 'stem')
+    if 'toy' in path:
+        return
+    norm = NORM_TYPES[row(path).split('-')[0]]
+    for part in ('backbone', 'decode_head', 'auxiliary_head'):
+        assert cfg.model[part].norm_cfg.type == norm, part
+    assert cfg.model.backbone.dilations == (1, 1, 2, 4)
+    assert cfg.model.backbone.strides == (1, 2, 1, 1)
+    assert cfg.model.auxiliary_head.loss_decode.loss_weight == 0.4
+    assert cfg.param_scheduler[0].type == 'PolyLR'
+    assert cfg.param_scheduler[0].power == 0.9
+    assert cfg.train_dataloader.batch_size == 2
+    if norm in ('SN', 'SyncSN'):
+        pretrain = row(path).split('-')[1]
+        assert cfg.model.backbone.init_cfg.checkpoint == (
+            f'checkpoints/resnet50_sn_{pretrain}_mm.pth')
+    resizes = cfg.tta_pipeline[1].transforms[0]
+    if 'ade20k' in path:
+        assert [r.scale[1] for r in resizes] == [300, 400, 500, 600]
+    else:
+        assert [r.scale_factor for r in resizes] == [1.0, 1.25, 1.5, 1.75]
+
+
+@pytest.fixture(scope='module')
+def toy_images(tmp_path_factory):
+    root = tmp_path_factory.mktemp('seg')
+    make_toy_seg(str(root), num_train=1, num_val=0, size=48)
+    return root
+
+
+def tta_sample(cfg, root, path):
+    """The config's own TTA pipeline on a toy image. ADE20K's absolute
+    scales (shorter side 300-600) are divided by 10 to keep a CPU test
+    quick; the scales themselves are checked in test_config_builds."""
+    tta = cfg.tta_pipeline
+    if 'ade20k' in path:
+        for t in tta[1].transforms[0]:
+            t.scale = (t.scale[0] // 10, t.scale[1] // 10)
+    with DefaultScope.overwrite_default_scope('mmseg'):
+        pipeline = Compose(tta)
+    sample = pipeline(dict(
+        img_path=str(root / 'images' / 'training' / '00000.png'),
+        seg_map_path=str(root / 'annotations' / 'training' / '00000.png'),
+        reduce_zero_label='ade20k' in path, seg_fields=[]))
+    return pseudo_collate([sample])
+
+
+@pytest.mark.parametrize('path', distinct_models(SEG_CONFIGS) + TOY_CONFIGS,
+                         ids=config_id)
+def test_train_step_and_multiscale_predict(path, toy_images):
+    cfg = Config.fromfile(path)
+    # The preprocessor pads training batches to the crop size (713x713 for
+    # Cityscapes): a CPU test steps on its own 64x64 batch instead.
+    cfg.model.data_preprocessor.size = (64, 64)
+    torch.manual_seed(0)
+    # One process: SyncBN becomes BN as mmengine's runner does; SyncSN runs
+    # as SN by itself.
+    model = revert_sync_batchnorm(build(cfg))
+    with DefaultScope.overwrite_default_scope('mmseg'):
+        optim_wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    model.train()
+    from mmseg.structures import SegDataSample
+    from mmengine.structures import PixelData
+    samples = []
+    for _ in range(2):
+        s = SegDataSample(metainfo=dict(img_shape=(64, 64),
+                                        pad_shape=(64, 64)))
+        s.gt_sem_seg = PixelData(
+            data=torch.randint(0, 4, (1, 64, 64), dtype=torch.long))
+        samples.append(s)
+    data = model.data_preprocessor(
+        dict(inputs=[torch.randint(0, 255, (3, 64, 64), dtype=torch.uint8)
+                     for _ in range(2)], data_samples=samples), True)
+    sn_layers = [m for m in model.modules() if isinstance(m, SwitchableNorm)]
+    ratios_before = [m.mean_weight.detach().clone() for m in sn_layers]
+    losses = model(**data, mode='loss')
+    loss, _ = model.parse_losses(losses)
+    assert torch.isfinite(loss)
+    optim_wrapper.update_params(loss)
+    if sn_layers:
+        assert any(not torch.equal(m.mean_weight, before)
+                   for m, before in zip(sn_layers, ratios_before))
+
+    if 'tta_pipeline' not in cfg:  # the toy configs test at one scale
+        return
+    from mmseg.registry import MODELS
+    with DefaultScope.overwrite_default_scope('mmseg'):
+        tta_model = MODELS.build(dict(**cfg.tta_model, module=model))
+    tta_model.eval()
+    with torch.no_grad():
+        out = tta_model.test_step(tta_sample(cfg, toy_images, path))
+    pred = out[0].pred_sem_seg.data
+    assert pred.shape[-2:] == (48, 48)
+    num_classes = cfg.model.decode_head.num_classes
+    assert 0 <= int(pred.min()) and int(pred.max()) < num_classes
