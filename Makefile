@@ -39,10 +39,12 @@ $(STAMP): requirements/build.txt requirements/runtime.txt requirements/tests.txt
 test: venv
 	$(VPY) -m pytest tests
 
-# The main job: train Mask R-CNN with SN everywhere on the toy data, then
-# print COCO bbox/segm AP.
+# The main job: train Mask R-CNN with SN everywhere on the toy data, print
+# COCO bbox/segm AP, then draw the learned ratios of every SN layer.
 demo: venv $(TOY_COCO)
 	$(VPY) tools/train.py $(DEMO_CONFIG) --work-dir work_dirs/demo
+	$(VPY) tools/analysis_tools/plot_ratios.py "$$(cat work_dirs/demo/last_checkpoint)" \
+		--out work_dirs/demo/sn_ratios.png
 
 $(TOY_COCO): | venv
 	$(VPY) tools/misc/make_toy_data.py coco --out data/toy_coco

@@ -88,3 +88,11 @@ default_hooks = dict(
 log_processor = dict(by_epoch=False)
 env_cfg = dict(dist_cfg=dict(backend='gloo'))
 auto_scale_lr = dict(enable=False, base_batch_size=4)
+custom_hooks = [
+    # Model-average ratios in every log line; per-layer ones go to the
+    # visualizer (work_dirs/.../vis_data) and the figure `make demo` draws.
+    dict(type='SNRatioHook', interval=20, log_layers=False),
+    # The paper's inference: BN statistics re-estimated by batch average
+    # before validation and before the final checkpoint.
+    dict(type='SNBatchAverageHook', num_batches=25),
+]

@@ -1,4 +1,9 @@
+from .batch_average import sn_batch_average
+from .hooks import SNBatchAverageHook, SNRatioHook
 from .optim_constructor import SNOptimWrapperConstructor
 from .runner import SNRunner, trusted_torch_load
 
-__all__ = ['SNOptimWrapperConstructor', 'SNRunner', 'trusted_torch_load']
+__all__ = [
+    'sn_batch_average', 'SNBatchAverageHook', 'SNRatioHook',
+    'SNOptimWrapperConstructor', 'SNRunner', 'trusted_torch_load'
+]

@@ -1,6 +1,6 @@
 """Switchable Normalization (Luo et al., TPAMI), registered as ``'SN'``."""
 import math
-from typing import Dict, Tuple
+from typing import Dict
 
 import torch
 import torch.nn as nn
@@ -8,6 +8,8 @@ import torch.nn.functional as F
 from mmengine.registry import MODELS
 
 from torch import Tensor
+
+from ..ops.sn_function import SwitchableNormFunction
 
 # Order of the logits in ``mean_weight``/``var_weight``; it is the order of the
 # authors' released code, so their checkpoints load as they are.
@@ -42,6 +44,8 @@ class SwitchableNorm(nn.Module):
     """
 
     _abbr_ = 'sn'
+    # The native CPU kernels when built (sn_mm.ops); False forces PyTorch.
+    use_native_kernels = True
 
     def __init__(self,
                  num_features: int,
@@ -66,6 +70,9 @@ class SwitchableNorm(nn.Module):
         else:
             self.register_buffer('running_mean', None)
             self.register_buffer('running_var', None)
+        # Called as observer(mean_bn, var_bn, has_samples) on each training
+        # step; batch averaging (sn_mm.engine.sn_batch_average) sets it.
+        self.bn_observer = None
 
     # -- input checks -------------------------------------------------------
     def _check_input(self, x: Tensor) -> None:
@@ -80,45 +87,25 @@ class SwitchableNorm(nn.Module):
                 f'channels, got an input with {x.shape[1]} channels (shape '
                 f'{tuple(x.shape)})')
 
-    # -- batch statistics ---------------------------------------------------
-    def _reduce_bn_sums(self, sums: Tensor) -> Tensor:
-        """Sum ``[sum_n mean_in, sum_n (var_in + mean_in^2), N]`` over the
-        devices that share BN statistics. One device here; SyncSN overrides
-        this with a differentiable all-reduce."""
-        return sums
+    # -- forward ------------------------------------------------------------
+    def _sync_group(self):
+        """The process group sharing BN statistics; None on one device."""
+        return None
 
-    def _bn_statistics(self, mean_in: Tensor,
-                       sq_in: Tensor) -> Tuple[Tensor, Tensor]:
-        """BN mean and variance (C,) for a training step, updating the running
-        statistics. Falls back to the running statistics, untouched, when the
-        (possibly synchronised) batch holds no sample."""
-        num_channels = mean_in.shape[1]
-        count = mean_in.new_full((1, ), mean_in.shape[0])
-        sums = self._reduce_bn_sums(
-            torch.cat([mean_in.sum(0), sq_in.sum(0), count]))
-        total = sums[-1]
-        running_mean = self.running_mean.to(mean_in.dtype)
-        running_var = self.running_var.to(mean_in.dtype)
-        has_samples = total > 0
-        mean_bn = sums[:num_channels] / total.clamp_min(1)
-        var_bn = (sums[num_channels:2 * num_channels] / total.clamp_min(1) -
-                  mean_bn.square()).clamp_min(0)
-        # torch.where rather than a Python branch: SyncSN learns the global
-        # count on the device and must not wait for it on the host.
-        mean_bn = torch.where(has_samples, mean_bn, running_mean)
-        var_bn = torch.where(has_samples, var_bn, running_var)
+    def _update_running_stats(self, mean_bn: Tensor, var_bn: Tensor,
+                              has_samples: Tensor) -> None:
+        """Moving average of the BN statistics; untouched when the (possibly
+        synchronised) batch held no sample. torch.where-free arithmetic on
+        the device: SyncSN learns the global count there and must not wait
+        for it on the host."""
+        if self.bn_observer is not None:
+            self.bn_observer(mean_bn, var_bn, has_samples)
         with torch.no_grad():
-            m = self.momentum * has_samples.to(mean_in.dtype)
+            m = self.momentum * has_samples.to(mean_bn.dtype)
             self.running_mean.mul_(1 - m).add_(
-                (m * mean_bn.detach()).to(self.running_mean.dtype))
+                (m * mean_bn).to(self.running_mean.dtype))
             self.running_var.mul_(1 - m).add_(
-                (m * var_bn.detach()).to(self.running_var.dtype))
-        return mean_bn, var_bn
-
-    def _mixing_logits(self, has_in: bool) -> Tuple[Tensor, Tensor]:
-        if has_in:
-            return self.mean_weight, self.var_weight
-        return self.mean_weight[1:], self.var_weight[1:]
+                (m * var_bn).to(self.running_var.dtype))
 
     def forward(self, x: Tensor) -> Tensor:
         self._check_input(x)
@@ -130,49 +117,22 @@ class SwitchableNorm(nn.Module):
     def _forward(self, x: Tensor) -> Tensor:
         shape = x.shape
         # Statistics in fp32 at least (fp16/bf16 sums lose too much).
-        compute_dtype = torch.promote_types(x.dtype, torch.float32)
+        dtype = torch.promote_types(x.dtype, torch.float32)
         spatial = math.prod(shape[2:])
-        x3 = x.reshape(shape[0], shape[1], spatial).to(compute_dtype)
+        x3 = x.reshape(shape[0], shape[1], spatial).to(dtype).contiguous()
         has_in = spatial > 1
-        if x3.numel() == 0:
-            # Empty (N, C, 0) statistics that still connect to the graph.
-            var_in = mean_in = x3.sum(-1)
-        else:
-            # A single position has zero variance; Bessel's correction would
-            # divide by zero there, so it applies only where IN is defined.
-            correction = 1 if (self.unbiased and has_in) else 0
-            var_in, mean_in = torch.var_mean(x3, dim=-1, correction=correction)
-
-        # Eq. 5: LN and BN from IN's first and second moments.
-        sq_in = var_in + mean_in.square()
-        mean_ln = mean_in.mean(1, keepdim=True)
-        var_ln = (sq_in.mean(1, keepdim=True) - mean_ln.square()).clamp_min(0)
-
-        means = [mean_ln]
-        variances = [var_ln]
-        if self.using_bn:
-            if self.training:
-                mean_bn, var_bn = self._bn_statistics(mean_in, sq_in)
-            else:
-                mean_bn = self.running_mean.to(compute_dtype)
-                var_bn = self.running_var.to(compute_dtype)
-            means.append(mean_bn.expand_as(mean_in))
-            variances.append(var_bn.expand_as(var_in))
-        if has_in:
-            means.insert(0, mean_in)
-            variances.insert(0, var_in)
-
-        mean_logits, var_logits = self._mixing_logits(has_in)
-        mean_ratio = F.softmax(mean_logits.to(compute_dtype), 0)
-        var_ratio = F.softmax(var_logits.to(compute_dtype), 0)
-        mean = sum(r * m for r, m in zip(mean_ratio, means))
-        var = sum(r * v for r, v in zip(var_ratio, variances))
-
-        # Fold normalisation and affine into one scale and shift per (n, c),
-        # so the full-size work is a single multiply-add.
-        scale = self.weight.to(compute_dtype) * torch.rsqrt(var + self.eps)
-        shift = self.bias.to(compute_dtype) - mean * scale
-        out = torch.addcmul(shift.unsqueeze(-1), x3, scale.unsqueeze(-1))
+        # A single position has zero variance; Bessel's correction would
+        # divide by zero there, so it applies only where IN is defined.
+        correction = 1 if (self.unbiased and has_in) else 0
+        running = ((self.running_mean.to(dtype), self.running_var.to(dtype))
+                   if self.using_bn else (None, None))
+        out, mean_bn, var_bn, has_samples = SwitchableNormFunction.apply(
+            x3, self.weight.to(dtype), self.bias.to(dtype),
+            self.mean_weight.to(dtype), self.var_weight.to(dtype), *running,
+            self.training, has_in, correction, self.eps, self._sync_group(),
+            self.use_native_kernels)
+        if mean_bn is not None:
+            self._update_running_stats(mean_bn, var_bn, has_samples)
         return out.reshape(shape).to(x.dtype)
 
     # -- introspection ------------------------------------------------------

@@ -1,0 +1,52 @@
+"""SN importance ratios from a model or a checkpoint's state dict."""
+from collections import OrderedDict
+from typing import Dict, Mapping, Union
+
+import torch
+import torch.nn as nn
+
+from .models import SwitchableNorm
+from .models.switchable_norm import TERMS
+
+Ratios = Dict[str, Dict[str, float]]  # {'mean': {'in': .., ...}, 'var': ..}
+
+
+def sn_ratios(source: Union[nn.Module, Mapping[str, torch.Tensor]]
+              ) -> 'OrderedDict[str, Ratios]':
+    """Each SN layer's softmax ratios, in network order, keyed by layer name.
+    ``source`` is a model or a state dict (any key prefix)."""
+    if isinstance(source, nn.Module):
+        return OrderedDict((name, m.ratios())
+                           for name, m in source.named_modules()
+                           if isinstance(m, SwitchableNorm))
+    result = OrderedDict()
+    for key, logits in source.items():
+        if not key.endswith('.mean_weight'):
+            continue
+        layer = key[:-len('.mean_weight')]
+        var_logits = source.get(f'{layer}.var_weight')
+        if var_logits is None:
+            continue
+        result[layer] = {
+            stat: dict(zip(TERMS, torch.softmax(t.float().flatten(),
+                                                0).tolist()))
+            for stat, t in (('mean', logits), ('var', var_logits))
+        }
+    return result
+
+
+def average_ratios(ratios: Mapping[str, Ratios]) -> Ratios:
+    """Model average of each ratio; a layer without a BN term counts 0."""
+    n = max(len(ratios), 1)
+    return {stat: {t: sum(r[stat].get(t, 0.) for r in ratios.values()) / n
+                   for t in TERMS}
+            for stat in ('mean', 'var')}
+
+
+def symmetric_kl(p: Mapping[str, float], q: Mapping[str, float],
+                 eps: float = 1e-12) -> float:
+    """KL(p||q) + KL(q||p) between two ratio vectors (the paper's Fig. 7c)."""
+    keys = [k for k in TERMS if k in p or k in q]
+    a = torch.tensor([p.get(k, 0.) for k in keys], dtype=torch.float64) + eps
+    b = torch.tensor([q.get(k, 0.) for k in keys], dtype=torch.float64) + eps
+    return float(((a - b) * (a.log() - b.log())).sum())

@@ -1,0 +1,126 @@
+"""mmengine hooks for SN: batch-average statistics and ratio logging."""
+from typing import Optional
+
+from mmengine.hooks import Hook
+from mmengine.model import is_model_wrapper
+from mmengine.registry import HOOKS
+from mmengine.runner import IterBasedTrainLoop
+
+from ..analysis import average_ratios, sn_ratios
+from .batch_average import sn_batch_average
+
+
+def _unwrap(model):
+    return model.module if is_model_wrapper(model) else model
+
+
+@HOOKS.register_module()
+class SNBatchAverageHook(Hook):
+    """Re-estimate SN's BN statistics by batch average (the paper's
+    inference) instead of using the moving average.
+
+    The network is frozen and fed ``num_batches`` training batches in
+    training-statistics mode; each SN layer's running mean and variance
+    become the averages over them (all ranks together). No parameter or other
+    buffer changes.
+
+    Args:
+        num_batches (int): Batches per rank. Default: 100.
+        before_val (bool): Before every validation. Default: True.
+        after_train (bool): After the last training iteration or epoch,
+            before the final checkpoint is written. Default: True.
+        dataloader (dict, optional): Where the batches come from. Default:
+            the config's ``train_dataloader`` (a separate loader, so training
+            iteration is not disturbed).
+    """
+
+    priority = 'NORMAL'  # before CheckpointHook (VERY_LOW) saves the model
+
+    def __init__(self, num_batches: int = 100, before_val: bool = True,
+                 after_train: bool = True,
+                 dataloader: Optional[dict] = None) -> None:
+        if num_batches < 1:
+            raise ValueError(f'num_batches must be >= 1, got {num_batches}')
+        self.num_batches = num_batches
+        # Not self.before_val/after_train: those are Hook methods.
+        self.at_val = before_val
+        self.at_end = after_train
+        self.dataloader_cfg = dataloader
+        self._loader = None
+        self._done_at = None  # training iterations when last averaged
+
+    def _average(self, runner, done_iters: int) -> None:
+        """Average unless already done at this point of training (the last
+        iteration's hooks, the final validation and the epoch's end all
+        follow each other)."""
+        if self._done_at == done_iters:
+            return
+        if self._loader is None:
+            cfg = self.dataloader_cfg or runner.cfg.train_dataloader
+            self._loader = runner.build_dataloader(cfg, seed=runner.seed)
+        model = runner.model
+        seen = sn_batch_average(_unwrap(model), self._loader,
+                                model.test_step, self.num_batches)
+        self._done_at = done_iters
+        runner.logger.info(f'SN batch average: BN statistics of every SN '
+                           f'layer re-estimated from {seen} batches')
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None,
+                         outputs=None) -> None:
+        # Iteration-based loops save the final checkpoint here.
+        if (self.at_end
+                and isinstance(runner.train_loop, IterBasedTrainLoop)
+                and self.is_last_train_iter(runner)):
+            self._average(runner, runner.iter + 1)
+
+    def after_train_epoch(self, runner) -> None:
+        if self.at_end and self.is_last_train_epoch(runner):
+            self._average(runner, runner.iter)
+
+    def before_val_epoch(self, runner) -> None:
+        if self.at_val:
+            self._average(runner, runner.iter)
+
+
+@HOOKS.register_module()
+class SNRatioHook(Hook):
+    """Log SN's importance ratios every ``interval`` training iterations.
+
+    The model averages go to the message hub as ``train/sn_{mean,var}_
+    {in,ln,bn}``, so they appear in the text log and, through LoggerHook, in
+    every visualizer backend (local scalars.json, TensorBoard, ...). Each
+    layer's ratios go to the visualizer backends as ``sn_ratio/<layer>/
+    {mean,var}_{in,ln,bn}`` and, with ``log_layers``, to the text log.
+    """
+
+    def __init__(self, interval: int = 500, log_layers: bool = True) -> None:
+        if interval < 1:
+            raise ValueError(f'interval must be >= 1, got {interval}')
+        self.interval = interval
+        self.log_layers = log_layers
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None,
+                         outputs=None) -> None:
+        if not (self.every_n_train_iters(runner, self.interval)
+                or self.is_last_train_iter(runner)):
+            return
+        ratios = sn_ratios(_unwrap(runner.model))
+        if not ratios:
+            return
+        for stat, terms in average_ratios(ratios).items():
+            for term, value in terms.items():
+                runner.message_hub.update_scalar(f'train/sn_{stat}_{term}',
+                                                 value)
+        runner.visualizer.add_scalars(
+            {f'sn_ratio/{layer}/{stat}_{term}': value
+             for layer, r in ratios.items() for stat, terms in r.items()
+             for term, value in terms.items()},
+            step=runner.iter + 1)
+        if self.log_layers:
+            lines = [f'{layer}: ' + '  '.join(
+                f'{stat} ' + ' '.join(f'{t}={v:.3f}' for t, v in
+                                      terms.items())
+                for stat, terms in r.items())
+                     for layer, r in ratios.items()]
+            runner.logger.info(f'SN ratios at iter {runner.iter + 1}:\n' +
+                               '\n'.join(lines))
