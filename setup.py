@@ -1,3 +1,5 @@
+import os
+
 from setuptools import find_packages, setup
 
 
@@ -8,10 +10,26 @@ def read_version():
     return scope['__version__']
 
 
+def extensions():
+    """The native CPU kernels of SN (sn_mm._ext). SN_MM_NO_EXT=1 skips them;
+    sn_mm then runs the same computation in plain PyTorch."""
+    if os.environ.get('SN_MM_NO_EXT') == '1':
+        return [], {}
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+    ext = CppExtension(
+        'sn_mm._ext', ['sn_mm/ops/csrc/sn_kernels.cpp'],
+        extra_compile_args=['-O3', '-fopenmp'], extra_link_args=['-fopenmp'])
+    return [ext], {'build_ext': BuildExtension}
+
+
+ext_modules, cmdclass = extensions()
 setup(
     name='sn_mm',
     version=read_version(),
     description='Switchable Normalization (SN, SyncSN) for OpenMMLab',
     packages=find_packages(exclude=('tests', 'configs', 'tools')),
+    package_data={'sn_mm': ['ops/csrc/*.cpp']},
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
     python_requires='>=3.8',
 )

@@ -1,35 +1,11 @@
 """SyncSN: Switchable Normalization with BN statistics shared across ranks."""
 from typing import Optional
 
-import torch
 import torch.distributed as dist
 import torch.nn as nn
 from mmengine.registry import MODELS
-from torch import Tensor
 
 from .switchable_norm import SwitchableNorm
-
-
-class _AllReduceSum(torch.autograd.Function):
-    """Sum over the group whose gradient is again a sum over the group.
-
-    The loss being the sum of the ranks' losses, each rank's contribution to
-    the shared sums receives the gradient summed over every rank -- which is
-    what makes SyncSN's gradients equal SN's over the concatenated batch.
-    """
-
-    @staticmethod
-    def forward(ctx, tensor: Tensor, group) -> Tensor:
-        ctx.group = group
-        tensor = tensor.clone()
-        dist.all_reduce(tensor, group=group)
-        return tensor
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        grad = grad.clone(memory_format=torch.contiguous_format)
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
 
 
 @MODELS.register_module('SyncSN')
@@ -60,15 +36,11 @@ class SyncSwitchableNorm(SwitchableNorm):
         super().__init__(num_features, eps, momentum, using_bn, unbiased)
         self.group = group
 
-    def _is_distributed(self) -> bool:
-        return (dist.is_available() and dist.is_initialized()
-                and dist.get_world_size(self.group) > 1)
-
-    def _reduce_bn_sums(self, sums: Tensor) -> Tensor:
-        if not self._is_distributed():
-            return sums
-        group = self.group if self.group is not None else dist.group.WORLD
-        return _AllReduceSum.apply(sums, group)
+    def _sync_group(self):
+        if not (dist.is_available() and dist.is_initialized()
+                and dist.get_world_size(self.group) > 1):
+            return None
+        return self.group if self.group is not None else dist.group.WORLD
 
 
 def _swap_norm(module: nn.Module, old_type: type, make_new) -> nn.Module:

@@ -1,0 +1,210 @@
+#!/usr/bin/env python
+"""Benchmark SN against the native normalizers, and a detector step.
+
+Prints, per input shape, forward / backward / forward+backward times and the
+bytes each layer saves for backward, for BN, GN(32), IN, LN, SN, SyncSN (one
+process) and a naive SN written straight from the paper's formulas; then the
+time of one Mask R-CNN R50-FPN training step (2 images, 512x512) with frozen
+BN, GN everywhere and SN everywhere. Times are medians over --repeats runs;
+ratios compare numbers from this same run.
+
+Example::
+
+    python tools/analysis_tools/benchmark_norm.py --repeats 5
+"""
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+
+import sn_mm  # noqa: F401
+from sn_mm import SwitchableNorm, SyncSwitchableNorm
+from sn_mm.ops import native_available
+
+SHAPES = [(2, 256, 200, 304), (2, 512, 100, 152), (2, 1024, 50, 76),
+          (8, 256, 56, 56), (512, 256, 7, 7), (1024, 256, 14, 14)]
+
+
+class NaiveSN(nn.Module):
+    """SN as the paper's Eq. 3-4 read: three separate sets of statistics,
+    each over its own axes, composed from PyTorch ops."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(1, c, 1, 1))
+        self.bias = nn.Parameter(torch.zeros(1, c, 1, 1))
+        self.mean_weight = nn.Parameter(torch.ones(3))
+        self.var_weight = nn.Parameter(torch.ones(3))
+
+    def forward(self, x):
+        axes = ((2, 3), (1, 2, 3), (0, 2, 3))  # IN, LN, BN
+        means = [x.mean(a, keepdim=True) for a in axes]
+        variances = [x.var(a, keepdim=True) for a in axes]
+        wm = torch.softmax(self.mean_weight, 0)
+        wv = torch.softmax(self.var_weight, 0)
+        mean = sum(w * m for w, m in zip(wm, means))
+        var = sum(w * v for w, v in zip(wv, variances))
+        return (x - mean) / (var + 1e-5).sqrt() * self.weight + self.bias
+
+
+def norm_layers(c):
+    return {
+        'BN': lambda: nn.BatchNorm2d(c),
+        'GN(32)': lambda: nn.GroupNorm(32, c),
+        'IN': lambda: nn.GroupNorm(c, c),
+        'LN': lambda: nn.GroupNorm(1, c),
+        'SN': lambda: SwitchableNorm(c),
+        'SyncSN': lambda: SyncSwitchableNorm(c),
+        'naive SN': lambda: NaiveSN(c),
+    }
+
+
+def saved_bytes(layer, x):
+    """Bytes of the distinct storages autograd keeps for backward."""
+    storages = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x)
+    return sum(storages.values())
+
+
+def median_time(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_layer(make, shape, repeats):
+    torch.manual_seed(0)
+    layer = make().train()
+    x = torch.randn(shape).requires_grad_()
+    grad = torch.randn(shape)
+
+    def forward():
+        return layer(x)
+
+    def backward_only():
+        out = layer(x)
+        start = time.perf_counter()
+        out.backward(grad)
+        return time.perf_counter() - start
+
+    forward()  # warm-up
+    fwd = median_time(forward, repeats)
+    bwd = statistics.median(backward_only() for _ in range(repeats))
+    both = median_time(lambda: forward().backward(grad), repeats)
+    with torch.no_grad():
+        layer.eval()
+        eval_fwd = median_time(forward, repeats)
+    layer.train()
+    return dict(fwd=fwd, bwd=bwd, both=both, eval=eval_fwd,
+                saved=saved_bytes(layer, x))
+
+
+def detector_step_times(repeats):
+    from mmdet.registry import MODELS
+    from mmdet.testing import demo_mm_inputs
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    init_default_scope('mmdet')
+    base = Config.fromfile('mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py')
+    variants = {
+        'frozen BN': None,
+        'GN everywhere': dict(type='GN', num_groups=32, requires_grad=True),
+        'SN everywhere': dict(type='SN', requires_grad=True),
+    }
+    results = {}
+    for name, norm in variants.items():
+        cfg = base.model.copy()
+        cfg.backbone.init_cfg = None
+        if norm is not None:
+            cfg.backbone.norm_cfg = norm
+            cfg.backbone.norm_eval = False
+            cfg.neck.norm_cfg = norm
+            cfg.roi_head.bbox_head.type = 'Shared4Conv1FCBBoxHead'
+            cfg.roi_head.bbox_head.conv_out_channels = 256
+            cfg.roi_head.bbox_head.norm_cfg = norm
+            cfg.roi_head.mask_head.norm_cfg = norm
+        torch.manual_seed(0)
+        model = MODELS.build(cfg).train()
+        optim = torch.optim.SGD(
+            [p for p in model.parameters() if p.requires_grad], lr=1e-4)
+        packed = demo_mm_inputs(batch_size=2,
+                                image_shapes=[(3, 512, 512)] * 2,
+                                num_items=[5, 5], num_classes=80,
+                                with_mask=True)
+        data = model.data_preprocessor(packed, True)
+
+        def step():
+            losses = model(**data, mode='loss')
+            loss, _ = model.parse_losses(losses)
+            optim.zero_grad()
+            loss.backward()
+            optim.step()
+
+        step()  # warm-up
+        results[name] = median_time(step, repeats)
+    return results
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--repeats', type=int, default=5)
+    parser.add_argument('--shapes', type=int, nargs='*',
+                        help='indices into the shape list (default: all)')
+    parser.add_argument('--skip-detector', action='store_true')
+    parser.add_argument('--threads', type=int, default=None,
+                        help='torch threads (default: torch\'s choice)')
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    shapes = [SHAPES[i] for i in args.shapes] if args.shapes else SHAPES
+    print(f'torch {torch.__version__}, {torch.get_num_threads()} threads, '
+          f'native SN kernels: {native_available()}, median of '
+          f'{args.repeats}\n')
+    print('| shape | layer | forward ms | backward ms | fwd+bwd ms | '
+          'eval fwd ms | saved for backward MB |')
+    print('|---|---|---|---|---|---|---|')
+    summary = []
+    for shape in shapes:
+        res = {name: bench_layer(make, shape, args.repeats)
+               for name, make in norm_layers(shape[1]).items()}
+        for name, r in res.items():
+            print(f'| {"x".join(map(str, shape))} | {name} | '
+                  f'{r["fwd"] * 1e3:.1f} | {r["bwd"] * 1e3:.1f} | '
+                  f'{r["both"] * 1e3:.1f} | {r["eval"] * 1e3:.1f} | '
+                  f'{r["saved"] / 2**20:.1f} |')
+        sn = res['SN']
+        summary.append((shape, sn['both'] / res['GN(32)']['both'],
+                        sn['both'] / res['naive SN']['both'],
+                        sn['saved'] / res['BN']['saved'],
+                        sn['eval'] / sn['fwd']))
+    print('\n| shape | SN/GN fwd+bwd (goal <= 1.5) | SN/naive fwd+bwd '
+          '(<= 0.5) | SN/BN saved bytes (<= 1.25) | SN eval/train fwd '
+          '(<= 1) |')
+    print('|---|---|---|---|---|')
+    for shape, gn, naive, mem, ev in summary:
+        print(f'| {"x".join(map(str, shape))} | {gn:.2f} | {naive:.2f} | '
+              f'{mem:.2f} | {ev:.2f} |')
+    if not args.skip_detector:
+        times = detector_step_times(max(args.repeats // 2, 2))
+        print('\n| Mask R-CNN R50-FPN train step, 2 x 512x512 | seconds | '
+              'vs GN |')
+        print('|---|---|---|')
+        for name, t in times.items():
+            print(f'| {name} | {t:.2f} | '
+                  f'{t / times["GN everywhere"]:.2f} |')
+
+
+if __name__ == '__main__':
+    main()
