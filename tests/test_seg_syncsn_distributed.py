@@ -1,17 +1,14 @@
 """SyncSN end to end: a real 2-process CPU training run through torchrun,
 and SyncSN turned into SN by tools/test.py on one process."""
-import os
 import os.path as osp
 import socket
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from sn_mm.datasets import make_toy_seg
+from tool_runner import ROOT, run_python, tool
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TESTS = osp.join(ROOT, 'tests')
 SYNC_CONFIG = osp.join(ROOT, 'configs', 'toy',
                        'deeplabv3_r18-syncsn-d8_toy-seg.py')
@@ -25,11 +22,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run(args, cwd, timeout=600):
-    env = dict(os.environ, PYTHONPATH=TESTS, OMP_NUM_THREADS='1')
-    result = subprocess.run(args, capture_output=True, text=True, cwd=cwd,
-                            env=env, timeout=timeout)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+def run(args, cwd):
+    # PYTHONPATH: the processes import the test's dump hook.
+    result = run_python(args, cwd, env=dict(PYTHONPATH=TESTS,
+                                            OMP_NUM_THREADS='1'))
     return result.stdout + result.stderr
 
 
@@ -48,9 +44,9 @@ def workspace(tmp_path_factory):
 
 def test_two_process_syncsn_training_agrees_on_every_rank(workspace):
     cwd = workspace
-    log = run([sys.executable, '-m', 'torch.distributed.run',
+    log = run(['-m', 'torch.distributed.run',
                '--nproc_per_node', '2', '--master_port', str(free_port()),
-               osp.join(ROOT, 'tools', 'train.py'), 'dump_config.py',
+               tool('train.py'), 'dump_config.py',
                '--launcher', 'pytorch', '--work-dir', 'wd', '--cfg-options',
                *SHORT], cwd=cwd)
     assert 'Iter(train) [3/3]' in log
@@ -70,9 +66,9 @@ def test_two_process_syncsn_training_agrees_on_every_rank(workspace):
 
 def test_test_tool_turns_syncsn_into_sn_on_one_process(workspace):
     cwd = workspace
-    run([sys.executable, osp.join(ROOT, 'tools', 'train.py'), SYNC_CONFIG,
+    run([tool('train.py'), SYNC_CONFIG,
          '--work-dir', 'single', '--cfg-options', *SHORT], cwd=cwd)
-    log = run([sys.executable, osp.join(ROOT, 'tools', 'test.py'),
+    log = run([tool('test.py'),
                SYNC_CONFIG, 'single/iter_3.pth', '--work-dir', 'single_test'],
               cwd=cwd)
     assert 'SyncSN layers to SN' in log

@@ -3,26 +3,17 @@ batch_average and plot_ratios tools on its checkpoint."""
 import glob
 import json
 import os.path as osp
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from sn_mm.datasets import make_toy_seg
 from released_sn_resnet import ReleasedResNetSN
-
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+from tool_runner import ROOT, run_python
 SEG_CONFIG = osp.join(ROOT, 'configs', 'toy', 'deeplabv3_r18-sn-d8_toy-seg.py')
 
 
-def run(args, cwd, ok=True):
-    result = subprocess.run([sys.executable, *map(str, args)],
-                            capture_output=True, text=True, cwd=cwd)
-    if ok:
-        assert result.returncode == 0, (result.stdout[-3000:] +
-                                        result.stderr[-3000:])
-    return result
+run = run_python
 
 
 @pytest.fixture(scope='module')

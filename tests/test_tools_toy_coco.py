@@ -1,14 +1,12 @@
 """tools/train.py, --resume and tools/test.py on generated toy COCO data."""
 import os.path as osp
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from sn_mm.datasets import make_toy_coco
+from tool_runner import ROOT, run_python, tool
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIG = osp.join(ROOT, 'configs', 'toy',
                   'mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py')
 # Small and quick: 2 images a step, 4 steps, a checkpoint every 2.
@@ -19,11 +17,8 @@ SHORT_RUN = [
 ]
 
 
-def run(tool, *args, cwd):
-    result = subprocess.run(
-        [sys.executable, osp.join(ROOT, 'tools', tool), *map(str, args)],
-        capture_output=True, text=True, cwd=cwd)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+def run(name, *args, cwd):
+    result = run_python([tool(name), *args], cwd)
     return result.stdout + result.stderr
 
 

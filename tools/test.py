@@ -17,7 +17,7 @@ import os
 import sn_mm  # noqa: F401  (registers SN, SyncSN, hooks, constructors)
 from sn_mm import SyncSwitchableNorm, revert_sync_sn
 from sn_mm.engine import trusted_torch_load
-from sn_mm.utils import add_common_args, build_runner, load_config
+from sn_mm.utils import build_runner, load_config, parse_tool_args
 
 
 def parse_args(argv=None):
@@ -31,10 +31,7 @@ def parse_args(argv=None):
                         'tta_model and tta_pipeline)')
     parser.add_argument('--show-dir', help='save drawn predictions under '
                         'this folder of the work dir')
-    add_common_args(parser)
-    args = parser.parse_args(argv)
-    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
-    return args
+    return parse_tool_args(parser, argv)
 
 
 def main(argv=None):

@@ -9,10 +9,9 @@ The flags are mmdet's and mmseg's own. Examples::
     bash tools/dist_train.sh CONFIG 8                 # 8 GPUs
 """
 import argparse
-import os
 
 import sn_mm  # noqa: F401  (registers SN, SyncSN, hooks, constructors)
-from sn_mm.utils import add_common_args, build_runner, load_config
+from sn_mm.utils import build_runner, load_config, parse_tool_args
 
 
 def parse_args(argv=None):
@@ -27,10 +26,7 @@ def parse_args(argv=None):
         '--resume', nargs='?', type=str, const='auto',
         help='resume from this checkpoint, or, with no value, from the '
         'latest one in the work dir')
-    add_common_args(parser)
-    args = parser.parse_args(argv)
-    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
-    return args
+    return parse_tool_args(parser, argv)
 
 
 def main(argv=None):

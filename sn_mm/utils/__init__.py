@@ -1,3 +1,3 @@
-from .runner import add_common_args, build_runner, load_config
+from .runner import build_runner, load_config, parse_tool_args
 
-__all__ = ['add_common_args', 'build_runner', 'load_config']
+__all__ = ['build_runner', 'load_config', 'parse_tool_args']

@@ -1,8 +1,9 @@
 """What tools/train.py and tools/test.py share: config set-up and runner."""
+import os
 import os.path as osp
-from typing import Optional, Sequence
+from typing import Optional
 
-from mmengine.config import Config
+from mmengine.config import Config, DictAction
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
@@ -40,8 +41,16 @@ def build_runner(cfg: Config) -> Runner:
     return SNRunner.from_cfg(cfg)
 
 
-def add_common_args(parser, extra_launchers: Sequence[str] = ()) -> None:
-    from mmengine.config import DictAction
+def parse_tool_args(parser, argv=None):
+    """Add the flags train.py and test.py share (mmdet's), parse, and make
+    LOCAL_RANK visible to mmengine as torch.distributed.launch would."""
+    _add_common_args(parser)
+    args = parser.parse_args(argv)
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def _add_common_args(parser) -> None:
     parser.add_argument('--work-dir', help='where logs and checkpoints go '
                         '(default: work_dirs/<config name>)')
     parser.add_argument(
