@@ -34,12 +34,11 @@ class SwitchableNormFunction(torch.autograd.Function):
             mean_in, var_in = row_moments(x, correction, use_native)
         else:
             mean_in = var_in = x.new_zeros(n, c)
-        sq = var_in + mean_in.square()
+        sq = torch.addcmul(var_in, mean_in, mean_in)
         mean_ln = mean_in.mean(1, keepdim=True)
         var_ln_raw = sq.mean(1, keepdim=True) - mean_ln.square()
         var_ln = var_ln_raw.clamp_min(0)
 
-        means, variances = [mean_ln], [var_ln]
         mean_bn = var_bn = bn_pos = has = total = None
         if using_bn:
             if training:
@@ -58,20 +57,27 @@ class SwitchableNormFunction(torch.autograd.Function):
                                      running_var)
             else:
                 mean_bn, var_bn = running_mean, running_var
-            means.append(mean_bn.expand(n, c))
-            variances.append(var_bn.expand(n, c))
-        if has_in:
-            means.insert(0, mean_in)
-            variances.insert(0, var_in)
-        else:
+        if not has_in:
             mean_logits, var_logits = mean_logits[1:], var_logits[1:]
         wm = F.softmax(mean_logits, 0)
         wv = F.softmax(var_logits, 0)
-        mu = sum(w * m for w, m in zip(wm, means))
-        var = sum(w * v for w, v in zip(wv, variances))
-        rstd = torch.rsqrt(var + eps)
+        # The (N, 1) LN and (C,) BN terms first, then one full (N, C) op
+        # with the IN term: the statistics cost a few passes over N x C.
+        k = 1 if has_in else 0
+        mu = wm[k] * mean_ln
+        var = wv[k] * var_ln
+        if using_bn:
+            mu = mu + wm[k + 1] * mean_bn
+            var = var + wv[k + 1] * var_bn
+        if has_in:
+            mu = torch.addcmul(mu, mean_in, wm[0])
+            var = torch.addcmul(var, var_in, wv[0])
+        else:
+            mu, var = mu.expand(n, c), var.expand(n, c)
+        rstd = (var + eps).rsqrt_()
         scale = weight * rstd
-        y = row_affine(x, scale, bias - mu * scale, use_native)
+        y = row_affine(x, scale, torch.addcmul(bias, mu, scale, value=-1),
+                       use_native)
 
         ctx.meta = (has_in, using_bn and training, correction, group,
                     use_native)
@@ -94,23 +100,28 @@ class SwitchableNormFunction(torch.autograd.Function):
             s1, s2 = row_grad_sums(grad_y, x, use_native)
         else:
             s1 = s2 = x.new_zeros(n, c)
-        centred = s2 - mu * s1  # sum over the row of g * (x - mu)
-        grad_weight = (centred * rstd).sum(0)
+        centred = torch.addcmul(s2, mu, s1, value=-1)  # sum g * (x - mu)
+        scale = weight * rstd
+        grad_weight = torch.linalg.vecdot(centred, rstd, dim=0)
         grad_bias = s1.sum(0)
-        d_mu = -weight * rstd * s1
-        d_var = -0.5 * weight * rstd.pow(3) * centred
+        d_mu = -scale * s1
+        d_var = (-0.5 * scale) * rstd.square() * centred
+        # Row and column sums once: the LN and BN terms need only these.
+        d_mu_n, d_var_n = d_mu.sum(1, keepdim=True), d_var.sum(1, keepdim=True)
+        d_mu_c, d_var_c = d_mu.sum(0), d_var.sum(0)
 
         # Ratio vectors: d loss / d w_k, then through the softmax.
-        means = [mean_ln.expand(n, c)]
-        variances = [var_ln.expand(n, c)]
+        d_wm = [(d_mu_n * mean_ln).sum()]
+        d_wv = [(d_var_n * var_ln).sum()]
         if mean_bn is not None:
-            means.append(mean_bn.expand(n, c))
-            variances.append(var_bn.expand(n, c))
+            d_wm.append((d_mu_c * mean_bn).sum())
+            d_wv.append((d_var_c * var_bn).sum())
         if has_in:
-            means.insert(0, mean_in)
-            variances.insert(0, var_in)
-        d_wm = torch.stack([(d_mu * m).sum() for m in means])
-        d_wv = torch.stack([(d_var * v).sum() for v in variances])
+            d_wm.insert(0, torch.linalg.vecdot(d_mu.flatten(),
+                                               mean_in.flatten(), dim=0))
+            d_wv.insert(0, torch.linalg.vecdot(d_var.flatten(),
+                                               var_in.flatten(), dim=0))
+        d_wm, d_wv = torch.stack(d_wm), torch.stack(d_wv)
         grad_mean_logits = wm * (d_wm - (wm * d_wm).sum())
         grad_var_logits = wv * (d_wv - (wv * d_wv).sum())
         if not has_in:  # the IN logit took no part
@@ -119,39 +130,35 @@ class SwitchableNormFunction(torch.autograd.Function):
             grad_var_logits = torch.cat([grad_var_logits.new_zeros(1),
                                          grad_var_logits])
 
-        # Back through the statistics to IN's moments (Eq. 5 reversed).
-        k = 0
-        if has_in:
-            d_mean_in = wm[0] * d_mu
-            d_var_in = wv[0] * d_var
-            k = 1
-        else:
-            d_mean_in = torch.zeros_like(d_mu)
-            d_var_in = torch.zeros_like(d_var)
-        g_mean_ln = wm[k] * d_mu.sum(1, keepdim=True)
-        g_var_ln = wv[k] * d_var.sum(1, keepdim=True) * ln_pos
-        d_sq = (g_var_ln / c).expand(n, c)
-        d_mean_in = d_mean_in + (g_mean_ln - 2 * mean_ln * g_var_ln) / c
+        # Back through the statistics to IN's moments (Eq. 5 reversed),
+        # gathering the (N, 1) and (C,) parts before touching (N, C).
+        k = 1 if has_in else 0
+        g_var_ln = wv[k] * d_var_n * ln_pos
+        d_sq = g_var_ln / c  # (N, 1)
+        d_mean = (wm[k] * d_mu_n - 2 * mean_ln * g_var_ln) / c  # (N, 1)
         if bn_batch:
-            g_bn = torch.cat([wm[k + 1] * d_mu.sum(0),
-                              wv[k + 1] * d_var.sum(0)])
+            g_bn = torch.cat([wm[k + 1] * d_mu_c, wv[k + 1] * d_var_c])
             if group is not None:
                 # The shared statistics collect gradient from every rank.
                 dist.all_reduce(g_bn, group=group)
             g_bn = g_bn * has  # running statistics took the place: no grad
             g_mean_bn, g_var_bn = g_bn[:c], g_bn[c:] * bn_pos
-            d_sq = d_sq + g_var_bn / total
-            d_mean_in = d_mean_in + (g_mean_bn -
-                                     2 * mean_bn * g_var_bn) / total
-        d_var_in = d_var_in + d_sq
-        d_mean_in = d_mean_in + 2 * mean_in * d_sq
+            d_sq = d_sq + g_var_bn / total  # (N, C) from here
+            d_mean = d_mean + (g_mean_bn - 2 * mean_bn * g_var_bn) / total
+        d_sq = d_sq.expand(n, c)
+        if has_in:
+            d_var_in = torch.addcmul(d_sq, d_var, wv[0])
+            d_mean_in = torch.addcmul(d_mean, d_mu, wm[0])
+        else:
+            d_var_in = d_sq
+            d_mean_in = d_mean.expand(n, c)
+        d_mean_in = torch.addcmul(d_mean_in, mean_in, d_sq, value=2)
 
         # var_in = sum (x - mean_in)^2 / (L - correction), mean_in = mean(x).
-        a = 2 * d_var_in / max(length - correction, 1)
-        b = d_mean_in / length - a * mean_in
+        a = d_var_in * (2 / max(length - correction, 1))
+        b = torch.addcmul(d_mean_in / length, a, mean_in, value=-1)
         if x.numel():
-            grad_x = row_input_grad(grad_y, x, weight * rstd, a, b,
-                                    use_native)
+            grad_x = row_input_grad(grad_y, x, scale, a, b, use_native)
         else:
             grad_x = torch.zeros_like(x)
         return (grad_x, grad_weight, grad_bias, grad_mean_logits,

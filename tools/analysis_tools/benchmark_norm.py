@@ -117,7 +117,9 @@ def detector_step_times(repeats):
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
     init_default_scope('mmdet')
-    base = Config.fromfile('mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py')
+    # mmdet:: paths resolve inside _base_ only.
+    base = Config.fromstring(
+        "_base_ = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'", '.py')
     variants = {
         'frozen BN': None,
         'GN everywhere': dict(type='GN', num_groups=32, requires_grad=True),
