@@ -1,4 +1,4 @@
-# `make test` and `make demo` create .venv/ on first use (about 11 minutes:
+# `make test` and `make demo` create .venv/ on first use (about 12 minutes:
 # mmcv 2.1.0 compiles from source); later runs reuse it and install nothing.
 #
 # Install order matters:
@@ -6,7 +6,7 @@
 # 2. setuptools<70, wheel, ninja: mmcv 2.1.0's build imports pkg_resources;
 # 3. mmcv built against that torch (--no-build-isolation);
 # 4. the rest; this brings setuptools back up to what torch 2.13 asks for;
-# 5. sn_mm itself, editable.
+# 5. sn_mm itself, editable, compiling its native CPU kernels (~1 minute).
 PY        ?= python3
 VENV      := .venv
 VPY       := $(VENV)/bin/python
@@ -24,7 +24,8 @@ TOY_SEG     := data/toy_seg/annotations/validation
 
 venv: $(STAMP)
 
-$(STAMP): requirements/build.txt requirements/runtime.txt requirements/tests.txt setup.py
+$(STAMP): requirements/build.txt requirements/runtime.txt requirements/tests.txt setup.py \
+		sn_mm/ops/csrc/sn_kernels.cpp
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install torch==$(TORCH_VERSION)
