@@ -95,9 +95,9 @@ class SwitchableNorm(nn.Module):
     def _update_running_stats(self, mean_bn: Tensor, var_bn: Tensor,
                               has_samples: Tensor) -> None:
         """Moving average of the BN statistics; untouched when the (possibly
-        synchronised) batch held no sample. torch.where-free arithmetic on
-        the device: SyncSN learns the global count there and must not wait
-        for it on the host."""
+        synchronised) batch held no sample. The count gates the update
+        arithmetically, not by a Python branch: SyncSN learns it on the
+        device and must not wait for it on the host."""
         if self.bn_observer is not None:
             self.bn_observer(mean_bn, var_bn, has_samples)
         with torch.no_grad():
