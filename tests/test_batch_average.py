@@ -2,7 +2,6 @@
 import copy
 import socket
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp

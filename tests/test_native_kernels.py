@@ -4,7 +4,6 @@ import os
 import pytest
 import torch
 
-from sn_mm import SwitchableNorm
 from sn_mm.ops import native_available
 from sn_reference import reference_sn
 from test_switchable_norm import make_sn, random_input

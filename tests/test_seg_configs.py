@@ -12,7 +12,7 @@ from mmengine.optim import build_optim_wrapper
 from mmengine.registry import DefaultScope
 
 import sn_mm  # noqa: F401
-from sn_mm import SwitchableNorm, SyncSwitchableNorm
+from sn_mm import SwitchableNorm
 from sn_mm.datasets import make_toy_seg
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
