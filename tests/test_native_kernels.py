@@ -4,11 +4,15 @@ import os
 import pytest
 import torch
 
+from sn_mm import ops
 from sn_mm.ops import native_available
 from sn_reference import reference_sn
 from test_switchable_norm import make_sn, random_input
 
+# 7x7 (RoI features) and 13x11 rows take the kernels' short- and long-row
+# paths, both with a remainder after the vector lanes.
 SHAPES = {'2d': (6, 5), '4d': (4, 5, 6, 7), '5d': (3, 5, 2, 4, 3),
+          'roi_7x7': (6, 5, 7, 7), 'long_rows': (2, 3, 13, 11),
           'one_position': (4, 5, 1, 1), 'empty': (0, 5, 3, 3)}
 
 
@@ -77,3 +81,62 @@ def test_pytorch_fallback_gradcheck():
     sn.use_native_kernels = False
     x = random_input((3, 3, 4, 2)).requires_grad_()
     assert torch.autograd.gradcheck(sn, (x, ))
+
+
+def kernel_inputs(n, c, length, dtype):
+    gen = torch.Generator().manual_seed(length)
+
+    def rand(*shape, low=-1.0, high=1.0):
+        return torch.rand(shape, generator=gen, dtype=dtype) * (high -
+                                                                low) + low
+
+    return dict(x=rand(n, c, length, low=-3, high=5), g=rand(n, c, length),
+                nc=[rand(n, c) for _ in range(4)],
+                var_nc=rand(n, c, low=0.1, high=2), n1=[rand(n, 1)
+                                                        for _ in range(4)],
+                c1=[rand(c) for _ in range(4)], w=rand(2, low=0, high=1))
+
+
+@pytest.mark.skipif(not native_available(), reason='extension not built')
+@pytest.mark.parametrize('length', [1, 7, 49, 127, 128, 200, 256])
+@pytest.mark.parametrize('dtype', [torch.float64, torch.float32])
+def test_each_kernel_native_equals_pytorch(length, dtype):
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(
+        rtol=2e-5, atol=2e-5)
+    a = kernel_inputs(5, 6, length, dtype)
+    x, g, (m, s1, s2, mu), v = a['x'], a['g'], a['nc'], a['var_nc']
+    n_vecs, c_vecs, (w0, w1) = a['n1'], a['c1'], a['w']
+    correction = 1 if length > 1 else 0  # as SwitchableNorm chooses
+    calls = {
+        'row_moments': lambda native: ops.row_moments(x, correction, native),
+        'moment_reductions':
+        lambda native: ops.moment_reductions(m, v, native),
+        'normalize': lambda native: ops.normalize(
+            x, m, v, w0, w1, n_vecs[0], n_vecs[1].abs(), c_vecs[0],
+            c_vecs[1].abs(), c_vecs[2], c_vecs[3], 1e-5, native),
+        'row_grad_sums': lambda native: ops.row_grad_sums(g, x, native),
+        'grad_reductions': lambda native: ops.grad_reductions(
+            s1, s2, mu, v.rsqrt(), c_vecs[0], m, v, native),
+        'input_grad': lambda native: ops.input_grad(
+            g, x, s1, s2, mu, v.rsqrt(), c_vecs[0], m, w0, w1, *n_vecs[:2],
+            *c_vecs[:2], correction, native),
+    }
+    with torch.no_grad():
+        for name, call in calls.items():
+            native, fallback = call(True), call(False)
+            if isinstance(native, torch.Tensor):
+                native, fallback = (native, ), (fallback, )
+            assert len(native) == len(fallback), name
+            for i, (p, q) in enumerate(zip(native, fallback)):
+                assert p.shape == q.shape, (name, i)
+                torch.testing.assert_close(p, q, **tol, msg=f'{name}[{i}]')
+
+
+@pytest.mark.skipif(not native_available(), reason='extension not built')
+def test_kernels_refuse_mismatched_statistics():
+    x = torch.randn(2, 3, 4)
+    with torch.no_grad(), pytest.raises(RuntimeError, match='mu_c'):
+        ops.normalize(x, torch.zeros(2, 3), torch.ones(2, 3),
+                      torch.tensor(0.3), torch.tensor(0.3), torch.zeros(2, 1),
+                      torch.ones(2, 1), torch.zeros(4), torch.ones(3),
+                      torch.ones(3), torch.zeros(3), 1e-5)

@@ -13,7 +13,9 @@ Example::
     python tools/analysis_tools/benchmark_norm.py --repeats 5
 """
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
@@ -22,6 +24,13 @@ import torch.nn as nn
 import sn_mm  # noqa: F401
 from sn_mm import SwitchableNorm, SyncSwitchableNorm
 from sn_mm.ops import native_available
+
+# glibc's malloc returns large freed blocks to the OS and page-faults them
+# back in on the next allocation; which layer pays for that depends on the
+# order of its allocations, and it moved single timings by up to 2x here.
+# A long training process keeps its memory; these settings do the same.
+STEADY_MALLOC = {'MALLOC_MMAP_THRESHOLD_': str(2**32),
+                 'MALLOC_TRIM_THRESHOLD_': str(2**36)}
 
 SHAPES = [(2, 256, 200, 304), (2, 512, 100, 152), (2, 1024, 50, 76),
           (8, 256, 56, 56), (512, 256, 7, 7), (1024, 256, 14, 14)]
@@ -84,31 +93,43 @@ def median_time(fn, repeats):
     return statistics.median(times)
 
 
-def bench_layer(make, shape, repeats):
+def timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def bench_shape(makers, shape, repeats):
+    """Times every layer on one shared input. Each repeat times all layers
+    in turn, so that drift on the machine (other load, clock) reaches every
+    layer alike rather than whichever was measured at the time."""
     torch.manual_seed(0)
-    layer = make().train()
     x = torch.randn(shape).requires_grad_()
     grad = torch.randn(shape)
+    layers = {name: make().train() for name, make in makers.items()}
+    times = {name: dict(fwd=[], bwd=[], both=[], eval=[]) for name in layers}
 
-    def forward():
-        return layer(x)
-
-    def backward_only():
+    def backward_only(layer):
         out = layer(x)
-        start = time.perf_counter()
-        out.backward(grad)
-        return time.perf_counter() - start
+        return timed(lambda: out.backward(grad))
 
-    forward()  # warm-up
-    fwd = median_time(forward, repeats)
-    bwd = statistics.median(backward_only() for _ in range(repeats))
-    both = median_time(lambda: forward().backward(grad), repeats)
-    with torch.no_grad():
-        layer.eval()
-        eval_fwd = median_time(forward, repeats)
-    layer.train()
-    return dict(fwd=fwd, bwd=bwd, both=both, eval=eval_fwd,
-                saved=saved_bytes(layer, x))
+    for layer in layers.values():  # warm-up
+        layer(x).backward(grad)
+    for _ in range(repeats):
+        for name, layer in layers.items():
+            x.grad = None
+            t = times[name]
+            t['fwd'].append(timed(lambda: layer(x)))
+            t['bwd'].append(backward_only(layer))
+            t['both'].append(timed(lambda: layer(x).backward(grad)))
+            with torch.no_grad():
+                layer.eval()
+                t['eval'].append(timed(lambda: layer(x)))
+            layer.train()
+    x.grad = None
+    return {name: dict({k: statistics.median(v) for k, v in t.items()},
+                       saved=saved_bytes(layers[name], x))
+            for name, t in times.items()}
 
 
 def detector_step_times(repeats):
@@ -167,20 +188,29 @@ def main():
     parser.add_argument('--skip-detector', action='store_true')
     parser.add_argument('--threads', type=int, default=None,
                         help='torch threads (default: torch\'s choice)')
+    parser.add_argument(
+        '--allocator', choices=['steady', 'system'], default='steady',
+        help='steady (default): restart under glibc malloc settings that '
+        'keep freed memory in the process, as a long training run does; '
+        'system: the malloc settings as found')
     args = parser.parse_args()
+    if args.allocator == 'steady' and any(
+            os.environ.get(k) != v for k, v in STEADY_MALLOC.items()):
+        # glibc reads these once, at process start.
+        os.execve(sys.executable, [sys.executable] + sys.argv,
+                  {**os.environ, **STEADY_MALLOC})
     if args.threads:
         torch.set_num_threads(args.threads)
     shapes = [SHAPES[i] for i in args.shapes] if args.shapes else SHAPES
     print(f'torch {torch.__version__}, {torch.get_num_threads()} threads, '
-          f'native SN kernels: {native_available()}, median of '
-          f'{args.repeats}\n')
+          f'native SN kernels: {native_available()}, malloc: '
+          f'{args.allocator}, median of {args.repeats}\n')
     print('| shape | layer | forward ms | backward ms | fwd+bwd ms | '
           'eval fwd ms | saved for backward MB |')
     print('|---|---|---|---|---|---|---|')
     summary = []
     for shape in shapes:
-        res = {name: bench_layer(make, shape, args.repeats)
-               for name, make in norm_layers(shape[1]).items()}
+        res = bench_shape(norm_layers(shape[1]), shape, args.repeats)
         for name, r in res.items():
             print(f'| {"x".join(map(str, shape))} | {name} | '
                   f'{r["fwd"] * 1e3:.1f} | {r["bwd"] * 1e3:.1f} | '
