@@ -44,7 +44,9 @@ class SwitchableNorm(nn.Module):
     """
 
     _abbr_ = 'sn'
-    # The native CPU kernels when built (sn_mm.ops); False forces PyTorch.
+    # Which kernels compute SN (see sn_mm.ops): True, the native CPU
+    # extension when built, and Triton on GPUs when SN_MM_GPU_KERNELS=triton;
+    # 'triton' forces Triton; False, plain PyTorch everywhere.
     use_native_kernels = True
 
     def __init__(self,

@@ -1,13 +1,23 @@
 """SN's kernels: every pass over the data and over the (N, C) statistics.
 
 The input is a contiguous (N, C, L) tensor, one row per (n, c). Each kernel
-has two implementations that compute the same thing: the native CPU
-extension (``sn_mm._ext``, built by ``pip install -e .``; one pass each,
-parallel over rows) and plain PyTorch, used on other devices and dtypes, with
-autograd recording, when the extension is not built, or when asked
-(``use_native=False``). ``sn_function.py`` composes them into SN's forward
-and backward.
+has up to three implementations that compute the same thing:
+
+* the native CPU extension (``sn_mm._ext``, built by ``pip install -e .``;
+  one pass each, parallel over rows), used for float32/float64 on the CPU;
+* Triton kernels for the four full-size passes (``triton_kernels.py``),
+  used for float32 on GPUs when the environment sets
+  ``SN_MM_GPU_KERNELS=triton`` (so far checked in Triton's interpreter
+  only, hence not the default);
+* plain PyTorch, used everywhere else: other devices and dtypes, while
+  autograd records, when the extension is not built, or when asked
+  (``use_native=False``).
+
+``use_native='triton'`` forces the Triton kernels (on CPU tensors under
+``TRITON_INTERPRET=1``). ``sn_function.py`` composes the kernels into SN's
+forward and backward.
 """
+import os
 from typing import Tuple
 
 import torch
@@ -18,23 +28,55 @@ try:
 except ImportError:  # not built: pure PyTorch
     _ext = None
 
+GPU_KERNELS_ENV = 'SN_MM_GPU_KERNELS'
+_triton = None
+
 
 def native_available() -> bool:
     return _ext is not None
 
 
-def _native(x: Tensor, use_native: bool) -> bool:
-    return (use_native and _ext is not None and x.device.type == 'cpu'
-            and x.dtype in (torch.float32, torch.float64)
-            and not torch.is_grad_enabled())
+def _triton_kernels():
+    global _triton
+    if _triton is None:
+        try:
+            from . import triton_kernels
+        except ImportError as err:
+            raise RuntimeError(
+                f'SN\'s Triton kernels were asked for ({GPU_KERNELS_ENV}='
+                f'{os.environ.get(GPU_KERNELS_ENV)!r} or use_native='
+                f'\'triton\') but Triton cannot be imported: {err}') from err
+        _triton = triton_kernels
+    return _triton
+
+
+def _backend(x: Tensor, use_native) -> str:
+    if not use_native or torch.is_grad_enabled():
+        return 'torch'
+    if use_native == 'triton' or (x.is_cuda and os.environ.get(
+            GPU_KERNELS_ENV, 'torch') == 'triton'):
+        # Empty tensors stay in PyTorch: no kernel takes a null pointer.
+        return ('triton' if x.dtype == torch.float32 and x.numel() else
+                'torch')
+    if (_ext is not None and x.device.type == 'cpu'
+            and x.dtype in (torch.float32, torch.float64)):
+        return 'native'
+    return 'torch'
+
+
+def _native(x: Tensor, use_native) -> bool:
+    return _backend(x, use_native) == 'native'
 
 
 def row_moments(x: Tensor, correction: int,
                 use_native: bool = True) -> Tuple[Tensor, Tensor]:
     """Per-row (mean, variance) of x (N, C, L), variance with
     ``correction`` (0 or 1) subtracted from the divisor."""
-    if _native(x, use_native):
+    backend = _backend(x, use_native)
+    if backend == 'native':
         return tuple(_ext.row_moments(x, correction))
+    if backend == 'triton':
+        return _triton_kernels().row_moments(x, correction)
     var, mean = torch.var_mean(x, dim=-1, correction=correction)
     return mean, var
 
@@ -61,10 +103,15 @@ def normalize(x: Tensor, mean_in: Tensor, var_in: Tensor, wm_in: Tensor,
     the weighted BN terms), and returns ``(y, mu, rstd)`` with
     ``rstd = 1 / sqrt(var + eps)`` and ``y = (x - mu) * rstd * weight +
     bias``."""
-    if _native(x, use_native):
+    backend = _backend(x, use_native)
+    if backend == 'native':
         return tuple(_ext.normalize(x, mean_in, var_in, float(wm_in),
                                     float(wv_in), mu_n, var_n, mu_c, var_c,
                                     weight, bias, eps))
+    if backend == 'triton':
+        return _triton_kernels().normalize(x, mean_in, var_in, wm_in, wv_in,
+                                           mu_n, var_n, mu_c, var_c, weight,
+                                           bias, eps)
     mu = torch.addcmul(mu_n + mu_c, mean_in, wm_in)
     var = torch.addcmul(var_n + var_c, var_in, wv_in)
     rstd = (var + eps).rsqrt_()
@@ -77,8 +124,11 @@ def normalize(x: Tensor, mean_in: Tensor, var_in: Tensor, wm_in: Tensor,
 def row_grad_sums(grad: Tensor, x: Tensor,
                   use_native: bool = True) -> Tuple[Tensor, Tensor]:
     """Per-row (sum of grad, sum of grad * x)."""
-    if _native(x, use_native):
+    backend = _backend(x, use_native)
+    if backend == 'native':
         return tuple(_ext.row_grad_sums(grad, x))
+    if backend == 'triton':
+        return _triton_kernels().row_grad_sums(grad, x)
     return grad.sum(-1), torch.linalg.vecdot(grad, x, dim=-1)
 
 
@@ -119,10 +169,15 @@ def input_grad(grad: Tensor, x: Tensor, sum_g: Tensor, sum_gx: Tensor,
     ``var_in = sum (x - mean_in)**2 / (L - correction)`` and
     ``mean_in = mean(x)`` this gives ``dx = grad * scale + a * x + b`` with
     ``a`` and ``b`` per row."""
-    if _native(x, use_native):
+    backend = _backend(x, use_native)
+    if backend == 'native':
         return _ext.input_grad(grad, x, sum_g, sum_gx, mu, rstd, weight,
                                mean_in, float(wm_in), float(wv_in), dsq_n,
                                dmean_n, dsq_c, dmean_c, correction)
+    if backend == 'triton':
+        return _triton_kernels().input_grad(
+            grad, x, sum_g, sum_gx, mu, rstd, weight, mean_in, wm_in, wv_in,
+            dsq_n, dmean_n, dsq_c, dmean_c, correction)
     length = x.shape[-1]
     scale = weight * rstd
     centred = torch.addcmul(sum_gx, mu, sum_g, value=-1)

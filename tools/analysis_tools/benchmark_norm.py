@@ -8,9 +8,13 @@ time of one Mask R-CNN R50-FPN training step (2 images, 512x512) with frozen
 BN, GN everywhere and SN everywhere. Times are medians over --repeats runs;
 ratios compare numbers from this same run.
 
+On a GPU (``--device cuda``) it adds a row for SN with its Triton kernels
+forced; ``SN_MM_GPU_KERNELS=triton`` makes them SN's default there.
+
 Example::
 
     python tools/analysis_tools/benchmark_norm.py --repeats 5
+    python tools/analysis_tools/benchmark_norm.py --device cuda --repeats 20
 """
 import argparse
 import os
@@ -58,8 +62,14 @@ class NaiveSN(nn.Module):
         return (x - mean) / (var + 1e-5).sqrt() * self.weight + self.bias
 
 
-def norm_layers(c):
-    return {
+def triton_sn(c):
+    sn = SwitchableNorm(c)
+    sn.use_native_kernels = 'triton'
+    return sn
+
+
+def norm_layers(c, device):
+    layers = {
         'BN': lambda: nn.BatchNorm2d(c),
         'GN(32)': lambda: nn.GroupNorm(32, c),
         'IN': lambda: nn.GroupNorm(c, c),
@@ -68,6 +78,11 @@ def norm_layers(c):
         'SyncSN': lambda: SyncSwitchableNorm(c),
         'naive SN': lambda: NaiveSN(c),
     }
+    if device == 'cuda':
+        # SN as configured (PyTorch ops on GPUs unless SN_MM_GPU_KERNELS
+        # says triton) and with the Triton kernels forced.
+        layers['SN triton'] = lambda: triton_sn(c)
+    return layers
 
 
 def saved_bytes(layer, x):
@@ -84,29 +99,33 @@ def saved_bytes(layer, x):
     return sum(storages.values())
 
 
-def median_time(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def timed(fn):
+    """Seconds fn takes, including the GPU work it queued."""
+    sync()
     start = time.perf_counter()
     fn()
+    sync()
     return time.perf_counter() - start
 
 
-def bench_shape(makers, shape, repeats):
+def median_time(fn, repeats):
+    return statistics.median(timed(fn) for _ in range(repeats))
+
+
+def bench_shape(makers, shape, repeats, device):
     """Times every layer on one shared input. Each repeat times all layers
     in turn, so that drift on the machine (other load, clock) reaches every
     layer alike rather than whichever was measured at the time."""
     torch.manual_seed(0)
-    x = torch.randn(shape).requires_grad_()
-    grad = torch.randn(shape)
-    layers = {name: make().train() for name, make in makers.items()}
+    x = torch.randn(shape, device=device).requires_grad_()
+    grad = torch.randn(shape, device=device)
+    layers = {name: make().to(device).train()
+              for name, make in makers.items()}
     times = {name: dict(fwd=[], bwd=[], both=[], eval=[]) for name in layers}
 
     def backward_only(layer):
@@ -119,20 +138,21 @@ def bench_shape(makers, shape, repeats):
         for name, layer in layers.items():
             x.grad = None
             t = times[name]
+            # Eval right after train forward: the same state of the caches.
             t['fwd'].append(timed(lambda: layer(x)))
-            t['bwd'].append(backward_only(layer))
-            t['both'].append(timed(lambda: layer(x).backward(grad)))
             with torch.no_grad():
                 layer.eval()
                 t['eval'].append(timed(lambda: layer(x)))
             layer.train()
+            t['bwd'].append(backward_only(layer))
+            t['both'].append(timed(lambda: layer(x).backward(grad)))
     x.grad = None
     return {name: dict({k: statistics.median(v) for k, v in t.items()},
                        saved=saved_bytes(layers[name], x))
             for name, t in times.items()}
 
 
-def detector_step_times(repeats):
+def detector_step_times(repeats, device):
     from mmdet.registry import MODELS
     from mmdet.testing import demo_mm_inputs
     from mmengine.config import Config
@@ -159,7 +179,7 @@ def detector_step_times(repeats):
             cfg.roi_head.bbox_head.norm_cfg = norm
             cfg.roi_head.mask_head.norm_cfg = norm
         torch.manual_seed(0)
-        model = MODELS.build(cfg).train()
+        model = MODELS.build(cfg).to(device).train()
         optim = torch.optim.SGD(
             [p for p in model.parameters() if p.requires_grad], lr=1e-4)
         packed = demo_mm_inputs(batch_size=2,
@@ -177,6 +197,7 @@ def detector_step_times(repeats):
 
         step()  # warm-up
         results[name] = median_time(step, repeats)
+        del model, optim, data
     return results
 
 
@@ -188,6 +209,9 @@ def main():
     parser.add_argument('--skip-detector', action='store_true')
     parser.add_argument('--threads', type=int, default=None,
                         help='torch threads (default: torch\'s choice)')
+    parser.add_argument('--device', choices=['cpu', 'cuda'], default='cpu',
+                        help='cuda: time on the GPU (adds an SN row with '
+                        'the Triton kernels forced)')
     parser.add_argument(
         '--allocator', choices=['steady', 'system'], default='steady',
         help='steady (default): restart under glibc malloc settings that '
@@ -202,15 +226,22 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     shapes = [SHAPES[i] for i in args.shapes] if args.shapes else SHAPES
-    print(f'torch {torch.__version__}, {torch.get_num_threads()} threads, '
-          f'native SN kernels: {native_available()}, malloc: '
-          f'{args.allocator}, median of {args.repeats}\n')
+    if args.device == 'cuda':
+        if not torch.cuda.is_available():
+            parser.error('--device cuda: no GPU is visible to torch')
+        where = (f'{torch.cuda.get_device_name()}, SN_MM_GPU_KERNELS='
+                 f'{os.environ.get("SN_MM_GPU_KERNELS", "torch")}')
+    else:
+        where = (f'{torch.get_num_threads()} CPU threads, native SN '
+                 f'kernels: {native_available()}, malloc: {args.allocator}')
+    print(f'torch {torch.__version__}, {where}, median of {args.repeats}\n')
     print('| shape | layer | forward ms | backward ms | fwd+bwd ms | '
           'eval fwd ms | saved for backward MB |')
     print('|---|---|---|---|---|---|---|')
     summary = []
     for shape in shapes:
-        res = bench_shape(norm_layers(shape[1]), shape, args.repeats)
+        res = bench_shape(norm_layers(shape[1], args.device), shape,
+                          args.repeats, args.device)
         for name, r in res.items():
             print(f'| {"x".join(map(str, shape))} | {name} | '
                   f'{r["fwd"] * 1e3:.1f} | {r["bwd"] * 1e3:.1f} | '
@@ -229,7 +260,7 @@ def main():
         print(f'| {"x".join(map(str, shape))} | {gn:.2f} | {naive:.2f} | '
               f'{mem:.2f} | {ev:.2f} |')
     if not args.skip_detector:
-        times = detector_step_times(max(args.repeats // 2, 2))
+        times = detector_step_times(max(args.repeats // 2, 2), args.device)
         print('\n| Mask R-CNN R50-FPN train step, 2 x 512x512 | seconds | '
               'vs GN |')
         print('|---|---|---|')

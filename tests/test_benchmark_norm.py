@@ -1,0 +1,34 @@
+"""tools/analysis_tools/benchmark_norm.py runs and prints its tables (it
+times nothing that a test checks: the figures belong in the README)."""
+import re
+
+import pytest
+import torch
+
+from tool_runner import ROOT, run_python, tool
+
+
+def test_benchmark_prints_every_layer_and_the_ratios():
+    result = run_python([
+        tool('analysis_tools', 'benchmark_norm.py'), '--shapes', '3',
+        '--skip-detector', '--repeats', '1'
+    ], cwd=ROOT, timeout=300)
+    out = result.stdout
+    assert 'malloc: steady' in out  # restarted under the allocator settings
+    for layer in ('BN', 'GN(32)', 'IN', 'LN', 'SN', 'SyncSN', 'naive SN'):
+        assert re.search(rf'\| 8x256x56x56 \| {re.escape(layer)} \|', out)
+    ratios = re.search(r'\| 8x256x56x56 \| ([\d.]+) \| ([\d.]+) \| '
+                       r'([\d.]+) \| ([\d.]+) \|', out)
+    assert ratios, out
+    # Bytes saved for backward do not depend on timing: SN keeps the input
+    # and (N, C) statistics, as much as BN to within the statistics.
+    assert float(ratios.group(3)) <= 1.25
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='a GPU is there')
+def test_benchmark_refuses_cuda_without_a_gpu():
+    result = run_python([tool('analysis_tools', 'benchmark_norm.py'),
+                         '--device', 'cuda', '--skip-detector'], cwd=ROOT,
+                        ok=False)
+    assert result.returncode == 2
+    assert 'no GPU is visible' in result.stderr

@@ -1,0 +1,80 @@
+"""SN's Triton kernels compute what the PyTorch path computes.
+
+On a GPU machine they compile and run on CUDA tensors; elsewhere they run in
+Triton's interpreter on CPU tensors (tests/conftest.py), which checks their
+arithmetic and masking but not their compilation.
+"""
+import pytest
+import torch
+
+from sn_mm import SwitchableNorm, ops
+from test_native_kernels import kernel_inputs, run
+from test_switchable_norm import make_sn, random_input
+
+triton = pytest.importorskip('triton')
+
+DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
+TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('length', [1, 7, 49, 200, 1500])
+def test_each_triton_kernel_equals_pytorch(length):
+    a = kernel_inputs(3, 4, length, torch.float32)
+    a = {k: ([t.to(DEVICE) for t in v] if isinstance(v, list) else
+             v.to(DEVICE)) for k, v in a.items()}
+    x, g, (m, s1, s2, mu), v = a['x'], a['g'], a['nc'], a['var_nc']
+    n_vecs, c_vecs, (w0, w1) = a['n1'], a['c1'], a['w']
+    correction = 1 if length > 1 else 0
+    calls = {
+        'row_moments': lambda how: ops.row_moments(x, correction, how),
+        'normalize': lambda how: ops.normalize(
+            x, m, v, w0, w1, n_vecs[0], n_vecs[1].abs(), c_vecs[0],
+            c_vecs[1].abs(), c_vecs[2], c_vecs[3], 1e-5, how),
+        'row_grad_sums': lambda how: ops.row_grad_sums(g, x, how),
+        'input_grad': lambda how: (ops.input_grad(
+            g, x, s1, s2, mu, v.rsqrt(), c_vecs[0], m, w0, w1, *n_vecs[:2],
+            *c_vecs[:2], correction, how), ),
+    }
+    with torch.no_grad():
+        for name, call in calls.items():
+            for i, (p, q) in enumerate(zip(call('triton'), call(False))):
+                assert p.shape == q.shape, (name, i)
+                torch.testing.assert_close(p, q, **TOL, msg=f'{name}[{i}]')
+
+
+SHAPES = {'2d': (6, 5), '4d': (4, 5, 6, 7), 'roi_7x7': (6, 5, 7, 7),
+          'one_position': (4, 5, 1, 1), 'empty': (0, 5, 3, 3)}
+
+
+@pytest.mark.parametrize('shape', SHAPES.values(), ids=SHAPES.keys())
+@pytest.mark.parametrize('using_bn', [True, False])
+@pytest.mark.parametrize('training', [True, False])
+def test_sn_on_triton_equals_pytorch(shape, using_bn, training):
+    x = random_input(shape, dtype=torch.float32).to(DEVICE)
+    results = [
+        run(make_sn(shape[1], using_bn, dtype=torch.float32).to(
+            DEVICE).train(training), x, how) for how in ('triton', False)
+    ]
+    for key in results[0]:
+        torch.testing.assert_close(results[0][key], results[1][key], **TOL,
+                                   msg=key)
+
+
+def test_float64_falls_back_to_pytorch():
+    x = random_input((2, 3, 4, 4)).to(DEVICE)
+    triton_run, torch_run = (run(make_sn(3).to(DEVICE), x, how)
+                             for how in ('triton', False))
+    for key in triton_run:
+        torch.testing.assert_close(triton_run[key], torch_run[key], rtol=0,
+                                   atol=0, msg=key)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a GPU')
+def test_env_selects_triton_on_gpu(monkeypatch):
+    x = torch.randn(2, 3, 5, device='cuda')
+    monkeypatch.setenv(ops.GPU_KERNELS_ENV, 'triton')
+    assert ops._backend(x, True) == 'triton'
+    monkeypatch.delenv(ops.GPU_KERNELS_ENV)
+    assert ops._backend(x, True) == 'torch'
+    assert isinstance(SwitchableNorm(3).cuda()(x.unsqueeze(-1)),
+                      torch.Tensor)
