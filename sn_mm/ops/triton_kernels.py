@@ -19,12 +19,13 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+_MIN_BLOCK = 16  # no degenerate (rows, 1) tiles for one-position inputs
 _MAX_BLOCK = 1024
 _TILE = 2048  # elements per tile, rows x block
 
 
 def _config(length: int) -> Tuple[int, int]:
-    block = min(triton.next_power_of_2(max(length, 1)), _MAX_BLOCK)
+    block = min(max(triton.next_power_of_2(length), _MIN_BLOCK), _MAX_BLOCK)
     rows = max(1, _TILE // block)
     return rows, block
 
