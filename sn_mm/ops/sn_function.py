@@ -18,6 +18,11 @@ from . import (grad_reductions, input_grad, moment_reductions, normalize,
                row_grad_sums, row_moments)
 
 
+def _in_weights(wm: Tensor, wv: Tensor, has_in: bool):
+    """IN's mean and variance ratios; zero where IN takes no part."""
+    return (wm[0], wv[0]) if has_in else (wm.new_zeros(()), ) * 2
+
+
 class SwitchableNormFunction(torch.autograd.Function):
 
     @staticmethod
@@ -29,7 +34,7 @@ class SwitchableNormFunction(torch.autograd.Function):
         """x: contiguous (N, C, L). Returns the output and the BN mean and
         variance used (None without a BN branch) and whether the batch (over
         the group) had samples, for the running-statistics update."""
-        n, c, length = x.shape
+        n, c, _ = x.shape
         using_bn = running_mean is not None
         if x.numel():
             mean_in, var_in = row_moments(x, correction, use_native)
@@ -63,7 +68,7 @@ class SwitchableNormFunction(torch.autograd.Function):
         wv = F.softmax(var_logits, 0)
         # The weighted LN (N, 1) and BN (C,) terms; the kernel adds IN's.
         k = 1 if has_in else 0
-        wm_in, wv_in = (wm[0], wv[0]) if has_in else (wm.new_zeros(()), ) * 2
+        wm_in, wv_in = _in_weights(wm, wv, has_in)
         if using_bn:
             mu_c, var_c = wm[k + 1] * mean_bn, wv[k + 1] * var_bn
         else:
@@ -87,7 +92,7 @@ class SwitchableNormFunction(torch.autograd.Function):
         (x, weight, wm, wv, mean_in, var_in, mean_ln, var_ln, ln_pos, mean_bn,
          var_bn, bn_pos, has, total, mu, rstd) = ctx.saved_tensors
         has_in, bn_batch, correction, group, use_native = ctx.meta
-        n, c, length = x.shape
+        n, c, _ = x.shape
         grad_y = grad_y.contiguous()
         if x.numel():
             s1, s2 = row_grad_sums(grad_y, x, use_native)
@@ -133,7 +138,7 @@ class SwitchableNormFunction(torch.autograd.Function):
             dmean_c = (g_mean_bn - 2 * mean_bn * g_var_bn) / total
         else:
             dsq_c = dmean_c = x.new_zeros(c)
-        wm_in, wv_in = (wm[0], wv[0]) if has_in else (wm.new_zeros(()), ) * 2
+        wm_in, wv_in = _in_weights(wm, wv, has_in)
         if x.numel():
             grad_x = input_grad(grad_y, x, s1, s2, mu, rstd, weight, mean_in,
                                 wm_in, wv_in, dsq_n, dmean_n, dsq_c, dmean_c,

@@ -197,7 +197,6 @@ def detector_step_times(repeats, device):
 
         step()  # warm-up
         results[name] = median_time(step, repeats)
-        del model, optim, data
     return results
 
 
