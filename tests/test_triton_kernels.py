@@ -2,13 +2,18 @@
 
 On a GPU machine they compile and run on CUDA tensors; elsewhere they run in
 Triton's interpreter on CPU tensors (tests/conftest.py), which checks their
-arithmetic and masking but not their compilation.
+arithmetic and masking, and are compiled for sm_80/sm_90 without running,
+which checks that they lower to GPU code.
 """
+import os
+import os.path as osp
+
 import pytest
 import torch
 
 from sn_mm import SwitchableNorm, ops
 from test_native_kernels import kernel_inputs, run
+from tool_runner import ROOT, run_python
 from test_switchable_norm import make_sn, random_input
 
 triton = pytest.importorskip('triton')
@@ -78,3 +83,13 @@ def test_env_selects_triton_on_gpu(monkeypatch):
     assert ops._backend(x, True) == 'torch'
     assert isinstance(SwitchableNorm(3).cuda()(x.unsqueeze(-1)),
                       torch.Tensor)
+
+
+def test_triton_kernels_compile_for_nvidia_gpus():
+    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
+    result = run_python([osp.join(ROOT, 'tests', 'triton_compile_check.py')],
+                        cwd=ROOT, ok=False, timeout=600, base_env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if 'cubin=' in line]
+    assert len(lines) == 16, result.stdout
+    assert all(int(line.rsplit('=', 1)[1]) > 0 for line in lines)

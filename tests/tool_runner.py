@@ -7,13 +7,14 @@ import sys
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
-def run_python(args, cwd, ok=True, env=None, timeout=900):
-    """``python ARGS`` in ``cwd``; with ``ok``, fail the test (showing the
-    output's tail) unless it exits 0."""
+def run_python(args, cwd, ok=True, env=None, timeout=900, base_env=None):
+    """``python ARGS`` in ``cwd``, its environment ``base_env`` (default:
+    this process's) updated with ``env``; with ``ok``, fail the test
+    (showing the output's tail) unless it exits 0."""
+    base = os.environ if base_env is None else base_env
     result = subprocess.run([sys.executable, *map(str, args)],
                             capture_output=True, text=True, cwd=cwd,
-                            env=dict(os.environ, **(env or {})),
-                            timeout=timeout)
+                            env=dict(base, **(env or {})), timeout=timeout)
     if ok:
         assert result.returncode == 0, (result.stdout[-3000:] +
                                         result.stderr[-3000:])
