@@ -140,3 +140,20 @@ def test_kernels_refuse_mismatched_statistics():
                       torch.tensor(0.3), torch.tensor(0.3), torch.zeros(2, 1),
                       torch.ones(2, 1), torch.zeros(4), torch.ones(3),
                       torch.ones(3), torch.zeros(3), 1e-5)
+
+
+def test_unknown_kernel_choices_are_refused(monkeypatch):
+    x = random_input((2, 3, 4, 4))
+    sn = make_sn(3)
+    running = sn.running_mean.clone()
+    sn.use_native_kernels = 'Triton'
+    with pytest.raises(ValueError, match="use_native_kernels='Triton'"):
+        sn(x)
+    sn.use_native_kernels = True
+    monkeypatch.setenv(ops.GPU_KERNELS_ENV, 'cuda')
+    with pytest.raises(ValueError, match="SN_MM_GPU_KERNELS='cuda'"):
+        sn(x)
+    assert torch.equal(running, sn.running_mean)  # refused before touching
+    monkeypatch.setenv(ops.GPU_KERNELS_ENV, 'torch')
+    sn(x)
+    assert not torch.equal(running, sn.running_mean)

@@ -50,11 +50,22 @@ def _triton_kernels():
     return _triton
 
 
+def _gpu_kernels() -> str:
+    choice = os.environ.get(GPU_KERNELS_ENV, 'torch')
+    if choice not in ('torch', 'triton'):
+        raise ValueError(f'{GPU_KERNELS_ENV}={choice!r}: expected \'torch\' '
+                         f'(the default) or \'triton\'')
+    return choice
+
+
 def _backend(x: Tensor, use_native) -> str:
+    if use_native not in (True, False, 'triton'):
+        raise ValueError(f'use_native_kernels={use_native!r}: expected True, '
+                         f'False or \'triton\'')
+    gpu_kernels = _gpu_kernels()  # checked everywhere, used on GPUs
     if not use_native or torch.is_grad_enabled():
         return 'torch'
-    if use_native == 'triton' or (x.is_cuda and os.environ.get(
-            GPU_KERNELS_ENV, 'torch') == 'triton'):
+    if use_native == 'triton' or (x.is_cuda and gpu_kernels == 'triton'):
         # Empty tensors stay in PyTorch: no kernel takes a null pointer.
         return ('triton' if x.dtype == torch.float32 and x.numel() else
                 'torch')
