@@ -17,7 +17,8 @@ import os
 import sn_mm  # noqa: F401  (registers SN, SyncSN, hooks, constructors)
 from sn_mm import SyncSwitchableNorm, revert_sync_sn
 from sn_mm.engine import trusted_torch_load
-from sn_mm.utils import build_runner, load_config, parse_tool_args
+from sn_mm.utils import (build_runner, end_distributed, load_config,
+                         parse_tool_args)
 
 
 def parse_args(argv=None):
@@ -74,6 +75,7 @@ def main(argv=None):
                                'SyncSN layers to SN')
     with trusted_torch_load():
         runner.test()
+    end_distributed()
 
 
 if __name__ == '__main__':

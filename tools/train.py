@@ -11,7 +11,8 @@ The flags are mmdet's and mmseg's own. Examples::
 import argparse
 
 import sn_mm  # noqa: F401  (registers SN, SyncSN, hooks, constructors)
-from sn_mm.utils import build_runner, load_config, parse_tool_args
+from sn_mm.utils import (build_runner, end_distributed, load_config,
+                         parse_tool_args)
 
 
 def parse_args(argv=None):
@@ -46,6 +47,7 @@ def main(argv=None):
     elif args.resume is not None:
         cfg.resume, cfg.load_from = True, args.resume
     build_runner(cfg).train()
+    end_distributed()
 
 
 if __name__ == '__main__':

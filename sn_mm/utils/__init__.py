@@ -1,3 +1,3 @@
-from .runner import build_runner, load_config, parse_tool_args
+from .runner import build_runner, end_distributed, load_config, parse_tool_args
 
-__all__ = ['build_runner', 'load_config', 'parse_tool_args']
+__all__ = ['build_runner', 'end_distributed', 'load_config', 'parse_tool_args']

@@ -3,6 +3,7 @@ import os
 import os.path as osp
 from typing import Optional
 
+import torch.distributed as dist
 from mmengine.config import Config, DictAction
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
@@ -39,6 +40,16 @@ def build_runner(cfg: Config) -> Runner:
     if 'runner_type' in cfg:
         return RUNNERS.build(cfg)
     return SNRunner.from_cfg(cfg)
+
+
+def end_distributed() -> None:
+    """Destroy the process group of a launcher run once it has succeeded.
+    Left to interpreter exit, gloo's worker threads can outlive Python and
+    abort the process ('terminate called without an active exception',
+    SIGABRT; pytorch/pytorch#190489) after all the work is done. Not after
+    a failure: other ranks may still be inside a collective."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def parse_tool_args(parser, argv=None):
