@@ -97,39 +97,51 @@ def kernel_inputs(n, c, length, dtype):
                 c1=[rand(c) for _ in range(4)], w=rand(2, low=0, high=1))
 
 
+KERNELS = ('row_moments', 'moment_reductions', 'normalize', 'row_grad_sums',
+           'grad_reductions', 'input_grad')
+
+
+def assert_kernels_agree(how, length, dtype, tol, names=KERNELS, shape=(5, 6),
+                         device='cpu'):
+    """Each kernel in ``names``, run with ``use_native=how``, returns what
+    its PyTorch version returns, on random inputs with rows of ``length``."""
+    a = kernel_inputs(*shape, length, dtype)
+    a = {k: ([t.to(device) for t in v] if isinstance(v, list) else
+             v.to(device)) for k, v in a.items()}
+    x, g, (m, s1, s2, mu), v = a['x'], a['g'], a['nc'], a['var_nc']
+    n_vecs, c_vecs, (w0, w1) = a['n1'], a['c1'], a['w']
+    correction = 1 if length > 1 else 0  # as SwitchableNorm chooses
+    calls = {
+        'row_moments': lambda how: ops.row_moments(x, correction, how),
+        'moment_reductions': lambda how: ops.moment_reductions(m, v, how),
+        'normalize': lambda how: ops.normalize(
+            x, m, v, w0, w1, n_vecs[0], n_vecs[1].abs(), c_vecs[0],
+            c_vecs[1].abs(), c_vecs[2], c_vecs[3], 1e-5, how),
+        'row_grad_sums': lambda how: ops.row_grad_sums(g, x, how),
+        'grad_reductions': lambda how: ops.grad_reductions(
+            s1, s2, mu, v.rsqrt(), c_vecs[0], m, v, how),
+        'input_grad': lambda how: ops.input_grad(
+            g, x, s1, s2, mu, v.rsqrt(), c_vecs[0], m, w0, w1, *n_vecs[:2],
+            *c_vecs[:2], correction, how),
+    }
+    with torch.no_grad():
+        for name in names:
+            result, fallback = calls[name](how), calls[name](False)
+            if isinstance(result, torch.Tensor):
+                result, fallback = (result, ), (fallback, )
+            assert len(result) == len(fallback), name
+            for i, (p, q) in enumerate(zip(result, fallback)):
+                assert p.shape == q.shape, (name, i)
+                torch.testing.assert_close(p, q, **tol, msg=f'{name}[{i}]')
+
+
 @pytest.mark.skipif(not native_available(), reason='extension not built')
 @pytest.mark.parametrize('length', [1, 7, 49, 127, 128, 200, 256])
 @pytest.mark.parametrize('dtype', [torch.float64, torch.float32])
 def test_each_kernel_native_equals_pytorch(length, dtype):
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(
         rtol=2e-5, atol=2e-5)
-    a = kernel_inputs(5, 6, length, dtype)
-    x, g, (m, s1, s2, mu), v = a['x'], a['g'], a['nc'], a['var_nc']
-    n_vecs, c_vecs, (w0, w1) = a['n1'], a['c1'], a['w']
-    correction = 1 if length > 1 else 0  # as SwitchableNorm chooses
-    calls = {
-        'row_moments': lambda native: ops.row_moments(x, correction, native),
-        'moment_reductions':
-        lambda native: ops.moment_reductions(m, v, native),
-        'normalize': lambda native: ops.normalize(
-            x, m, v, w0, w1, n_vecs[0], n_vecs[1].abs(), c_vecs[0],
-            c_vecs[1].abs(), c_vecs[2], c_vecs[3], 1e-5, native),
-        'row_grad_sums': lambda native: ops.row_grad_sums(g, x, native),
-        'grad_reductions': lambda native: ops.grad_reductions(
-            s1, s2, mu, v.rsqrt(), c_vecs[0], m, v, native),
-        'input_grad': lambda native: ops.input_grad(
-            g, x, s1, s2, mu, v.rsqrt(), c_vecs[0], m, w0, w1, *n_vecs[:2],
-            *c_vecs[:2], correction, native),
-    }
-    with torch.no_grad():
-        for name, call in calls.items():
-            native, fallback = call(True), call(False)
-            if isinstance(native, torch.Tensor):
-                native, fallback = (native, ), (fallback, )
-            assert len(native) == len(fallback), name
-            for i, (p, q) in enumerate(zip(native, fallback)):
-                assert p.shape == q.shape, (name, i)
-                torch.testing.assert_close(p, q, **tol, msg=f'{name}[{i}]')
+    assert_kernels_agree(True, length, dtype, tol)
 
 
 @pytest.mark.skipif(not native_available(), reason='extension not built')

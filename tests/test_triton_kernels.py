@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sn_mm import SwitchableNorm, ops
-from test_native_kernels import kernel_inputs, run
+from test_native_kernels import assert_kernels_agree, run
 from tool_runner import ROOT, run_python
 from test_switchable_norm import make_sn, random_input
 
@@ -24,27 +24,9 @@ TOL = dict(rtol=1e-4, atol=1e-4)
 
 @pytest.mark.parametrize('length', [1, 7, 49, 200, 1500])
 def test_each_triton_kernel_equals_pytorch(length):
-    a = kernel_inputs(3, 4, length, torch.float32)
-    a = {k: ([t.to(DEVICE) for t in v] if isinstance(v, list) else
-             v.to(DEVICE)) for k, v in a.items()}
-    x, g, (m, s1, s2, mu), v = a['x'], a['g'], a['nc'], a['var_nc']
-    n_vecs, c_vecs, (w0, w1) = a['n1'], a['c1'], a['w']
-    correction = 1 if length > 1 else 0
-    calls = {
-        'row_moments': lambda how: ops.row_moments(x, correction, how),
-        'normalize': lambda how: ops.normalize(
-            x, m, v, w0, w1, n_vecs[0], n_vecs[1].abs(), c_vecs[0],
-            c_vecs[1].abs(), c_vecs[2], c_vecs[3], 1e-5, how),
-        'row_grad_sums': lambda how: ops.row_grad_sums(g, x, how),
-        'input_grad': lambda how: (ops.input_grad(
-            g, x, s1, s2, mu, v.rsqrt(), c_vecs[0], m, w0, w1, *n_vecs[:2],
-            *c_vecs[:2], correction, how), ),
-    }
-    with torch.no_grad():
-        for name, call in calls.items():
-            for i, (p, q) in enumerate(zip(call('triton'), call(False))):
-                assert p.shape == q.shape, (name, i)
-                torch.testing.assert_close(p, q, **TOL, msg=f'{name}[{i}]')
+    assert_kernels_agree('triton', length, torch.float32, TOL,
+                         names=('row_moments', 'normalize', 'row_grad_sums',
+                                'input_grad'), shape=(3, 4), device=DEVICE)
 
 
 SHAPES = {'2d': (6, 5), '4d': (4, 5, 6, 7), 'roi_7x7': (6, 5, 7, 7),
