@@ -1,13 +1,16 @@
-"""The native CPU kernels and the PyTorch fallback compute the same SN."""
+"""The native CPU kernels and the PyTorch fallback compute the same SN, and
+the kernel setting picks what it says."""
 import os
+import warnings
 
 import pytest
 import torch
 
-from sn_mm import ops
+from helpers import (assert_kernels_agree, make_sn, random_input,
+                     reference_of, run_layer)
+from sn_mm import SwitchableNorm, ops
+from sn_mm.ops import kernels as kernel_sets
 from sn_mm.ops import native_available
-from sn_reference import reference_sn
-from test_switchable_norm import make_sn, random_input
 
 # 7x7 (RoI features) and 13x11 rows take the kernels' short- and long-row
 # paths, both with a remainder after the vector lanes.
@@ -23,21 +26,17 @@ def test_extension_is_built():
     assert native_available()
 
 
-def run(sn, x, native):
-    sn.use_native_kernels = native
-    x = x.detach().clone().requires_grad_()
-    sn.zero_grad()
-    out = sn(x)
-    gen = torch.Generator().manual_seed(5)
-    (out * torch.randn(out.shape, generator=gen, dtype=out.dtype)).sum(
-    ).backward()
-    result = dict(out=out.detach(), x_grad=x.grad)
-    for name, p in sn.named_parameters():
-        result[name] = p.grad.clone()
-    if sn.using_bn:
-        result['running_mean'] = sn.running_mean.clone()
-        result['running_var'] = sn.running_var.clone()
-    return result
+@pytest.mark.skipif(not native_available(), reason='extension not built')
+def test_auto_picks_native_on_this_cpu_machine(monkeypatch):
+    # Pins the default, so that the native-vs-PyTorch tests below compare two
+    # different implementations and cannot pass vacuously.
+    monkeypatch.delenv(ops.KERNELS_ENV, raising=False)
+    x = torch.randn(2, 3, 4)
+    assert ops.default_kernels() == 'auto'
+    assert ops.select_kernels(None, x) is kernel_sets.NATIVE
+    assert ops.select_kernels('auto', x.double()) is kernel_sets.NATIVE
+    assert ops.select_kernels('torch', x) is kernel_sets.TORCH
+    assert kernel_sets.NATIVE.normalize is not kernel_sets.TORCH.normalize
 
 
 @pytest.mark.skipif(not native_available(), reason='extension not built')
@@ -47,8 +46,8 @@ def run(sn, x, native):
 @pytest.mark.parametrize('training', [True, False])
 def test_native_equals_pytorch_float64(shape, using_bn, unbiased, training):
     x = random_input(shape)
-    results = [run(make_sn(shape[1], using_bn, unbiased).train(training), x,
-                   native) for native in (True, False)]
+    results = [run_layer(make_sn(shape[1], using_bn, unbiased).train(
+        training), x, kernels) for kernels in ('native', 'torch')]
     for key in results[0]:
         torch.testing.assert_close(results[0][key], results[1][key],
                                    rtol=1e-12, atol=1e-12, msg=key)
@@ -57,8 +56,8 @@ def test_native_equals_pytorch_float64(shape, using_bn, unbiased, training):
 @pytest.mark.skipif(not native_available(), reason='extension not built')
 def test_native_equals_pytorch_float32():
     x = random_input((4, 16, 9, 9), dtype=torch.float32)
-    results = [run(make_sn(16, dtype=torch.float32), x, native)
-               for native in (True, False)]
+    results = [run_layer(make_sn(16, dtype=torch.float32), x, kernels)
+               for kernels in ('native', 'torch')]
     for key in results[0]:
         torch.testing.assert_close(results[0][key], results[1][key],
                                    rtol=1e-4, atol=1e-5, msg=key)
@@ -66,73 +65,18 @@ def test_native_equals_pytorch_float32():
 
 @pytest.mark.parametrize('training', [True, False])
 def test_pytorch_fallback_matches_reference(training):
-    sn = make_sn(5).train(training)
-    sn.use_native_kernels = False
+    sn = make_sn(5, kernels='torch').train(training)
     x = random_input((4, 5, 6, 7))
-    expected, exp_rm, exp_rv = reference_sn(
-        x, sn.weight.detach(), sn.bias.detach(), sn.mean_weight.detach(),
-        sn.var_weight.detach(), sn.running_mean, sn.running_var, training)
+    expected, exp_rm, exp_rv = reference_of(sn, x, training)
     torch.testing.assert_close(sn(x), expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(sn.running_mean, exp_rm)
     torch.testing.assert_close(sn.running_var, exp_rv)
 
 
 def test_pytorch_fallback_gradcheck():
-    sn = make_sn(3)
-    sn.use_native_kernels = False
+    sn = make_sn(3, kernels='torch')
     x = random_input((3, 3, 4, 2)).requires_grad_()
     assert torch.autograd.gradcheck(sn, (x, ))
-
-
-def kernel_inputs(n, c, length, dtype):
-    gen = torch.Generator().manual_seed(length)
-
-    def rand(*shape, low=-1.0, high=1.0):
-        return torch.rand(shape, generator=gen, dtype=dtype) * (high -
-                                                                low) + low
-
-    return dict(x=rand(n, c, length, low=-3, high=5), g=rand(n, c, length),
-                nc=[rand(n, c) for _ in range(4)],
-                var_nc=rand(n, c, low=0.1, high=2), n1=[rand(n, 1)
-                                                        for _ in range(4)],
-                c1=[rand(c) for _ in range(4)], w=rand(2, low=0, high=1))
-
-
-KERNELS = ('row_moments', 'moment_reductions', 'normalize', 'row_grad_sums',
-           'grad_reductions', 'input_grad')
-
-
-def assert_kernels_agree(how, length, dtype, tol, names=KERNELS, shape=(5, 6),
-                         device='cpu'):
-    """Each kernel in ``names``, run with ``use_native=how``, returns what
-    its PyTorch version returns, on random inputs with rows of ``length``."""
-    a = kernel_inputs(*shape, length, dtype)
-    a = {k: ([t.to(device) for t in v] if isinstance(v, list) else
-             v.to(device)) for k, v in a.items()}
-    x, g, (m, s1, s2, mu), v = a['x'], a['g'], a['nc'], a['var_nc']
-    n_vecs, c_vecs, (w0, w1) = a['n1'], a['c1'], a['w']
-    correction = 1 if length > 1 else 0  # as SwitchableNorm chooses
-    calls = {
-        'row_moments': lambda how: ops.row_moments(x, correction, how),
-        'moment_reductions': lambda how: ops.moment_reductions(m, v, how),
-        'normalize': lambda how: ops.normalize(
-            x, m, v, w0, w1, n_vecs[0], n_vecs[1].abs(), c_vecs[0],
-            c_vecs[1].abs(), c_vecs[2], c_vecs[3], 1e-5, how),
-        'row_grad_sums': lambda how: ops.row_grad_sums(g, x, how),
-        'grad_reductions': lambda how: ops.grad_reductions(
-            s1, s2, mu, v.rsqrt(), c_vecs[0], m, v, how),
-        'input_grad': lambda how: ops.input_grad(
-            g, x, s1, s2, mu, v.rsqrt(), c_vecs[0], m, w0, w1, *n_vecs[:2],
-            *c_vecs[:2], correction, how),
-    }
-    with torch.no_grad():
-        for name in names:
-            result, fallback = calls[name](how), calls[name](False)
-            if isinstance(result, torch.Tensor):
-                result, fallback = (result, ), (fallback, )
-            assert len(result) == len(fallback), name
-            for i, (p, q) in enumerate(zip(result, fallback)):
-                assert p.shape == q.shape, (name, i)
-                torch.testing.assert_close(p, q, **tol, msg=f'{name}[{i}]')
 
 
 @pytest.mark.skipif(not native_available(), reason='extension not built')
@@ -141,14 +85,14 @@ def assert_kernels_agree(how, length, dtype, tol, names=KERNELS, shape=(5, 6),
 def test_each_kernel_native_equals_pytorch(length, dtype):
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(
         rtol=2e-5, atol=2e-5)
-    assert_kernels_agree(True, length, dtype, tol)
+    assert_kernels_agree('native', length, dtype, tol)
 
 
 @pytest.mark.skipif(not native_available(), reason='extension not built')
 def test_kernels_refuse_mismatched_statistics():
     x = torch.randn(2, 3, 4)
     with torch.no_grad(), pytest.raises(RuntimeError, match='mu_c'):
-        ops.normalize(x, torch.zeros(2, 3), torch.ones(2, 3),
+        kernel_sets.NATIVE.normalize(x, torch.zeros(2, 3), torch.ones(2, 3),
                       torch.tensor(0.3), torch.tensor(0.3), torch.zeros(2, 1),
                       torch.ones(2, 1), torch.zeros(4), torch.ones(3),
                       torch.ones(3), torch.zeros(3), 1e-5)
@@ -156,16 +100,65 @@ def test_kernels_refuse_mismatched_statistics():
 
 def test_unknown_kernel_choices_are_refused(monkeypatch):
     x = random_input((2, 3, 4, 4))
+    with pytest.raises(ValueError, match="kernels='Triton'"):
+        SwitchableNorm(3, kernels='Triton')
+    with pytest.raises(ValueError, match="kernels='cuda'"):
+        ops.set_default_kernels('cuda')
     sn = make_sn(3)
     running = sn.running_mean.clone()
-    sn.use_native_kernels = 'Triton'
-    with pytest.raises(ValueError, match="use_native_kernels='Triton'"):
+    sn.kernels = 'Triton'
+    with pytest.raises(ValueError, match="kernels='Triton'"):
         sn(x)
-    sn.use_native_kernels = True
-    monkeypatch.setenv(ops.GPU_KERNELS_ENV, 'cuda')
-    with pytest.raises(ValueError, match="SN_MM_GPU_KERNELS='cuda'"):
+    sn.kernels = None
+    monkeypatch.setenv(ops.KERNELS_ENV, 'cuda')
+    with pytest.raises(ValueError, match="SN_MM_KERNELS='cuda'"):
         sn(x)
+    monkeypatch.delenv(ops.KERNELS_ENV)
+    # The variable of earlier versions names its successor.
+    monkeypatch.setenv('SN_MM_GPU_KERNELS', 'triton')
+    with pytest.raises(ValueError, match='SN_MM_KERNELS=triton'):
+        sn(x)
+    monkeypatch.delenv('SN_MM_GPU_KERNELS')
     assert torch.equal(running, sn.running_mean)  # refused before touching
-    monkeypatch.setenv(ops.GPU_KERNELS_ENV, 'torch')
     sn(x)
     assert not torch.equal(running, sn.running_mean)
+
+
+def test_global_default_and_per_layer_setting(monkeypatch):
+    x = random_input((2, 3, 4, 4))
+    expected = run_layer(make_sn(3), x, 'torch')
+    monkeypatch.setenv(ops.KERNELS_ENV, 'torch')
+    assert ops.default_kernels() == 'torch'
+    try:
+        ops.set_default_kernels('auto')  # wins over the environment
+        assert ops.default_kernels() == 'auto'
+    finally:
+        ops.set_default_kernels(None)
+    assert ops.default_kernels() == 'torch'
+    # A layer's own setting wins over the global one.
+    layer = make_sn(3, kernels='native' if native_available() else 'torch')
+    result = run_layer(layer, x, layer.kernels)
+    for key in expected:
+        torch.testing.assert_close(result[key], expected[key], msg=key)
+
+
+@pytest.mark.skipif(not native_available(), reason='extension not built')
+def test_native_refuses_what_it_cannot_run():
+    with pytest.raises(ValueError, match="kernels='native' runs on"):
+        ops.select_kernels('native', torch.zeros(2, 3, 4, dtype=torch.half))
+
+
+def test_use_native_kernels_still_works_with_a_warning():
+    x = random_input((2, 3, 4, 4))
+    expected = run_layer(make_sn(3), x, 'torch')
+    sn = make_sn(3)
+    sn.use_native_kernels = False  # the attribute of earlier versions
+    with pytest.warns(DeprecationWarning, match='kernels='):
+        result = run_layer(sn, x, None)
+    for key in expected:
+        torch.testing.assert_close(result[key], expected[key], rtol=0, atol=0,
+                                   msg=key)
+    sn.use_native_kernels = 'yes'
+    with warnings.catch_warnings(), pytest.raises(ValueError,
+                                                  match='replaced by kernels'):
+        sn(x)

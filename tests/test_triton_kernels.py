@@ -11,10 +11,10 @@ import os.path as osp
 import pytest
 import torch
 
-from sn_mm import SwitchableNorm, ops
-from test_native_kernels import assert_kernels_agree, run
+from helpers import assert_kernels_agree, make_sn, random_input, run_layer
+from sn_mm import ops
+from sn_mm.ops import kernels as kernel_sets
 from tool_runner import ROOT, run_python
-from test_switchable_norm import make_sn, random_input
 
 triton = pytest.importorskip('triton')
 
@@ -39,8 +39,8 @@ SHAPES = {'2d': (6, 5), '4d': (4, 5, 6, 7), 'roi_7x7': (6, 5, 7, 7),
 def test_sn_on_triton_equals_pytorch(shape, using_bn, training):
     x = random_input(shape, dtype=torch.float32).to(DEVICE)
     results = [
-        run(make_sn(shape[1], using_bn, dtype=torch.float32).to(
-            DEVICE).train(training), x, how) for how in ('triton', False)
+        run_layer(make_sn(shape[1], using_bn, dtype=torch.float32).to(
+            DEVICE).train(training), x, how) for how in ('triton', 'torch')
     ]
     for key in results[0]:
         torch.testing.assert_close(results[0][key], results[1][key], **TOL,
@@ -49,22 +49,33 @@ def test_sn_on_triton_equals_pytorch(shape, using_bn, training):
 
 def test_float64_falls_back_to_pytorch():
     x = random_input((2, 3, 4, 4)).to(DEVICE)
-    triton_run, torch_run = (run(make_sn(3).to(DEVICE), x, how)
-                             for how in ('triton', False))
+    triton_run, torch_run = (run_layer(make_sn(3).to(DEVICE), x, how)
+                             for how in ('triton', 'torch'))
     for key in triton_run:
         torch.testing.assert_close(triton_run[key], torch_run[key], rtol=0,
                                    atol=0, msg=key)
 
 
+def test_the_setting_selects_triton(monkeypatch):
+    x = torch.randn(2, 3, 5, device=DEVICE)
+    assert ops.select_kernels('triton', x) is kernel_sets._triton()
+    monkeypatch.setenv(ops.KERNELS_ENV, 'triton')
+    assert ops.select_kernels(None, x) is kernel_sets._triton()
+    monkeypatch.delenv(ops.KERNELS_ENV)
+    # Not by default (yet): PyTorch's ops on GPUs, native on this CPU.
+    assert ops.select_kernels(None, x) is not kernel_sets._triton()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a GPU')
-def test_env_selects_triton_on_gpu(monkeypatch):
-    x = torch.randn(2, 3, 5, device='cuda')
-    monkeypatch.setenv(ops.GPU_KERNELS_ENV, 'triton')
-    assert ops._backend(x, True) == 'triton'
-    monkeypatch.delenv(ops.GPU_KERNELS_ENV)
-    assert ops._backend(x, True) == 'torch'
-    assert isinstance(SwitchableNorm(3).cuda()(x.unsqueeze(-1)),
-                      torch.Tensor)
+def test_triton_layer_on_gpu_equals_float64_reference():
+    from helpers import reference_of
+    sn = make_sn(3, dtype=torch.float32, kernels='triton').cuda()
+    x = random_input((2, 3, 5, 4), dtype=torch.float32)
+    expected, exp_rm, exp_rv = reference_of(sn.cpu(), x, training=True)
+    sn.cuda()
+    out = sn(x.cuda())
+    torch.testing.assert_close(out.double().cpu(), expected, **TOL)
+    torch.testing.assert_close(sn.running_var.double().cpu(), exp_rv, **TOL)
 
 
 def test_triton_kernels_compile_for_nvidia_gpus():

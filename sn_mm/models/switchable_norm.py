@@ -1,6 +1,7 @@
 """Switchable Normalization (Luo et al., TPAMI), registered as ``'SN'``."""
 import math
-from typing import Dict
+import warnings
+from typing import Dict, Optional
 
 import torch
 import torch.nn as nn
@@ -9,7 +10,7 @@ from mmengine.registry import MODELS
 
 from torch import Tensor
 
-from ..ops.sn_function import SwitchableNormFunction
+from ..ops import SwitchableNormFunction, check_kernels, select_kernels
 
 # Order of the logits in ``mean_weight``/``var_weight``; it is the order of the
 # authors' released code, so their checkpoints load as they are.
@@ -33,34 +34,40 @@ class SwitchableNorm(nn.Module):
     Args:
         num_features (int): Number of channels C.
         eps (float): Added to the mixed variance. Default: 1e-5.
-        momentum (float): PyTorch's convention, ``running = (1 - momentum) *
-            running + momentum * batch``. The released code's 0.9 is our 0.1.
+        momentum (float, optional): PyTorch's convention, ``running = (1 -
+            momentum) * running + momentum * batch``. The released code's 0.9
+            is our 0.1. ``None``: the cumulative average over the batches
+            seen (counted in ``num_batches_tracked``), as in
+            ``nn.BatchNorm2d``. Default: 0.1.
         using_bn (bool): Include the BN branch (3 logits and running
             statistics) or not (2 logits, IN and LN). Default: True.
         unbiased (bool): Bessel-corrected IN variance, as the released
             implementation (and its checkpoints) use; LN and BN variances are
             then derived from it. False gives the paper's Eq. 4 estimators.
             Default: True.
+        kernels (str, optional): Which implementation computes the layer:
+            ``'auto'``, ``'native'``, ``'triton'`` or ``'torch'`` (see
+            :mod:`sn_mm.ops.kernels`). None follows the global default
+            (:func:`sn_mm.ops.set_default_kernels`, ``$SN_MM_KERNELS``,
+            else ``'auto'``). Default: None.
     """
 
     _abbr_ = 'sn'
-    # Which kernels compute SN (see sn_mm.ops): True, the native CPU
-    # extension when built, and Triton on GPUs when SN_MM_GPU_KERNELS=triton;
-    # 'triton' forces Triton; False, plain PyTorch everywhere.
-    use_native_kernels = True
 
     def __init__(self,
                  num_features: int,
                  eps: float = 1e-5,
-                 momentum: float = 0.1,
+                 momentum: Optional[float] = 0.1,
                  using_bn: bool = True,
-                 unbiased: bool = True) -> None:
+                 unbiased: bool = True,
+                 kernels: Optional[str] = None) -> None:
         super().__init__()
         self.num_features = num_features
         self.eps = eps
         self.momentum = momentum
         self.using_bn = using_bn
         self.unbiased = unbiased
+        self.kernels = None if kernels is None else check_kernels(kernels)
         num_terms = 3 if using_bn else 2
         self.weight = nn.Parameter(torch.ones(num_features))
         self.bias = nn.Parameter(torch.zeros(num_features))
@@ -69,12 +76,24 @@ class SwitchableNorm(nn.Module):
         if using_bn:
             self.register_buffer('running_mean', torch.zeros(num_features))
             self.register_buffer('running_var', torch.ones(num_features))
+            self.register_buffer('num_batches_tracked',
+                                 torch.tensor(0, dtype=torch.long))
         else:
             self.register_buffer('running_mean', None)
             self.register_buffer('running_var', None)
-        # Called as observer(mean_bn, var_bn, has_samples) on each training
-        # step; batch averaging (sn_mm.engine.sn_batch_average) sets it.
-        self.bn_observer = None
+            self.register_buffer('num_batches_tracked', None)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata,
+                              strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # Checkpoints from the released code and from earlier sn_mm versions
+        # have no batch counter; as nn.BatchNorm does, start it at 0.
+        key = prefix + 'num_batches_tracked'
+        if self.using_bn and key not in state_dict:
+            state_dict[key] = torch.tensor(0, dtype=torch.long)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata,
+                                      strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     # -- input checks -------------------------------------------------------
     def _check_input(self, x: Tensor) -> None:
@@ -96,14 +115,18 @@ class SwitchableNorm(nn.Module):
 
     def _update_running_stats(self, mean_bn: Tensor, var_bn: Tensor,
                               has_samples: Tensor) -> None:
-        """Moving average of the BN statistics; untouched when the (possibly
-        synchronised) batch held no sample. The count gates the update
-        arithmetically, not by a Python branch: SyncSN learns it on the
-        device and must not wait for it on the host."""
-        if self.bn_observer is not None:
-            self.bn_observer(mean_bn, var_bn, has_samples)
+        """Moving (or, with ``momentum=None``, cumulative) average of the BN
+        statistics; untouched when the (possibly synchronised) batch held no
+        sample. The count gates the update arithmetically, not by a Python
+        branch: SyncSN learns it on the device and must not wait for it on
+        the host."""
         with torch.no_grad():
-            m = self.momentum * has_samples.to(mean_bn.dtype)
+            has = has_samples.to(mean_bn.dtype)
+            self.num_batches_tracked.add_(has_samples.long())
+            if self.momentum is None:
+                m = has / self.num_batches_tracked.clamp_min(1).to(has.dtype)
+            else:
+                m = self.momentum * has
             self.running_mean.mul_(1 - m).add_(
                 (m * mean_bn).to(self.running_mean.dtype))
             self.running_var.mul_(1 - m).add_(
@@ -116,12 +139,31 @@ class SwitchableNorm(nn.Module):
                 return self._forward(x)
         return self._forward(x)
 
+    def _kernel_choice(self) -> Optional[str]:
+        legacy = getattr(self, 'use_native_kernels', None)
+        if legacy is None:
+            return self.kernels
+        # The attribute of sn_mm < 0.2, still honoured.
+        mapping = {True: self.kernels, False: 'torch', 'triton': 'triton'}
+        if not any(legacy is k or legacy == k for k in mapping):
+            raise ValueError(
+                f'use_native_kernels={legacy!r} (replaced by kernels=\'auto\''
+                f' | \'native\' | \'triton\' | \'torch\')')
+        warnings.warn('SwitchableNorm.use_native_kernels is deprecated: use '
+                      'kernels=\'auto\' | \'native\' | \'triton\' | '
+                      '\'torch\' (norm_cfg, the attribute, or '
+                      'sn_mm.ops.set_default_kernels)', DeprecationWarning)
+        return mapping[legacy if isinstance(legacy, str) else bool(legacy)]
+
     def _forward(self, x: Tensor) -> Tensor:
         shape = x.shape
         # Statistics in fp32 at least (fp16/bf16 sums lose too much).
         dtype = torch.promote_types(x.dtype, torch.float32)
         spatial = math.prod(shape[2:])
         x3 = x.reshape(shape[0], shape[1], spatial).to(dtype).contiguous()
+        # Chosen once here (unknown values raise before anything is touched)
+        # and kept by the Function for backward.
+        kernels = select_kernels(self._kernel_choice(), x3)
         has_in = spatial > 1
         # A single position has zero variance; Bessel's correction would
         # divide by zero there, so it applies only where IN is defined.
@@ -132,7 +174,7 @@ class SwitchableNorm(nn.Module):
             x3, self.weight.to(dtype), self.bias.to(dtype),
             self.mean_weight.to(dtype), self.var_weight.to(dtype), *running,
             self.training, has_in, correction, self.eps, self._sync_group(),
-            self.use_native_kernels)
+            kernels)
         if mean_bn is not None:
             self._update_running_stats(mean_bn, var_bn, has_samples)
         return out.reshape(shape).to(x.dtype)
@@ -157,5 +199,6 @@ class SwitchableNorm(nn.Module):
         return (f'{self.num_features}, eps={self.eps}, '
                 f'momentum={self.momentum}, using_bn={self.using_bn}, '
                 f'unbiased={self.unbiased}, '
+                + (f'kernels={self.kernels!r}, ' if self.kernels else '') +
                 f'mean_ratios=({fmt(ratios["mean"])}), '
                 f'var_ratios=({fmt(ratios["var"])})')

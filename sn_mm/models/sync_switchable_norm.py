@@ -29,11 +29,13 @@ class SyncSwitchableNorm(SwitchableNorm):
     def __init__(self,
                  num_features: int,
                  eps: float = 1e-5,
-                 momentum: float = 0.1,
+                 momentum: Optional[float] = 0.1,
                  using_bn: bool = True,
                  unbiased: bool = True,
-                 group: Optional[object] = None) -> None:
-        super().__init__(num_features, eps, momentum, using_bn, unbiased)
+                 group: Optional[object] = None,
+                 kernels: Optional[str] = None) -> None:
+        super().__init__(num_features, eps, momentum, using_bn, unbiased,
+                         kernels)
         self.group = group
 
     def _sync_group(self):
@@ -56,6 +58,7 @@ def _swap_norm(module: nn.Module, old_type: type, make_new) -> nn.Module:
         if module.using_bn:
             new.running_mean = module.running_mean
             new.running_var = module.running_var
+            new.num_batches_tracked = module.num_batches_tracked
         new.train(module.training)
         return new
     for name, child in module.named_children():
@@ -73,7 +76,7 @@ def convert_sync_sn(module: nn.Module, group=None) -> nn.Module:
     return _swap_norm(
         module, SwitchableNorm, lambda m: SyncSwitchableNorm(
             m.num_features, m.eps, m.momentum, m.using_bn, m.unbiased,
-            group=group))
+            group=group, kernels=m.kernels))
 
 
 def revert_sync_sn(module: nn.Module) -> nn.Module:
@@ -81,4 +84,5 @@ def revert_sync_sn(module: nn.Module) -> nn.Module:
     :class:`SwitchableNorm`, e.g. to test on one process or the CPU."""
     return _swap_norm(
         module, SyncSwitchableNorm, lambda m: SwitchableNorm(
-            m.num_features, m.eps, m.momentum, m.using_bn, m.unbiased))
+            m.num_features, m.eps, m.momentum, m.using_bn, m.unbiased,
+            m.kernels))

@@ -14,8 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import (grad_reductions, input_grad, moment_reductions, normalize,
-               row_grad_sums, row_moments)
+from .kernels import TORCH
 
 
 def _in_weights(wm: Tensor, wv: Tensor, has_in: bool):
@@ -30,18 +29,20 @@ class SwitchableNormFunction(torch.autograd.Function):
                 mean_logits: Tensor, var_logits: Tensor,
                 running_mean: Optional[Tensor], running_var: Optional[Tensor],
                 training: bool, has_in: bool, correction: int, eps: float,
-                group, use_native: bool):
-        """x: contiguous (N, C, L). Returns the output and the BN mean and
-        variance used (None without a BN branch) and whether the batch (over
-        the group) had samples, for the running-statistics update."""
+                group, kernels):
+        """x: contiguous (N, C, L); ``kernels``: the kernel set chosen for
+        this call (:func:`sn_mm.ops.select_kernels`), kept for backward.
+        Returns the output and the BN mean and variance used (None without a
+        BN branch) and whether the batch (over the group) had samples, for
+        the running-statistics update."""
         n, c, _ = x.shape
         using_bn = running_mean is not None
         if x.numel():
-            mean_in, var_in = row_moments(x, correction, use_native)
+            mean_in, var_in = kernels.row_moments(x, correction)
         else:
             mean_in = var_in = x.new_zeros(n, c)
-        mean_ln, sq_ln, sum_mean, sum_sq = moment_reductions(
-            mean_in, var_in, use_native)
+        mean_ln, sq_ln, sum_mean, sum_sq = kernels.moment_reductions(
+            mean_in, var_in)
         var_ln_raw = sq_ln - mean_ln.square()
         var_ln = var_ln_raw.clamp_min(0)
 
@@ -73,12 +74,12 @@ class SwitchableNormFunction(torch.autograd.Function):
             mu_c, var_c = wm[k + 1] * mean_bn, wv[k + 1] * var_bn
         else:
             mu_c = var_c = x.new_zeros(c)
-        y, mu, rstd = normalize(x, mean_in, var_in, wm_in, wv_in,
-                                wm[k] * mean_ln, wv[k] * var_ln, mu_c, var_c,
-                                weight, bias, eps, use_native)
+        y, mu, rstd = kernels.normalize(x, mean_in, var_in, wm_in, wv_in,
+                                        wm[k] * mean_ln, wv[k] * var_ln, mu_c,
+                                        var_c, weight, bias, eps)
 
         ctx.meta = (has_in, using_bn and training, correction, group,
-                    use_native)
+                    kernels)
         ctx.save_for_backward(x, weight, wm, wv, mean_in, var_in, mean_ln,
                               var_ln, var_ln_raw >= 0, mean_bn, var_bn,
                               bn_pos, has, total, mu, rstd)
@@ -91,16 +92,18 @@ class SwitchableNormFunction(torch.autograd.Function):
     def backward(ctx, grad_y, *_):
         (x, weight, wm, wv, mean_in, var_in, mean_ln, var_ln, ln_pos, mean_bn,
          var_bn, bn_pos, has, total, mu, rstd) = ctx.saved_tensors
-        has_in, bn_batch, correction, group, use_native = ctx.meta
+        has_in, bn_batch, correction, group, kernels = ctx.meta
+        if torch.is_grad_enabled():  # create_graph: record differentiably
+            kernels = TORCH
         n, c, _ = x.shape
         grad_y = grad_y.contiguous()
         if x.numel():
-            s1, s2 = row_grad_sums(grad_y, x, use_native)
+            s1, s2 = kernels.row_grad_sums(grad_y, x)
         else:
             s1 = s2 = x.new_zeros(n, c)
         (grad_weight, grad_bias, d_mu_n, d_var_n, d_mu_c, d_var_c,
-         dots_in) = grad_reductions(s1, s2, mu, rstd, weight, mean_in, var_in,
-                                    use_native)
+         dots_in) = kernels.grad_reductions(s1, s2, mu, rstd, weight, mean_in,
+                                            var_in)
 
         # Ratio vectors: d loss / d w_k, then through the softmax.
         d_wm = [(d_mu_n * mean_ln).sum()]
@@ -140,9 +143,9 @@ class SwitchableNormFunction(torch.autograd.Function):
             dsq_c = dmean_c = x.new_zeros(c)
         wm_in, wv_in = _in_weights(wm, wv, has_in)
         if x.numel():
-            grad_x = input_grad(grad_y, x, s1, s2, mu, rstd, weight, mean_in,
-                                wm_in, wv_in, dsq_n, dmean_n, dsq_c, dmean_c,
-                                correction, use_native)
+            grad_x = kernels.input_grad(grad_y, x, s1, s2, mu, rstd, weight,
+                                        mean_in, wm_in, wv_in, dsq_n, dmean_n,
+                                        dsq_c, dmean_c, correction)
         else:
             grad_x = torch.zeros_like(x)
         return (grad_x, grad_weight, grad_bias, grad_mean_logits,

@@ -1,8 +1,8 @@
 """SN's full-size passes as Triton kernels, for float32 on GPUs.
 
 The same four kernels as the C++ extension (sn_mm/ops/csrc/sn_kernels.cpp),
-with the same arguments as their PyTorch versions in ``sn_mm.ops``; the
-(N, C) reductions between them stay in PyTorch. Each program takes a tile of
+with the same arguments as their PyTorch versions in ``torch_kernels.py``;
+the (N, C) reductions between them stay in PyTorch. Each program takes a tile of
 ``ROWS`` rows and walks along them ``BLOCK`` elements at a time, so that
 short rows (7 x 7 RoI features) fill a tile with many rows and long rows
 (high-resolution feature maps) loop.
@@ -125,7 +125,7 @@ def _input_grad_kernel(g_ptr, x_ptr, dx_ptr, sum_g_ptr, sum_gx_ptr, mu_ptr,
     rstd = tl.load(rstd_ptr + r, mask=row_ok, other=0.0)
     mean_in = tl.load(mean_in_ptr + r, mask=row_ok, other=0.0)
     scale = tl.load(weight_ptr + c, mask=row_ok, other=0.0) * rstd
-    # The formulas of sn_mm.ops.input_grad, per row.
+    # The formulas of torch_kernels.input_grad, per row.
     d_mu = -scale * s1
     d_var = -0.5 * scale * rstd * rstd * (s2 - mu * s1)
     d_sq = (tl.load(dsq_n_ptr + n, mask=row_ok, other=0.0) +
@@ -149,7 +149,7 @@ def _input_grad_kernel(g_ptr, x_ptr, dx_ptr, sum_g_ptr, sum_gx_ptr, mu_ptr,
 
 
 def _check(x: Tensor, name: str) -> None:
-    # Empty inputs never get here (sn_mm.ops keeps them in PyTorch): their
+    # Empty inputs never get here (kernels.py keeps them in PyTorch): their
     # null data pointers cannot be handed to a kernel.
     if (x.dtype != torch.float32 or x.dim() != 3 or not x.is_contiguous()
             or not x.numel()):

@@ -9,7 +9,7 @@ BN, GN everywhere and SN everywhere. Times are medians over --repeats runs;
 ratios compare numbers from this same run.
 
 On a GPU (``--device cuda``) it adds a row for SN with its Triton kernels
-forced; ``SN_MM_GPU_KERNELS=triton`` makes them SN's default there.
+(``kernels='triton'``); ``SN_MM_KERNELS=triton`` makes them SN's default.
 
 Example::
 
@@ -27,7 +27,7 @@ import torch.nn as nn
 
 import sn_mm  # noqa: F401
 from sn_mm import SwitchableNorm, SyncSwitchableNorm
-from sn_mm.ops import native_available
+from sn_mm.ops import default_kernels, native_available
 
 # glibc's malloc returns large freed blocks to the OS and page-faults them
 # back in on the next allocation; which layer pays for that depends on the
@@ -62,12 +62,6 @@ class NaiveSN(nn.Module):
         return (x - mean) / (var + 1e-5).sqrt() * self.weight + self.bias
 
 
-def triton_sn(c):
-    sn = SwitchableNorm(c)
-    sn.use_native_kernels = 'triton'
-    return sn
-
-
 def norm_layers(c, device):
     layers = {
         'BN': lambda: nn.BatchNorm2d(c),
@@ -79,9 +73,9 @@ def norm_layers(c, device):
         'naive SN': lambda: NaiveSN(c),
     }
     if device == 'cuda':
-        # SN as configured (PyTorch ops on GPUs unless SN_MM_GPU_KERNELS
-        # says triton) and with the Triton kernels forced.
-        layers['SN triton'] = lambda: triton_sn(c)
+        # SN as configured (PyTorch ops on GPUs unless SN_MM_KERNELS says
+        # triton) and with the Triton kernels.
+        layers['SN triton'] = lambda: SwitchableNorm(c, kernels='triton')
     return layers
 
 
@@ -228,8 +222,8 @@ def main():
     if args.device == 'cuda':
         if not torch.cuda.is_available():
             parser.error('--device cuda: no GPU is visible to torch')
-        where = (f'{torch.cuda.get_device_name()}, SN_MM_GPU_KERNELS='
-                 f'{os.environ.get("SN_MM_GPU_KERNELS", "torch")}')
+        where = (f'{torch.cuda.get_device_name()}, SN kernels: '
+                 f'{default_kernels()}')
     else:
         where = (f'{torch.get_num_threads()} CPU threads, native SN '
                  f'kernels: {native_available()}, malloc: {args.allocator}')

@@ -2,7 +2,7 @@
 // one pass each and parallel over its N x C rows, and the reductions of the
 // (N, C) statistics between them. The glue (softmax, BN statistics and their
 // all-reduce, ratio gradients) stays in sn_mm/ops/sn_function.py, and
-// sn_mm/ops/__init__.py holds the PyTorch version of every kernel here.
+// sn_mm/ops/torch_kernels.py holds the PyTorch version of every kernel here.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -196,7 +196,7 @@ struct InputGradArgs {
 
 // dx = g * scale + a * x + b per row, a and b from the gradients of the
 // row's IN mean and variance (the formulas of input_grad in
-// sn_mm/ops/__init__.py).
+// sn_mm/ops/torch_kernels.py).
 template <typename T>
 SN_INLINE void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin,
                                  int64_t end) {

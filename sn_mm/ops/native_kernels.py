@@ -1,0 +1,47 @@
+"""SN's six kernels from the native CPU extension (``csrc/sn_kernels.cpp``,
+built as ``sn_mm._ext`` by ``pip install -e .``), with the arguments of
+their PyTorch versions in ``torch_kernels.py``. float32/float64 CPU tensors
+only; :func:`sn_mm.ops.select_kernels` sends everything else elsewhere."""
+from typing import Tuple
+
+from torch import Tensor
+
+try:
+    from .. import _ext
+except ImportError:  # not built (SN_MM_NO_EXT=1): PyTorch kernels only
+    _ext = None
+
+
+def available() -> bool:
+    return _ext is not None
+
+
+def row_moments(x: Tensor, correction: int) -> Tuple[Tensor, Tensor]:
+    return tuple(_ext.row_moments(x, correction))
+
+
+def moment_reductions(mean_in: Tensor, var_in: Tensor) -> Tuple[Tensor, ...]:
+    return tuple(_ext.moment_reductions(mean_in, var_in))
+
+
+def normalize(x, mean_in, var_in, wm_in, wv_in, mu_n, var_n, mu_c, var_c,
+              weight, bias, eps):
+    return tuple(_ext.normalize(x, mean_in, var_in, float(wm_in),
+                                float(wv_in), mu_n, var_n, mu_c, var_c,
+                                weight, bias, eps))
+
+
+def row_grad_sums(grad: Tensor, x: Tensor) -> Tuple[Tensor, Tensor]:
+    return tuple(_ext.row_grad_sums(grad, x))
+
+
+def grad_reductions(sum_g, sum_gx, mu, rstd, weight, mean_in, var_in):
+    return tuple(_ext.grad_reductions(sum_g, sum_gx, mu, rstd, weight,
+                                      mean_in, var_in))
+
+
+def input_grad(grad, x, sum_g, sum_gx, mu, rstd, weight, mean_in, wm_in,
+               wv_in, dsq_n, dmean_n, dsq_c, dmean_c, correction):
+    return _ext.input_grad(grad, x, sum_g, sum_gx, mu, rstd, weight, mean_in,
+                           float(wm_in), float(wv_in), dsq_n, dmean_n, dsq_c,
+                           dmean_c, correction)
