@@ -1,12 +1,12 @@
 """Batch-average statistics against averages computed in the test."""
 import copy
-import socket
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 
+from helpers import free_port
 from sn_mm import SwitchableNorm
 from sn_mm.engine import sn_batch_average
 from sn_reference import reference_sn
@@ -86,14 +86,23 @@ def test_batch_average_equals_direct_average():
     for k, v in model[4].state_dict().items():
         assert torch.equal(v, bn_buffers[k]), k
     assert [m.training for m in model.modules()] == modes
-    assert all(m.bn_observer is None for m in model.modules()
-               if isinstance(m, SwitchableNorm))
+    # The cumulative average was switched on for the pass only.
+    for m in model.modules():
+        if isinstance(m, SwitchableNorm) and m.using_bn:
+            assert m.momentum == 0.1
+            assert m.num_batches_tracked == 0
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
+def test_batch_average_skips_empty_batches():
+    model = make_model()
+    batches = make_batches(2, seed=3)
+    expected = direct_averages(make_model(), batches)
+    with_empty = [batches[0], batches[0][:0], batches[1]]
+    assert sn_batch_average(model, iter(with_empty), model, 3) == 3
+    layers = dict(model.named_modules())
+    for name, (mean, var) in expected.items():
+        torch.testing.assert_close(layers[name].running_mean, mean.float())
+        torch.testing.assert_close(layers[name].running_var, var.float())
 
 
 def worker(rank, port, out):
