@@ -1,4 +1,6 @@
-"""What tools/train.py and tools/test.py share: config set-up and runner."""
+"""Command-line glue that tools/train.py, tools/test.py and the analysis
+tools share: reading a config as mmdet's tools do, building the runner,
+common flags. It sits above the engine (it builds :class:`SNRunner`)."""
 import os
 import os.path as osp
 from typing import Optional
@@ -8,7 +10,7 @@ from mmengine.config import Config, DictAction
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-from ..engine import SNRunner
+from .engine import SNRunner
 
 
 def load_config(config: str,

@@ -3,7 +3,8 @@
 
 The checkpoint is loaded with ``weights_only=False`` (mmengine's own training
 checkpoints need it under torch >= 2.6): test checkpoints you trust, as with
-any pickle. On one process, SyncSN layers are turned into SN layers first.
+any pickle. On one process, SyncSN layers are turned into SN layers
+(:class:`sn_mm.engine.SNRunner` does it, as mmengine does for SyncBN).
 
 Examples::
 
@@ -15,9 +16,8 @@ import argparse
 import os
 
 import sn_mm  # noqa: F401  (registers SN, SyncSN, hooks, constructors)
-from sn_mm import SyncSwitchableNorm, revert_sync_sn
 from sn_mm.engine import trusted_torch_load
-from sn_mm.utils import (build_runner, end_distributed, load_config,
+from sn_mm.cli import (build_runner, end_distributed, load_config,
                          parse_tool_args)
 
 
@@ -65,14 +65,6 @@ def main(argv=None):
         cfg.test_evaluator = [*evaluators, dump]
 
     runner = build_runner(cfg)
-    if args.launcher == 'none':
-        # As mmengine does for SyncBN: one process has nothing to sync with.
-        num_sync = sum(isinstance(m, SyncSwitchableNorm)
-                       for m in runner.model.modules())
-        if num_sync:
-            runner.model = revert_sync_sn(runner.model)
-            runner.logger.info(f'Testing on one process: turned {num_sync} '
-                               'SyncSN layers to SN')
     with trusted_torch_load():
         runner.test()
     end_distributed()

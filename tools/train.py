@@ -11,7 +11,7 @@ The flags are mmdet's and mmseg's own. Examples::
 import argparse
 
 import sn_mm  # noqa: F401  (registers SN, SyncSN, hooks, constructors)
-from sn_mm.utils import (build_runner, end_distributed, load_config,
+from sn_mm.cli import (build_runner, end_distributed, load_config,
                          parse_tool_args)
 
 

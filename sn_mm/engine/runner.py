@@ -4,8 +4,11 @@ import functools
 
 import torch
 import torch.distributed as dist
+from mmengine.model import is_model_wrapper
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
+
+from ..models import SyncSwitchableNorm, revert_sync_sn
 
 
 @contextlib.contextmanager
@@ -41,6 +44,9 @@ class SNRunner(Runner):
 
     - ``resume`` loads the run's own checkpoint (see
       :func:`trusted_torch_load`).
+    - On one process (no launcher), SyncSN layers become SN layers, as
+      mmengine's own ``wrap_model`` turns SyncBN into BN: there is nothing to
+      synchronise with, and SN computes the same thing.
     - With a launcher but no CUDA (e.g. ``torchrun --nproc_per_node 2
       tools/train.py CFG --launcher pytorch`` on a CPU machine), mmengine
       0.10.7 would call ``torch.cuda.set_device`` and give DDP a device id;
@@ -60,6 +66,13 @@ class SNRunner(Runner):
         super().setup_env(env_cfg)
 
     def wrap_model(self, model_wrapper_cfg, model):
+        if not self.distributed and not is_model_wrapper(model):
+            num_sync = sum(isinstance(m, SyncSwitchableNorm)
+                           for m in model.modules())
+            if num_sync:
+                model = revert_sync_sn(model)
+                self.logger.info(f'Not distributed: turned {num_sync} SyncSN '
+                                 'layers into SN layers')
         if self._cpu_distributed():
             model_wrapper_cfg = dict(
                 dict(type='MMDistributedDataParallel',

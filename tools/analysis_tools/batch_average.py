@@ -24,7 +24,7 @@ from mmengine.runner import Runner
 import sn_mm  # noqa: F401
 from sn_mm import SwitchableNorm, revert_sync_sn
 from sn_mm.engine import sn_batch_average
-from sn_mm.utils import load_config
+from sn_mm.cli import load_config
 
 
 def parse_args(argv=None):

@@ -17,7 +17,7 @@ import os.path as osp
 
 import sn_mm  # noqa: F401
 from sn_mm.analysis import average_ratios, sn_ratios
-from sn_mm.utils import build_runner, load_config
+from sn_mm.cli import build_runner, load_config
 
 DEFAULT_CONFIG = osp.join(osp.dirname(__file__), '..', '..', 'configs', 'toy',
                           'mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py')
