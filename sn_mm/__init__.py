@@ -4,7 +4,8 @@ Importing the package registers ``'SN'`` and ``'SyncSN'`` in mmengine's root
 ``MODELS`` registry, so ``norm_cfg=dict(type='SN')`` works in mmcv, mmdet and
 mmseg alike (use ``custom_imports=dict(imports=['sn_mm'])`` in a config).
 """
-from . import datasets, engine  # noqa: F401  (registers their modules)
+# The engine registers SNRunner, the hooks and the optimizer constructor.
+from . import engine  # noqa: F401
 from .models import (SwitchableNorm, SyncSwitchableNorm, convert_sync_sn,
                      revert_sync_sn)
 from .version import __version__

@@ -13,7 +13,7 @@ from mmengine.registry import DefaultScope
 
 import sn_mm  # noqa: F401
 from sn_mm import SwitchableNorm
-from sn_mm.datasets import make_toy_seg
+from sn_mm.testing import make_toy_seg
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 SEG_CONFIGS = sorted(

@@ -4,7 +4,7 @@ import os.path as osp
 import pytest
 import torch
 
-from sn_mm.datasets import make_toy_coco
+from sn_mm.testing import make_toy_coco
 from tool_runner import ROOT, run_python, tool
 
 CONFIG = osp.join(ROOT, 'configs', 'toy',

@@ -3,7 +3,7 @@
 import argparse
 import os.path as osp
 
-from sn_mm.datasets import make_toy_coco, make_toy_seg
+from sn_mm.testing import make_toy_coco, make_toy_seg
 
 
 def main():
