@@ -1,5 +1,6 @@
 import os
 
+import pytest
 import torch
 
 # Without a GPU, Triton kernels run in Triton's interpreter on CPU tensors.
@@ -7,3 +8,22 @@ import torch
 # imports sn_mm's Triton kernels.
 if not torch.cuda.is_available():
     os.environ.setdefault('TRITON_INTERPRET', '1')
+
+
+@pytest.fixture(scope='session')
+def toy_seg_data(tmp_path_factory):
+    """A small toy segmentation set, made once per test session."""
+    from sn_mm.testing import make_toy_seg
+    root = tmp_path_factory.mktemp('toy_seg_data') / 'toy_seg'
+    make_toy_seg(str(root), num_train=8, num_val=4, size=64)
+    return root
+
+
+@pytest.fixture(scope='module')
+def toy_seg_workspace(tmp_path_factory, toy_seg_data):
+    """A fresh folder per test module whose ``data/toy_seg`` is the toy set,
+    where the toy configs' relative data roots point."""
+    cwd = tmp_path_factory.mktemp('seg_workspace')
+    (cwd / 'data').mkdir()
+    (cwd / 'data' / 'toy_seg').symlink_to(toy_seg_data)
+    return cwd

@@ -1,4 +1,5 @@
-"""A hook the distributed test imports: each rank saves its SN state."""
+"""A hook the distributed tests import: what SN layers the model that ran
+had, and their state."""
 import os.path as osp
 
 import torch
@@ -13,19 +14,27 @@ from sn_mm import SwitchableNorm
 @HOOKS.register_module()
 class SNStateDumpHook(Hook):
     """After training, write every SN parameter and buffer of this rank to
-    ``work_dir/sn_state_rank{rank}.pth``."""
+    ``work_dir/sn_state_rank{rank}.pth``; after testing, the same to
+    ``work_dir/sn_state_test_rank{rank}.pth``. Each file also maps every SN
+    layer's name to its class name."""
 
-    def after_train(self, runner):
+    def _dump(self, runner, name):
         model = runner.model.module if is_model_wrapper(
             runner.model) else runner.model
         state = {}
-        for name, module in model.named_modules():
+        for layer, module in model.named_modules():
             if isinstance(module, SwitchableNorm):
                 for key, value in module.state_dict().items():
-                    state[f'{name}.{key}'] = value.detach().clone()
+                    state[f'{layer}.{key}'] = value.detach().clone()
         torch.save(
             dict(state=state,
                  types={n: type(m).__name__
                         for n, m in model.named_modules()
                         if isinstance(m, SwitchableNorm)}),
-            osp.join(runner.work_dir, f'sn_state_rank{get_rank()}.pth'))
+            osp.join(runner.work_dir, f'{name}_rank{get_rank()}.pth'))
+
+    def after_train(self, runner):
+        self._dump(runner, 'sn_state')
+
+    def after_test(self, runner):
+        self._dump(runner, 'sn_state_test')

@@ -1,12 +1,11 @@
 """SyncSN end to end: a real 2-process CPU training run through torchrun,
 and SyncSN turned into SN by tools/test.py on one process."""
 import os.path as osp
-import socket
 
 import pytest
 import torch
 
-from sn_mm.datasets import make_toy_seg
+from helpers import free_port
 from tool_runner import ROOT, run_python, tool
 
 TESTS = osp.join(ROOT, 'tests')
@@ -14,12 +13,6 @@ SYNC_CONFIG = osp.join(ROOT, 'configs', 'toy',
                        'deeplabv3_r18-syncsn-d8_toy-seg.py')
 SHORT = ['train_cfg.max_iters=3', 'train_dataloader.batch_size=2',
          'default_hooks.logger.interval=1']
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def run(args, cwd):
@@ -30,10 +23,8 @@ def run(args, cwd):
 
 
 @pytest.fixture(scope='module')
-def workspace(tmp_path_factory):
-    cwd = tmp_path_factory.mktemp('seg')
-    make_toy_seg(str(cwd / 'data' / 'toy_seg'), num_train=8, num_val=4,
-                 size=64)
+def workspace(toy_seg_workspace):
+    cwd = toy_seg_workspace
     # What a user adds to a config; the hook writes each rank's SN state.
     (cwd / 'dump_config.py').write_text(
         f"_base_ = '{SYNC_CONFIG}'\n"
@@ -66,10 +57,18 @@ def test_two_process_syncsn_training_agrees_on_every_rank(workspace):
 
 def test_test_tool_turns_syncsn_into_sn_on_one_process(workspace):
     cwd = workspace
-    run([tool('train.py'), SYNC_CONFIG,
+    run([tool('train.py'), 'dump_config.py',
          '--work-dir', 'single', '--cfg-options', *SHORT], cwd=cwd)
-    log = run([tool('test.py'),
-               SYNC_CONFIG, 'single/iter_3.pth', '--work-dir', 'single_test'],
-              cwd=cwd)
-    assert 'SyncSN layers to SN' in log
+    trained = torch.load(cwd / 'single' / 'sn_state_rank0.pth')
+    # Not distributed: the runner ran SN layers, training too, as mmengine
+    # does with SyncBN.
+    assert set(trained['types'].values()) == {'SwitchableNorm'}
+    log = run([tool('test.py'), 'dump_config.py', 'single/iter_3.pth',
+               '--work-dir', 'single_test'], cwd=cwd)
     assert 'mIoU' in log
+    tested = torch.load(cwd / 'single_test' / 'sn_state_test_rank0.pth')
+    # Every SyncSN layer of the config ran as SN, with the trained state.
+    assert set(tested['types']) == set(trained['types'])
+    assert set(tested['types'].values()) == {'SwitchableNorm'}
+    for key, value in trained['state'].items():
+        assert torch.equal(tested['state'][key], value), key

@@ -1,15 +1,16 @@
 """SNRatioHook and SNBatchAverageHook in a real training run, and the
 batch_average and plot_ratios tools on its checkpoint."""
 import glob
+import importlib.util
 import json
 import os.path as osp
 
 import pytest
 import torch
 
-from sn_mm.datasets import make_toy_seg
 from released_sn_resnet import ReleasedResNetSN
 from tool_runner import ROOT, run_python
+
 SEG_CONFIG = osp.join(ROOT, 'configs', 'toy', 'deeplabv3_r18-sn-d8_toy-seg.py')
 
 
@@ -17,10 +18,8 @@ run = run_python
 
 
 @pytest.fixture(scope='module')
-def trained(tmp_path_factory):
-    cwd = tmp_path_factory.mktemp('analysis')
-    make_toy_seg(str(cwd / 'data' / 'toy_seg'), num_train=8, num_val=4,
-                 size=64)
+def trained(toy_seg_workspace):
+    cwd = toy_seg_workspace
     (cwd / 'hooks_config.py').write_text(
         f"_base_ = '{SEG_CONFIG}'\n"
         "custom_hooks = [dict(type='SNRatioHook', interval=2),\n"
@@ -76,22 +75,65 @@ def test_batch_average_tool(trained):
     assert again.returncode != 0 and 'exists' in again.stderr
 
 
+def load_tool(name):
+    spec = importlib.util.spec_from_file_location(
+        name, osp.join(ROOT, 'tools', 'analysis_tools', f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def expected_ratios(state, layer):
+    return {stat: torch.softmax(state[f'{layer}.{stat}_weight'].double()
+                                .flatten(), 0)
+            for stat in ('mean', 'var')}
+
+
 @pytest.mark.parametrize('kind', ['trained', 'imagenet'])
 def test_plot_ratios(trained, tmp_path, kind):
     cwd, _ = trained
     if kind == 'trained':
         ckpt = cwd / 'wd' / 'iter_4.pth'
-        first = 'backbone.sn1'
+        state = torch.load(ckpt, weights_only=False)['state_dict']
     else:  # a released-layout ImageNet backbone (with its classifier)
         ckpt = tmp_path / 'released.pth'
-        torch.save(dict(state_dict=ReleasedResNetSN().state_dict()), ckpt)
-        first = 'sn1'
+        model = ReleasedResNetSN()
+        with torch.no_grad():  # ratios far from 1/3, so that a mix-up shows
+            for name, p in model.named_parameters():
+                if name.endswith(('mean_weight', 'var_weight')):
+                    p.normal_(0, 2)
+        state = model.state_dict()
+        torch.save(dict(state_dict=state), ckpt)
+    layers = [k[:-len('.mean_weight')] for k in state
+              if k.endswith('.mean_weight')]
     out = tmp_path / 'ratios.png'
     result = run([osp.join(ROOT, 'tools', 'analysis_tools',
                            'plot_ratios.py'), ckpt, '--out', out], cwd)
-    assert out.stat().st_size > 10000
-    assert result.stdout.splitlines()[1].startswith(first)
-    assert 'model average' in result.stdout
+    assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    # The printed table: one row per layer, in network order, the values of
+    # the checkpoint's softmax ratios.
+    lines = result.stdout.splitlines()
+    rows = lines[1:1 + len(layers)]
+    assert [r.split()[0] for r in rows] == layers
+    assert lines[1 + len(layers)].startswith('model average')
+    for layer, row in zip(layers, rows):
+        values = torch.tensor([float(v) for v in row.split()[1:7]],
+                              dtype=torch.float64)
+        ratios = expected_ratios(state, layer)
+        torch.testing.assert_close(values, torch.cat(
+            [ratios['mean'], ratios['var']]), rtol=0, atol=6e-4)
+    # The figure: bar heights are the ratios, term by term, layer by layer.
+    tool = load_tool('plot_ratios')
+    from sn_mm.analysis import sn_ratios
+    figure = tool.make_figure(sn_ratios(state), [0.] * len(layers), 'test')
+    for ax, stat in zip(figure.axes[:2], ('mean', 'var')):
+        for t, bars in enumerate(ax.containers):
+            heights = torch.tensor([b.get_height() for b in bars],
+                                   dtype=torch.float64)
+            expected = torch.stack([expected_ratios(state, layer)[stat][t]
+                                    for layer in layers])
+            torch.testing.assert_close(heights, expected, rtol=1e-6,
+                                       atol=1e-6)
 
 
 def test_plot_ratios_refuses_checkpoint_without_sn(tmp_path):

@@ -1,11 +1,11 @@
 """SyncSN in real gloo processes against SN on the whole batch."""
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from helpers import free_port
 from sn_mm import (SwitchableNorm, SyncSwitchableNorm, convert_sync_sn,
                    revert_sync_sn)
 
@@ -18,12 +18,6 @@ CASES = [
     ('one_position_2+2', (4, 5, 1, 1), [2, 2]),
 ]
 PARAMS = ('weight', 'bias', 'mean_weight', 'var_weight')
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def case_data(shape, seed):

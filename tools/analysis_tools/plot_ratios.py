@@ -52,7 +52,10 @@ def print_table(ratios, kls):
           f' {sum(kls) / len(kls):7.3f}')
 
 
-def plot(ratios, kls, out, title):
+def make_figure(ratios, kls, title):
+    """The figure: axes[0] the mean ratios and axes[1] the variance ratios
+    (one bar container per term, IN/LN/BN, one bar per layer), axes[2] the
+    symmetric KL divergences."""
     names = list(ratios)
     x = range(len(names))
     fig, axes = plt.subplots(3, 1, figsize=(max(8, 0.22 * len(names)), 9),
@@ -73,6 +76,11 @@ def plot(ratios, kls, out, title):
     axes[2].set_xticklabels(names, rotation=90, fontsize=6)
     axes[0].set_title(title)
     fig.tight_layout()
+    return fig
+
+
+def plot(ratios, kls, out, title):
+    fig = make_figure(ratios, kls, title)
     fig.savefig(out, dpi=120)
     plt.close(fig)
 
