@@ -113,12 +113,12 @@ def assert_kernels_agree(how, length, dtype, tol, names=KERNELS, shape=(5, 6),
         'normalize': lambda k: k.normalize(
             x, m, v, w0, w1, n_vecs[0], n_vecs[1].abs(), c_vecs[0],
             c_vecs[1].abs(), c_vecs[2], c_vecs[3], 1e-5),
-        'row_grad_sums': lambda k: k.row_grad_sums(g, x),
+        'row_grad_sums': lambda k: k.row_grad_sums(g, x, m),
         'grad_reductions': lambda k: k.grad_reductions(
-            s1, s2, mu, v.rsqrt(), c_vecs[0], m, v),
+            s1, s2, mu, v.rsqrt(), c_vecs[0], m, v, n_vecs[2], c_vecs[2]),
         'input_grad': lambda k: k.input_grad(
-            g, x, s1, s2, mu, v.rsqrt(), c_vecs[0], m, w0, w1, *n_vecs[:2],
-            *c_vecs[:2], correction),
+            g, x, s1, s2, mu, v.rsqrt(), c_vecs[0], m, w0, w1, *n_vecs[:3],
+            *c_vecs[:3], correction),
     }
     tested = kernel_set(how)
     with torch.no_grad():

@@ -31,17 +31,21 @@ def normalize(x, mean_in, var_in, wm_in, wv_in, mu_n, var_n, mu_c, var_c,
                                 weight, bias, eps))
 
 
-def row_grad_sums(grad: Tensor, x: Tensor) -> Tuple[Tensor, Tensor]:
-    return tuple(_ext.row_grad_sums(grad, x))
+def row_grad_sums(grad: Tensor, x: Tensor,
+                  mean_in: Tensor) -> Tuple[Tensor, Tensor]:
+    return tuple(_ext.row_grad_sums(grad, x, mean_in))
 
 
-def grad_reductions(sum_g, sum_gx, mu, rstd, weight, mean_in, var_in):
-    return tuple(_ext.grad_reductions(sum_g, sum_gx, mu, rstd, weight,
-                                      mean_in, var_in))
+def grad_reductions(sum_g, sum_gxc, mu, rstd, weight, mean_in, var_in,
+                    mean_ln, mean_c):
+    return tuple(_ext.grad_reductions(sum_g, sum_gxc, mu, rstd, weight,
+                                      mean_in, var_in, mean_ln, mean_c))
 
 
-def input_grad(grad, x, sum_g, sum_gx, mu, rstd, weight, mean_in, wm_in,
-               wv_in, dsq_n, dmean_n, dsq_c, dmean_c, correction):
-    return _ext.input_grad(grad, x, sum_g, sum_gx, mu, rstd, weight, mean_in,
-                           float(wm_in), float(wv_in), dsq_n, dmean_n, dsq_c,
-                           dmean_c, correction)
+def input_grad(grad, x, sum_g, sum_gxc, mu, rstd, weight, mean_in, wm_in,
+               wv_in, dvar_n, dmean_n, center_n, dvar_c, dmean_c, center_c,
+               correction):
+    return _ext.input_grad(grad, x, sum_g, sum_gxc, mu, rstd, weight,
+                           mean_in, float(wm_in), float(wv_in), dvar_n,
+                           dmean_n, center_n, dvar_c, dmean_c, center_c,
+                           correction)

@@ -37,12 +37,16 @@ def _moments_kernel(x_ptr, mean_ptr, var_ptr, rows, length, divisor,
     row_ok = r < rows
     base = r.to(tl.int64)[:, None] * length
     cols = tl.arange(0, BLOCK)
+    # Deviations from the row's first value: small partial sums when
+    # |mean| >> std, so the mean keeps the data's precision.
+    shift = tl.load(x_ptr + r.to(tl.int64) * length, mask=row_ok, other=0.0)
     acc = tl.zeros((ROWS, BLOCK), dtype=tl.float32)
     for start in range(0, length, BLOCK):
         c = start + cols
         ok = row_ok[:, None] & (c < length)[None, :]
-        acc += tl.load(x_ptr + base + c[None, :], mask=ok, other=0.0)
-    mean = tl.sum(acc, axis=1) / length
+        v = tl.load(x_ptr + base + c[None, :], mask=ok, other=0.0)
+        acc += tl.where(ok, v - shift[:, None], 0.0)
+    mean = shift + tl.sum(acc, axis=1) / length
     # Second pass about the mean: exact centring, as on the CPU.
     acc = tl.zeros((ROWS, BLOCK), dtype=tl.float32)
     for start in range(0, length, BLOCK):
@@ -74,7 +78,7 @@ def _normalize_kernel(x_ptr, y_ptr, mean_in_ptr, var_in_ptr, mu_n_ptr,
            tl.load(var_c_ptr + c, mask=row_ok, other=0.0))
     rstd = 1.0 / tl.sqrt(var + eps)
     scale = tl.load(weight_ptr + c, mask=row_ok, other=0.0) * rstd
-    shift = tl.load(bias_ptr + c, mask=row_ok, other=0.0) - mu * scale
+    shift = tl.load(bias_ptr + c, mask=row_ok, other=0.0)
     tl.store(mu_ptr + r, mu, mask=row_ok)
     tl.store(rstd_ptr + r, rstd, mask=row_ok)
     base = r.to(tl.int64)[:, None] * length
@@ -83,15 +87,17 @@ def _normalize_kernel(x_ptr, y_ptr, mean_in_ptr, var_in_ptr, mu_n_ptr,
         cc = start + cols
         ok = row_ok[:, None] & (cc < length)[None, :]
         v = tl.load(x_ptr + base + cc[None, :], mask=ok, other=0.0)
+        # x - mu first: no cancellation when |mu| >> std.
         tl.store(y_ptr + base + cc[None, :],
-                 v * scale[:, None] + shift[:, None], mask=ok)
+                 (v - mu[:, None]) * scale[:, None] + shift[:, None], mask=ok)
 
 
 @triton.jit
-def _grad_sums_kernel(g_ptr, x_ptr, sum_g_ptr, sum_gx_ptr, rows, length,
-                      ROWS: tl.constexpr, BLOCK: tl.constexpr):
+def _grad_sums_kernel(g_ptr, x_ptr, mean_in_ptr, sum_g_ptr, sum_gxc_ptr, rows,
+                      length, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = r < rows
+    m = tl.load(mean_in_ptr + r, mask=row_ok, other=0.0)
     base = r.to(tl.int64)[:, None] * length
     cols = tl.arange(0, BLOCK)
     acc_g = tl.zeros((ROWS, BLOCK), dtype=tl.float32)
@@ -102,16 +108,17 @@ def _grad_sums_kernel(g_ptr, x_ptr, sum_g_ptr, sum_gx_ptr, rows, length,
         g = tl.load(g_ptr + base + c[None, :], mask=ok, other=0.0)
         v = tl.load(x_ptr + base + c[None, :], mask=ok, other=0.0)
         acc_g += g
-        acc_gx += g * v
+        acc_gx += g * tl.where(ok, v - m[:, None], 0.0)
     tl.store(sum_g_ptr + r, tl.sum(acc_g, axis=1), mask=row_ok)
-    tl.store(sum_gx_ptr + r, tl.sum(acc_gx, axis=1), mask=row_ok)
+    tl.store(sum_gxc_ptr + r, tl.sum(acc_gx, axis=1), mask=row_ok)
 
 
 @triton.jit
-def _input_grad_kernel(g_ptr, x_ptr, dx_ptr, sum_g_ptr, sum_gx_ptr, mu_ptr,
-                       rstd_ptr, weight_ptr, mean_in_ptr, w_in_ptr, dsq_n_ptr,
-                       dmean_n_ptr, dsq_c_ptr, dmean_c_ptr, two_over_divisor,
-                       rows, channels, length, ROWS: tl.constexpr,
+def _input_grad_kernel(g_ptr, x_ptr, dx_ptr, sum_g_ptr, sum_gxc_ptr, mu_ptr,
+                       rstd_ptr, weight_ptr, mean_in_ptr, w_in_ptr,
+                       dvar_n_ptr, dmean_n_ptr, center_n_ptr, dvar_c_ptr,
+                       dmean_c_ptr, center_c_ptr, two_over_divisor, rows,
+                       channels, length, ROWS: tl.constexpr,
                        BLOCK: tl.constexpr):
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = r < rows
@@ -120,22 +127,26 @@ def _input_grad_kernel(g_ptr, x_ptr, dx_ptr, sum_g_ptr, sum_gx_ptr, mu_ptr,
     wm_in = tl.load(w_in_ptr)
     wv_in = tl.load(w_in_ptr + 1)
     s1 = tl.load(sum_g_ptr + r, mask=row_ok, other=0.0)
-    s2 = tl.load(sum_gx_ptr + r, mask=row_ok, other=0.0)
+    s2 = tl.load(sum_gxc_ptr + r, mask=row_ok, other=0.0)
     mu = tl.load(mu_ptr + r, mask=row_ok, other=0.0)
     rstd = tl.load(rstd_ptr + r, mask=row_ok, other=0.0)
     mean_in = tl.load(mean_in_ptr + r, mask=row_ok, other=0.0)
     scale = tl.load(weight_ptr + c, mask=row_ok, other=0.0) * rstd
     # The formulas of torch_kernels.input_grad, per row.
     d_mu = -scale * s1
-    d_var = -0.5 * scale * rstd * rstd * (s2 - mu * s1)
-    d_sq = (tl.load(dsq_n_ptr + n, mask=row_ok, other=0.0) +
-            tl.load(dsq_c_ptr + c, mask=row_ok, other=0.0))
-    d_var_in = d_sq + wv_in * d_var
+    d_var = -0.5 * scale * rstd * rstd * (s2 - (mu - mean_in) * s1)
+    dvar_n = tl.load(dvar_n_ptr + n, mask=row_ok, other=0.0)
+    dvar_c = tl.load(dvar_c_ptr + c, mask=row_ok, other=0.0)
+    d_var_in = dvar_n + dvar_c + wv_in * d_var
     d_mean_in = (tl.load(dmean_n_ptr + n, mask=row_ok, other=0.0) +
                  tl.load(dmean_c_ptr + c, mask=row_ok, other=0.0) +
-                 wm_in * d_mu + 2.0 * mean_in * d_sq)
+                 wm_in * d_mu + 2.0 * (
+                     (mean_in - tl.load(center_n_ptr + n, mask=row_ok,
+                                        other=0.0)) * dvar_n +
+                     (mean_in - tl.load(center_c_ptr + c, mask=row_ok,
+                                        other=0.0)) * dvar_c))
     coef_x = d_var_in * two_over_divisor
-    shift = d_mean_in / length - coef_x * mean_in
+    shift = d_mean_in / length
     base = r.to(tl.int64)[:, None] * length
     cols = tl.arange(0, BLOCK)
     for start in range(0, length, BLOCK):
@@ -144,8 +155,8 @@ def _input_grad_kernel(g_ptr, x_ptr, dx_ptr, sum_g_ptr, sum_gx_ptr, mu_ptr,
         g = tl.load(g_ptr + base + cc[None, :], mask=ok, other=0.0)
         v = tl.load(x_ptr + base + cc[None, :], mask=ok, other=0.0)
         tl.store(dx_ptr + base + cc[None, :],
-                 g * scale[:, None] + coef_x[:, None] * v + shift[:, None],
-                 mask=ok)
+                 g * scale[:, None] + coef_x[:, None] * (v - mean_in[:, None])
+                 + shift[:, None], mask=ok)
 
 
 def _check(x: Tensor, name: str) -> None:
@@ -192,22 +203,25 @@ def normalize(x: Tensor, mean_in: Tensor, var_in: Tensor, wm_in: Tensor,
     return y, mu, rstd
 
 
-def row_grad_sums(grad: Tensor, x: Tensor) -> Tuple[Tensor, Tensor]:
+def row_grad_sums(grad: Tensor, x: Tensor,
+                  mean_in: Tensor) -> Tuple[Tensor, Tensor]:
     _check(x, 'row_grad_sums')
     _check(grad, 'row_grad_sums')
     n, c, length = x.shape
     sum_g = x.new_empty(n, c)
-    sum_gx = x.new_empty(n, c)
+    sum_gxc = x.new_empty(n, c)
     rows, block = _config(length)
-    _grad_sums_kernel[_grid(n * c, rows)](grad, x, sum_g, sum_gx, n * c,
-                                          length, ROWS=rows, BLOCK=block)
-    return sum_g, sum_gx
+    _grad_sums_kernel[_grid(n * c, rows)](grad, x, mean_in.contiguous(),
+                                          sum_g, sum_gxc, n * c, length,
+                                          ROWS=rows, BLOCK=block)
+    return sum_g, sum_gxc
 
 
-def input_grad(grad: Tensor, x: Tensor, sum_g: Tensor, sum_gx: Tensor,
+def input_grad(grad: Tensor, x: Tensor, sum_g: Tensor, sum_gxc: Tensor,
                mu: Tensor, rstd: Tensor, weight: Tensor, mean_in: Tensor,
-               wm_in: Tensor, wv_in: Tensor, dsq_n: Tensor, dmean_n: Tensor,
-               dsq_c: Tensor, dmean_c: Tensor, correction: int) -> Tensor:
+               wm_in: Tensor, wv_in: Tensor, dvar_n: Tensor, dmean_n: Tensor,
+               center_n: Tensor, dvar_c: Tensor, dmean_c: Tensor,
+               center_c: Tensor, correction: int) -> Tensor:
     _check(x, 'input_grad')
     _check(grad, 'input_grad')
     n, c, length = x.shape
@@ -215,10 +229,11 @@ def input_grad(grad: Tensor, x: Tensor, sum_g: Tensor, sum_gx: Tensor,
     rows, block = _config(length)
     w_in = torch.stack([wm_in, wv_in]).to(x)
     _input_grad_kernel[_grid(n * c, rows)](
-        grad, x, dx, sum_g.contiguous(), sum_gx.contiguous(),
+        grad, x, dx, sum_g.contiguous(), sum_gxc.contiguous(),
         mu.contiguous(), rstd.contiguous(), weight.contiguous(),
-        mean_in.contiguous(), w_in, dsq_n.contiguous(), dmean_n.contiguous(),
-        dsq_c.contiguous(), dmean_c.contiguous(),
+        mean_in.contiguous(), w_in, dvar_n.contiguous(), dmean_n.contiguous(),
+        center_n.contiguous(), dvar_c.contiguous(), dmean_c.contiguous(),
+        center_c.contiguous(),
         2.0 / max(length - correction, 1), n * c, c, length, ROWS=rows,
         BLOCK=block)
     return dx
