@@ -32,4 +32,5 @@ setup(
     ext_modules=ext_modules,
     cmdclass=cmdclass,
     python_requires='>=3.8',
+    license='Apache-2.0',
 )
