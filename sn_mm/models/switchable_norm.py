@@ -1,5 +1,4 @@
 """Switchable Normalization (Luo et al., TPAMI), registered as ``'SN'``."""
-import math
 import warnings
 from typing import Dict, Optional
 
@@ -10,7 +9,12 @@ from mmengine.registry import MODELS
 
 from torch import Tensor
 
-from ..ops import SwitchableNormFunction, check_kernels, select_kernels
+from ..ops import check_kernels
+from ..ops.functional import is_tracing, switchable_norm
+
+# torch.fx records the whole layer as one call (its shape checks and
+# branches would otherwise stop symbolic tracing).
+torch.fx.wrap('switchable_norm')
 
 # Order of the logits in ``mean_weight``/``var_weight``; it is the order of the
 # authors' released code, so their checkpoints load as they are.
@@ -95,49 +99,19 @@ class SwitchableNorm(nn.Module):
                                       strict, missing_keys, unexpected_keys,
                                       error_msgs)
 
-    # -- input checks -------------------------------------------------------
-    def _check_input(self, x: Tensor) -> None:
-        if x.dim() < 2:
-            raise ValueError(
-                f'{type(self).__name__} expects an input of shape (N, C, *) '
-                f'with C={self.num_features}, got a {x.dim()}D tensor of '
-                f'shape {tuple(x.shape)}')
-        if x.shape[1] != self.num_features:
-            raise ValueError(
-                f'{type(self).__name__} was built for {self.num_features} '
-                f'channels, got an input with {x.shape[1]} channels (shape '
-                f'{tuple(x.shape)})')
-
     # -- forward ------------------------------------------------------------
     def _sync_group(self):
         """The process group sharing BN statistics; None on one device."""
         return None
 
-    def _update_running_stats(self, mean_bn: Tensor, var_bn: Tensor,
-                              has_samples: Tensor) -> None:
-        """Moving (or, with ``momentum=None``, cumulative) average of the BN
-        statistics; untouched when the (possibly synchronised) batch held no
-        sample. The count gates the update arithmetically, not by a Python
-        branch: SyncSN learns it on the device and must not wait for it on
-        the host."""
-        with torch.no_grad():
-            has = has_samples.to(mean_bn.dtype)
-            self.num_batches_tracked.add_(has_samples.long())
-            if self.momentum is None:
-                m = has / self.num_batches_tracked.clamp_min(1).to(has.dtype)
-            else:
-                m = self.momentum * has
-            self.running_mean.mul_(1 - m).add_(
-                (m * mean_bn).to(self.running_mean.dtype))
-            self.running_var.mul_(1 - m).add_(
-                (m * var_bn).to(self.running_var.dtype))
-
     def forward(self, x: Tensor) -> Tensor:
-        self._check_input(x)
-        if torch.is_autocast_enabled(x.device.type):
-            with torch.autocast(x.device.type, enabled=False):
-                return self._forward(x)
-        return self._forward(x)
+        # Under torch.compile/export the kernel setting plays no part.
+        kernels = None if is_tracing() else self._kernel_choice()
+        return switchable_norm(
+            x, self.weight, self.bias, self.mean_weight, self.var_weight,
+            self.running_mean, self.running_var, self.num_batches_tracked,
+            self.training, self.momentum, self.eps, self.unbiased, kernels,
+            self._sync_group(), type(self).__name__)
 
     def _kernel_choice(self) -> Optional[str]:
         legacy = getattr(self, 'use_native_kernels', None)
@@ -154,30 +128,6 @@ class SwitchableNorm(nn.Module):
                       '\'torch\' (norm_cfg, the attribute, or '
                       'sn_mm.ops.set_default_kernels)', DeprecationWarning)
         return mapping[legacy if isinstance(legacy, str) else bool(legacy)]
-
-    def _forward(self, x: Tensor) -> Tensor:
-        shape = x.shape
-        # Statistics in fp32 at least (fp16/bf16 sums lose too much).
-        dtype = torch.promote_types(x.dtype, torch.float32)
-        spatial = math.prod(shape[2:])
-        x3 = x.reshape(shape[0], shape[1], spatial).to(dtype).contiguous()
-        # Chosen once here (unknown values raise before anything is touched)
-        # and kept by the Function for backward.
-        kernels = select_kernels(self._kernel_choice(), x3)
-        has_in = spatial > 1
-        # A single position has zero variance; Bessel's correction would
-        # divide by zero there, so it applies only where IN is defined.
-        correction = 1 if (self.unbiased and has_in) else 0
-        running = ((self.running_mean.to(dtype), self.running_var.to(dtype))
-                   if self.using_bn else (None, None))
-        out, mean_bn, var_bn, has_samples = SwitchableNormFunction.apply(
-            x3, self.weight.to(dtype), self.bias.to(dtype),
-            self.mean_weight.to(dtype), self.var_weight.to(dtype), *running,
-            self.training, has_in, correction, self.eps, self._sync_group(),
-            kernels)
-        if mean_bn is not None:
-            self._update_running_stats(mean_bn, var_bn, has_samples)
-        return out.reshape(shape).to(x.dtype)
 
     # -- introspection ------------------------------------------------------
     def ratios(self) -> Dict[str, Dict[str, float]]:

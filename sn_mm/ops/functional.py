@@ -1,0 +1,124 @@
+"""SN as a function of its tensors: what :class:`SwitchableNorm` runs.
+
+Kept free of module state so that tracers see one call: ``torch.fx``
+records it as a single node (the layer module wraps it with
+``torch.fx.wrap``), and under ``torch.compile``/``torch.export``,
+``torch.jit.trace`` and ONNX export it runs as plain differentiable PyTorch
+ops (:func:`sn_forward` with the PyTorch kernels), which those tools trace,
+fuse and export like any other layer. Eager calls run the chosen kernels
+inside :class:`SwitchableNormFunction`.
+"""
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .kernels import TORCH, select_kernels
+from .sn_function import SwitchableNormFunction, sn_forward
+
+
+def is_tracing() -> bool:
+    """Whether a graph is being captured (dynamo, export, jit or ONNX)."""
+    return (torch.compiler.is_compiling() or torch.jit.is_tracing()
+            or torch.onnx.is_in_onnx_export())
+
+
+def check_input(x: Tensor, num_features: int, layer: str) -> None:
+    if x.dim() < 2:
+        raise ValueError(
+            f'{layer} expects an input of shape (N, C, *) with '
+            f'C={num_features}, got a {x.dim()}D tensor of shape '
+            f'{tuple(x.shape)}')
+    if x.shape[1] != num_features:
+        raise ValueError(
+            f'{layer} was built for {num_features} channels, got an input '
+            f'with {x.shape[1]} channels (shape {tuple(x.shape)})')
+
+
+@torch.no_grad()
+def update_running_stats(running_mean: Tensor, running_var: Tensor,
+                         num_batches_tracked: Tensor, momentum,
+                         mean_bn: Tensor, var_bn: Tensor,
+                         has_samples: Tensor) -> None:
+    """Moving (or, with ``momentum=None``, cumulative) average of the BN
+    statistics; untouched when the (possibly synchronised) batch held no
+    sample. The count gates the update arithmetically, not by a Python
+    branch: SyncSN learns it on the device and must not wait for it on the
+    host."""
+    has = has_samples.to(mean_bn.dtype)
+    num_batches_tracked.add_(has_samples.long())
+    if momentum is None:
+        m = has / num_batches_tracked.clamp_min(1).to(has.dtype)
+    else:
+        m = momentum * has
+    running_mean.mul_(1 - m).add_((m * mean_bn).to(running_mean.dtype))
+    running_var.mul_(1 - m).add_((m * var_bn).to(running_var.dtype))
+
+
+def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
+                    mean_weight: Tensor, var_weight: Tensor,
+                    running_mean: Optional[Tensor],
+                    running_var: Optional[Tensor],
+                    num_batches_tracked: Optional[Tensor], training: bool,
+                    momentum: Optional[float], eps: float, unbiased: bool,
+                    kernels: Optional[str] = None, group=None,
+                    layer: str = 'SwitchableNorm') -> Tensor:
+    """Switchable Normalization of ``x`` (N, C, *); in training with a BN
+    branch it also updates ``running_mean``/``running_var``/
+    ``num_batches_tracked`` in place. Arguments as
+    :class:`sn_mm.SwitchableNorm`'s; ``group``: the process group sharing BN
+    statistics (None: this device only); ``layer``: the name errors use."""
+    check_input(x, weight.shape[0], layer)
+    if torch.is_autocast_enabled(x.device.type):
+        with torch.autocast(x.device.type, enabled=False):
+            return _switchable_norm(x, weight, bias, mean_weight, var_weight,
+                                    running_mean, running_var,
+                                    num_batches_tracked, training, momentum,
+                                    eps, unbiased, kernels, group)
+    return _switchable_norm(x, weight, bias, mean_weight, var_weight,
+                            running_mean, running_var, num_batches_tracked,
+                            training, momentum, eps, unbiased, kernels, group)
+
+
+def _as(t: Tensor, dtype) -> Tensor:
+    # No cast where none is needed: tracers would record one.
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def _switchable_norm(x, weight, bias, mean_weight, var_weight, running_mean,
+                     running_var, num_batches_tracked, training, momentum,
+                     eps, unbiased, kernels, group):
+    shape = x.shape
+    # Statistics in fp32 at least (fp16/bf16 sums lose too much).
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    spatial = math.prod(shape[2:])
+    x3 = _as(x.reshape(shape[0], shape[1], spatial), dtype).contiguous()
+    has_in = spatial > 1
+    # A single position has zero variance; Bessel's correction would divide
+    # by zero there, so it applies only where IN is defined.
+    correction = 1 if (unbiased and has_in) else 0
+    using_bn = running_mean is not None
+    running = ((_as(running_mean, dtype), _as(running_var, dtype))
+               if using_bn else (None, None))
+    params = (_as(weight, dtype), _as(bias, dtype), _as(mean_weight, dtype),
+              _as(var_weight, dtype))
+    if is_tracing():
+        out, saved = sn_forward(TORCH, x3, *params, *running, training,
+                                has_in, correction, eps, group)
+        mean_bn, var_bn, has_samples = saved[6], saved[7], saved[8]
+        if not training:
+            mean_bn = None
+        elif mean_bn is not None:
+            mean_bn, var_bn = mean_bn.detach(), var_bn.detach()
+    else:
+        # Chosen once here (unknown values raise before anything is
+        # touched) and kept by the Function for backward.
+        chosen = select_kernels(kernels, x3)
+        out, mean_bn, var_bn, has_samples = SwitchableNormFunction.apply(
+            x3, *params, *running, training, has_in, correction, eps, group,
+            chosen)
+    if mean_bn is not None:
+        update_running_stats(running_mean, running_var, num_batches_tracked,
+                             momentum, mean_bn, var_bn, has_samples)
+    return _as(out.reshape(shape), x.dtype)
