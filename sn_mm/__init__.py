@@ -1,16 +1,17 @@
 """sn_mm: Switchable Normalization (SN) and SyncSN for OpenMMLab.
 
-Importing the package registers ``'SN'`` and ``'SyncSN'`` in mmengine's root
-``MODELS`` registry, so ``norm_cfg=dict(type='SN')`` works in mmcv, mmdet and
-mmseg alike (use ``custom_imports=dict(imports=['sn_mm'])`` in a config).
+Importing the package registers ``'SN'``, ``'SyncSN'`` and the
+``'PreActResNet'`` backbone in mmengine's root ``MODELS`` registry, so
+``norm_cfg=dict(type='SN')`` works in mmcv, mmdet and mmseg alike (use
+``custom_imports=dict(imports=['sn_mm'])`` in a config).
 """
 # The engine registers SNRunner, the hooks and the optimizer constructor.
 from . import engine  # noqa: F401
-from .models import (SwitchableNorm, SyncSwitchableNorm, convert_sync_sn,
-                     revert_sync_sn)
+from .models import (PreActResNet, SwitchableNorm, SyncSwitchableNorm,
+                     convert_sync_sn, revert_sync_sn)
 from .version import __version__
 
 __all__ = [
-    'SwitchableNorm', 'SyncSwitchableNorm', 'convert_sync_sn',
+    'PreActResNet', 'SwitchableNorm', 'SyncSwitchableNorm', 'convert_sync_sn',
     'revert_sync_sn', '__version__'
 ]

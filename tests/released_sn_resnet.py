@@ -123,3 +123,64 @@ def randomise(model, seed=0):
                 t.copy_(torch.randn(t.shape, generator=gen) *
                         (2 / fan_in)**0.5)
     return model
+
+
+class PreActBottleneck(nn.Module):
+    """The released v2 block: sn1 -> ReLU gives preact; conv1 1x1; sn2 ->
+    ReLU; conv2 3x3 with the stride; sn3 -> ReLU; conv3 1x1. The shortcut
+    is x, or downsample(preact) (a bare strided 1x1 conv); no ReLU after
+    the sum."""
+
+    def __init__(self, inplanes, planes, stride, downsample):
+        super().__init__()
+        self.sn1 = ReleasedSwitchNorm2d(inplanes)
+        self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
+        self.sn2 = ReleasedSwitchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
+        self.sn3 = ReleasedSwitchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, planes * 4, 1, bias=False)
+        self.downsample = downsample
+
+    def forward(self, x):
+        preact = F.relu(self.sn1(x))
+        shortcut = x if self.downsample is None else self.downsample(preact)
+        out = self.conv1(preact)
+        out = self.conv2(F.relu(self.sn2(out)))
+        out = self.conv3(F.relu(self.sn3(out)))
+        return out + shortcut
+
+
+class ReleasedPreActResNetSN(nn.Module):
+    """The released ResNet50v2+SN / ResNet101v2+SN network."""
+
+    def __init__(self, layers=(3, 4, 6, 3), num_classes=1000):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        self.sn1 = ReleasedSwitchNorm2d(64)
+        inplanes = 64
+        for i, (planes, blocks) in enumerate(zip((64, 128, 256, 512),
+                                                 layers)):
+            stride = 1 if i == 0 else 2
+            downsample = nn.Conv2d(inplanes, planes * 4, 1, stride,
+                                   bias=False)
+            mods = [PreActBottleneck(inplanes, planes, stride, downsample)]
+            inplanes = planes * 4
+            mods += [PreActBottleneck(inplanes, planes, 1, None)
+                     for _ in range(1, blocks)]
+            setattr(self, f'layer{i + 1}', nn.Sequential(*mods))
+        self.sn_out = ReleasedSwitchNorm2d(2048)
+        self.dropout = nn.Dropout(0.3)
+        self.fc = nn.Linear(2048, num_classes)
+
+    def stages(self, x):
+        """The residual stream after each stage; the last one after sn_out
+        and ReLU."""
+        x = F.relu(self.sn1(self.conv1(x)))
+        x = F.max_pool2d(x, 3, 2, 1)
+        outs = []
+        for i in range(1, 5):
+            x = getattr(self, f'layer{i}')(x)
+            if i == 4:
+                x = F.relu(self.sn_out(x))
+            outs.append(x)
+        return outs

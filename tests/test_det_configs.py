@@ -1,6 +1,7 @@
 """Every detection config builds; each distinct model takes a train step."""
 import glob
 import os.path as osp
+import re
 
 import pytest
 import torch
@@ -32,7 +33,12 @@ def test_the_paper_rows_are_all_there():
     assert len([n for n in names if '-c4_' in n]) == 7  # Table 4
     assert len([n for n in names if n.startswith('faster-rcnn') and
                 '_fpn_' in n]) == 5  # Table 5
-    assert len([n for n in names if n.startswith('mask-rcnn')]) == 6
+    assert len([n for n in names if n.startswith('mask-rcnn_r50-')]) == 6
+    # and the stronger released backbones in setting 3
+    assert {n for n in names if n.startswith('mask-rcnn')
+            and not n.startswith('mask-rcnn_r50-')} == {
+                f'mask-rcnn_{b}-sn-8x32_fpn_sn-head_2x_coco'
+                for b in ('r101', 'preact-r50', 'preact-r101')}
 
 
 @pytest.mark.parametrize('path', DET_CONFIGS + TOY_CONFIGS, ids=config_id)
@@ -49,11 +55,18 @@ def test_config_builds(path):
     backbone_sn = any(isinstance(m, SwitchableNorm)
                       for m in model.backbone.modules())
     assert bool(norms) == ('sn' in name.replace('scratch', ''))
-    assert backbone_sn == ('r50-sn' in name or 'r18-sn' in name)
+    backbone = re.search(r'_((?:preact-)?r\d+)-', name).group(1)
+    assert backbone_sn == (f'{backbone}-sn' in name)
     if backbone_sn and 'scratch' not in name and 'toy' not in name:
         init = cfg.model.backbone.init_cfg
-        assert init.checkpoint == 'checkpoints/resnet50_sn_8x2_mm.pth'
+        released = {'r50': 'resnet50_sn_8x2', 'r101': 'resnet101_sn_8x32',
+                    'preact-r50': 'resnet50v2_sn_8x32',
+                    'preact-r101': 'resnet101v2_sn_8x32'}[backbone]
+        assert init.checkpoint == f'checkpoints/{released}_mm.pth'
         assert cfg.model.backbone.norm_eval is False
+    if 'preact' in name:
+        assert type(model.backbone).__name__ == 'PreActResNet'
+        assert model.backbone.depth == int(backbone.split('-r')[1])
 
 
 def tiny_batch(model, with_mask):

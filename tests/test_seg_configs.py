@@ -2,6 +2,7 @@
 and a multi-scale (test-time augmentation) prediction."""
 import glob
 import os.path as osp
+import re
 
 import pytest
 import torch
@@ -27,14 +28,27 @@ def config_id(path):
     return osp.splitext(osp.basename(path))[0]
 
 
+def backbone_and_row(path):
+    """('r50', 'sn-8x2'), ('preact-r101', 'syncsn-8x32'), ...: the parts
+    around the row in '{model}_{backbone}-{row}-d8_...'."""
+    m = re.fullmatch(r'((?:preact-)?r\d+)-(.+)-d8',
+                     config_id(path).split('_')[1])
+    return m.group(1), m.group(2)
+
+
 def row(path):
-    """'sn-8x2' etc.: the part between 'r50-' and '-d8'."""
-    return config_id(path).split('_')[1][len('r50-'):-len('-d8')]
+    return backbone_and_row(path)[1]
 
 
 def distinct_models(paths):
-    # (8,4) and (8,32) rows differ from (8,2) only in the checkpoint.
-    return [p for p in paths if not row(p).endswith(('8x4', '8x32'))]
+    # R50 (8,4) and (8,32) rows differ from (8,2) only in the checkpoint.
+    return [p for p in paths if not (backbone_and_row(p)[0] == 'r50' and
+                                     row(p).endswith(('8x4', '8x32')))]
+
+
+# The released backbone each (8,32)-and-beyond row starts from.
+CHECKPOINTS = {'r50': 'resnet50', 'r101': 'resnet101',
+               'preact-r50': 'resnet50v2', 'preact-r101': 'resnet101v2'}
 
 
 def build(cfg):
@@ -49,8 +63,19 @@ def test_the_paper_rows_are_all_there():
     for model in ('deeplabv3', 'pspnet'):
         for data in ('ade20k-450x450', 'cityscapes-713x713'):
             found = {row(p) for p in SEG_CONFIGS
-                     if config_id(p).startswith(model + '_') and data in p}
+                     if config_id(p).startswith(model + '_r50-')
+                     and data in p}
             assert found == rows, (model, data)
+
+
+def test_the_stronger_backbones_are_all_there():
+    for data in ('ade20k-450x450', 'cityscapes-713x713'):
+        found = {backbone_and_row(p) for p in SEG_CONFIGS
+                 if config_id(p).startswith('deeplabv3_') and data in p
+                 and backbone_and_row(p)[0] != 'r50'}
+        assert found == {(b, r) for b in ('r101', 'preact-r50',
+                                          'preact-r101')
+                         for r in ('sn-8x32', 'syncsn-8x32')}, data
 
 
 @pytest.mark.parametrize('path', SEG_CONFIGS + TOY_CONFIGS, ids=config_id)
@@ -61,6 +86,10 @@ def test_config_builds(path):
     # The plain-stem ResNet of the released SN checkpoints, not ResNetV1c.
     assert hasattr(model.backbone, 'conv1') and not hasattr(
         model.backbone, 'stem')
+    if 'preact' in config_id(path):
+        assert type(model.backbone).__name__ == 'PreActResNet'
+        assert model.backbone.depth == int(
+            backbone_and_row(path)[0].split('-r')[1])
     if 'toy' in path:
         return
     norm = NORM_TYPES[row(path).split('-')[0]]
@@ -74,8 +103,9 @@ def test_config_builds(path):
     assert cfg.train_dataloader.batch_size == 2
     if norm in ('SN', 'SyncSN'):
         pretrain = row(path).split('-')[1]
+        released = CHECKPOINTS[backbone_and_row(path)[0]]
         assert cfg.model.backbone.init_cfg.checkpoint == (
-            f'checkpoints/resnet50_sn_{pretrain}_mm.pth')
+            f'checkpoints/{released}_sn_{pretrain}_mm.pth')
     resizes = cfg.tta_pipeline[1].transforms[0]
     if 'ade20k' in path:
         assert [r.scale[1] for r in resizes] == [300, 400, 500, 600]

@@ -119,16 +119,16 @@ def test_refuses_unexpected_shapes(tmp_path, released):
     refuse(tmp_path, src, match='layer2.1.sn2.running_mean has shape')
 
 
-def test_refuses_preactivation_resnet(tmp_path, released):
-    # Pre-activation blocks normalise each conv's input: in the first block
-    # of layer1, sn3 has conv3's 64 input channels, not its 256 outputs.
+def test_refuses_a_layout_that_is_neither_v1_nor_v2(tmp_path, released):
+    # In the first block of layer1, sn3 with conv3's 64 input channels but
+    # sn1 and sn2 normalising conv outputs, as in v1: no such network.
     state = released[True].state_dict()
     for key in ('weight', 'bias', 'running_mean', 'running_var'):
         t = state[f'layer1.0.sn3.{key}']
         state[f'layer1.0.sn3.{key}'] = t[:, :64].clone()
-    src = tmp_path / 'v2.pth'
+    src = tmp_path / 'mixed.pth'
     torch.save(dict(state_dict=state), src)
-    refuse(tmp_path, src, match='pre-activation (v2)')
+    refuse(tmp_path, src, match='neither a v1 nor a v2')
 
 
 def test_refuses_existing_destination_unless_forced(tmp_path, released):

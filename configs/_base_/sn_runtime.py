@@ -10,3 +10,8 @@ bn_checkpoint = 'checkpoints/resnet50_torchvision.pth'  # torchvision://resnet50
 gn_checkpoint = 'checkpoints/resnet50_gn_detectron.pth'  # open-mmlab://detectron/resnet50_gn
 sn_8x4_checkpoint = 'checkpoints/resnet50_sn_8x4_mm.pth'
 sn_8x32_checkpoint = 'checkpoints/resnet50_sn_8x32_mm.pth'
+# The strongest released SN backbones (the (8,32) setting), converted the
+# same way; sn2mm.py detects v1/v2 and the depth.
+sn_r101_8x32_checkpoint = 'checkpoints/resnet101_sn_8x32_mm.pth'
+sn_preact_r50_8x32_checkpoint = 'checkpoints/resnet50v2_sn_8x32_mm.pth'
+sn_preact_r101_8x32_checkpoint = 'checkpoints/resnet101v2_sn_8x32_mm.pth'

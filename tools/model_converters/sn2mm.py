@@ -1,16 +1,25 @@
 #!/usr/bin/env python
 """Convert a released SN ImageNet checkpoint into an OpenMMLab backbone.
 
-The authors' ResNet50v1+SN / ResNet101v1+SN checkpoints (``torch.save``d
-dicts with ``state_dict``, ``epoch``, ``best_prec1``, ...) become an
-mmengine checkpoint that loads with ``strict=True`` into mmdet's and mmseg's
-``ResNet(depth=50 or 101, norm_cfg=dict(type='SN'))``. The classifier is
-dropped; SN parameters are reshaped from (1, C, 1, 1) / (1, C, 1) to (C,).
+The authors' checkpoints (``torch.save``d dicts with ``state_dict``,
+``epoch``, ``best_prec1``, ...) become mmengine checkpoints that load with
+``strict=True``:
+
+* v1 ResNets (ResNet50v1+SN, ResNet101v1+SN) into mmdet's and mmseg's
+  ``ResNet(depth=50 or 101, norm_cfg=dict(type='SN'))``;
+* pre-activation v2 ResNets (ResNet50v2+SN, ResNet101v2+SN) into sn_mm's
+  ``PreActResNet(depth=50 or 101, norm_cfg=dict(type='SN'))``.
+
+The tool detects v1 or v2 and the depth from the keys, prints what it found
+and the backbone config to use. The classifier is dropped; SN parameters are
+reshaped from (1, C, 1, 1) / (1, C, 1) to (C,).
 
 Example::
 
     python tools/model_converters/sn2mm.py \\
         resnet50v1_sn_8x2.pth checkpoints/resnet50_sn_8x2_mm.pth
+    python tools/model_converters/sn2mm.py \\
+        resnet101v2_sn_8x32.pth checkpoints/resnet101v2_sn_8x32_mm.pth
 """
 import argparse
 import os
@@ -22,14 +31,16 @@ from collections import OrderedDict
 
 import torch
 
-DEPTH_BY_LAYER3_BLOCKS = {6: 50, 23: 101}
+# Blocks per stage -> depth, for bottleneck (conv3) and basic-block nets.
+BOTTLENECK_DEPTHS = {(3, 4, 6, 3): 50, (3, 4, 23, 3): 101, (3, 8, 36, 3): 152}
+BASIC_DEPTHS = {(2, 2, 2, 2): 18, (3, 4, 6, 3): 34}
 SN_KEYS = ('weight', 'bias', 'running_mean', 'running_var', 'mean_weight',
            'var_weight')
 CLASSIFIER_PREFIX = 'fc.'
 
 
 class ConversionError(Exception):
-    """The source is not a released v1 SN ResNet checkpoint we can convert."""
+    """The source is not a released SN ResNet checkpoint we can convert."""
 
 
 def parse_args(argv=None):
@@ -83,8 +94,24 @@ def sn_layers(state):
             if k.endswith('.mean_weight')]
 
 
-def check_layout(state, layers):
-    """Refuse what mmdet/mmseg's v1 ResNet cannot take, naming why."""
+def is_preactivation(state, layers):
+    """v2: each block's sn1 normalises conv1's input (in a v1 ResNet, snK
+    normalises convK's output), and an sn_out follows the last stage."""
+    if 'sn_out.weight' in state:
+        return True
+    for name in layers:
+        m = re.match(r'(layer\d+\.\d+)\.sn1$', name)
+        conv = f'{m.group(1)}.conv1.weight' if m else None
+        if conv in state:
+            c = state[f'{name}.weight'].numel()
+            out_c, in_c = state[conv].shape[:2]
+            if in_c != out_c:  # otherwise this block cannot tell
+                return c == in_c
+    return False
+
+
+def check_layout(state, layers, preact):
+    """Refuse what the target backbone cannot take, naming why."""
     if not layers:
         raise ConversionError(
             'no SN layers found (no key ends in ".mean_weight"): this is not '
@@ -112,31 +139,48 @@ def check_layout(state, layers):
                 raise ConversionError(
                     f'{full} has shape {tuple(state[full].shape)}, expected '
                     f'one of {shapes}')
-        # v1 ResNet: snK normalises convK's output. A pre-activation (v2)
-        # network normalises convK's input instead.
+        # Blocks of a v1 ResNet: snK normalises convK's output; of a v2
+        # one: convK's input. (Both stems normalise conv1's output.)
         conv = re.sub(r'sn(\d)$', r'conv\1', name)
-        if conv != name and f'{conv}.weight' in state:
+        stem = name == 'sn1'
+        if conv != name and f'{conv}.weight' in state and not stem:
             out_c, in_c = state[f'{conv}.weight'].shape[:2]
-            if c != out_c:
-                kind = ('a pre-activation (v2) ResNet: it normalises '
-                        f'{conv}\'s input' if c == in_c else 'unexpected')
+            want, what = (in_c, 'input') if preact else (out_c, 'output')
+            if c != want:
                 raise ConversionError(
-                    f'{name} has {c} channels but {conv} outputs {out_c}: '
-                    f'{kind}. Only v1 ResNets (ResNet50v1+SN, '
-                    'ResNet101v1+SN) fit mmdet/mmseg\'s ResNet')
+                    f'{name} has {c} channels but {conv}\'s {what} has '
+                    f'{want}: neither a v1 nor a v2 SN ResNet')
+    if preact and not using_bn:
+        raise ConversionError('a v2 ResNet without the BN branch: no such '
+                              'model was released, and none is supported')
     return using_bn
+
+
+def stage_blocks(state):
+    """Blocks per stage, from the keys."""
+    counts = []
+    for i in range(1, 5):
+        blocks = {int(m.group(1)) for k in state
+                  for m in [re.match(rf'layer{i}\.(\d+)\.', k)] if m}
+        counts.append(len(blocks))
+    return tuple(counts)
 
 
 def convert(state):
     layers = sn_layers(state)
-    using_bn = check_layout(state, layers)
-    blocks = {int(m.group(1)) for k in state
-              for m in [re.match(r'layer3\.(\d+)\.', k)] if m}
-    depth = DEPTH_BY_LAYER3_BLOCKS.get(len(blocks))
+    preact = is_preactivation(state, layers)
+    using_bn = check_layout(state, layers, preact)
+    blocks = stage_blocks(state)
+    bottleneck = any(k.endswith('.conv3.weight') for k in state)
+    depth = (BOTTLENECK_DEPTHS if bottleneck else BASIC_DEPTHS).get(blocks)
     if depth is None:
         raise ConversionError(
-            f'layer3 has {len(blocks)} blocks; expected 6 (ResNet-50) or 23 '
-            '(ResNet-101)')
+            f'stages of {blocks} {"bottleneck" if bottleneck else "basic"} '
+            'blocks: not a ResNet-18/34/50/101/152')
+    if not preact and depth not in (50, 101):
+        raise ConversionError(
+            f'a v1 ResNet-{depth}: only v1 ResNet-50 and ResNet-101 (the '
+            'released models) are converted for mmdet/mmseg\'s ResNet')
     sn_set = set(layers)
     converted, dropped = OrderedDict(), []
     for key, value in state.items():
@@ -148,22 +192,39 @@ def convert(state):
                                         'running_var'):
             value = value.reshape(-1)
         converted[key] = value.clone()
-    return converted, dict(depth=depth, using_bn=using_bn,
+    return converted, dict(depth=depth, using_bn=using_bn, preact=preact,
                            num_sn_layers=len(layers), dropped=dropped)
 
 
-def verify_loads(state, depth, using_bn):
-    """Load strictly into mmdet's ResNet: the converted file is checked
-    against the model it is meant for, not only against our expectations."""
+def verify_loads(state, depth, using_bn, preact):
+    """Load strictly into the backbone it is meant for (mmdet's ResNet for
+    v1, sn_mm's PreActResNet for v2): the converted file is checked against
+    that model, not only against our expectations."""
     import sn_mm  # noqa: F401  (registers SN)
-    from mmdet.models.backbones import ResNet
-    model = ResNet(depth=depth, style='pytorch',
-                   norm_cfg=dict(type='SN', using_bn=using_bn))
+    norm_cfg = dict(type='SN', using_bn=using_bn)
+    if preact:
+        model = sn_mm.PreActResNet(depth=depth, norm_cfg=norm_cfg)
+        name = f'PreActResNet-{depth}'
+    else:
+        from mmdet.models.backbones import ResNet
+        model = ResNet(depth=depth, style='pytorch', norm_cfg=norm_cfg)
+        name = f'mmdet ResNet-{depth}'
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
         raise ConversionError(
-            f'the converted weights do not fit mmdet ResNet-{depth}: {e}')
+            f'the converted weights do not fit {name}: {e}')
+
+
+def backbone_config(info, dst):
+    norm_cfg = ("dict(type='SN')" if info['using_bn'] else
+                "dict(type='SN', using_bn=False)")
+    init = f"init_cfg=dict(type='Pretrained', checkpoint='{dst}')"
+    if info['preact']:
+        return (f"backbone=dict(type='PreActResNet', depth={info['depth']}, "
+                f"norm_cfg={norm_cfg}, norm_eval=False, {init})")
+    return (f"backbone=dict(type='ResNet', depth={info['depth']}, "
+            f"style='pytorch', norm_cfg={norm_cfg}, norm_eval=False, {init})")
 
 
 def write_atomically(obj, dst, force):
@@ -189,24 +250,28 @@ def main(argv=None):
                 f'{args.dst} exists; pass --force to overwrite it')
         state = load_released(args.src, args.allow_pickle)
         converted, info = convert(state)
-        verify_loads(converted, info['depth'], info['using_bn'])
+        verify_loads(converted, info['depth'], info['using_bn'],
+                     info['preact'])
         norm_cfg = ("dict(type='SN')" if info['using_bn'] else
                     "dict(type='SN', using_bn=False)")
         write_atomically(
             dict(state_dict=converted,
                  meta=dict(source=osp.basename(args.src),
                            converter='sn_mm/tools/model_converters/sn2mm.py',
-                           depth=info['depth'], using_bn=info['using_bn'])),
+                           depth=info['depth'], using_bn=info['using_bn'],
+                           preactivation=info['preact'])),
             args.dst, args.force)
     except ConversionError as e:
         print(f'sn2mm: error: {e}', file=sys.stderr)
         return 1
-    print(f'Converted ResNet-{info["depth"]} with {info["num_sn_layers"]} SN '
-          f'layers ({len(converted)} tensors) to {args.dst}')
+    kind = 'v2 (pre-activation)' if info['preact'] else 'v1'
+    print(f'Found a {kind} ResNet-{info["depth"]} with '
+          f'{info["num_sn_layers"]} SN layers')
+    print(f'Converted it ({len(converted)} tensors) to {args.dst}')
     if info['dropped']:
         print(f'Dropped the classifier: {", ".join(info["dropped"])}')
-    print(f'Use it with: norm_cfg={norm_cfg}, and '
-          f"init_cfg=dict(type='Pretrained', checkpoint='{args.dst}')")
+    print(f'Use it with: norm_cfg={norm_cfg}, and')
+    print(f'  {backbone_config(info, args.dst)}')
     return 0
 
 
