@@ -13,8 +13,9 @@ Ratios = Dict[str, Dict[str, float]]  # {'mean': {'in': .., ...}, 'var': ..}
 
 def sn_ratios(source: Union[nn.Module, Mapping[str, torch.Tensor]]
               ) -> 'OrderedDict[str, Ratios]':
-    """Each SN layer's softmax ratios, in network order, keyed by layer name.
-    ``source`` is a model or a state dict (any key prefix)."""
+    """Each SN layer's ratios (softmax of its logits, or its fixed ratios),
+    in network order, keyed by layer name. ``source`` is a model or a state
+    dict (any key prefix)."""
     if isinstance(source, nn.Module):
         return OrderedDict((name, m.ratios())
                            for name, m in source.named_modules()
@@ -27,11 +28,16 @@ def sn_ratios(source: Union[nn.Module, Mapping[str, torch.Tensor]]
         var_logits = source.get(f'{layer}.var_weight')
         if var_logits is None:
             continue
-        result[layer] = {
-            stat: dict(zip(TERMS, torch.softmax(t.float().flatten(),
-                                                0).tolist()))
-            for stat, t in (('mean', logits), ('var', var_logits))
-        }
+        fixed = source.get(f'{layer}.ratio_fixed')
+        fixed_ratios = source.get(f'{layer}.fixed_ratios')
+        result[layer] = {}
+        for row, (stat, t) in enumerate((('mean', logits),
+                                         ('var', var_logits))):
+            if fixed is not None and bool(fixed[row]):
+                probs = fixed_ratios[row].float().tolist()
+            else:
+                probs = torch.softmax(t.float().flatten(), 0).tolist()
+            result[layer][stat] = dict(zip(TERMS, probs))
     return result
 
 

@@ -54,6 +54,12 @@ class SwitchableNorm(nn.Module):
             :mod:`sn_mm.ops.kernels`). None follows the global default
             (:func:`sn_mm.ops.set_default_kernels`, ``$SN_MM_KERNELS``,
             else ``'auto'``). Default: None.
+
+    Fixed ratios: :meth:`fix_ratios` gives the mean and/or variance ratio
+    vectors instead of ``softmax(logits)`` (e.g. the one-hot hard ratios of
+    :func:`sn_mm.harden_sn`). They live in the buffers ``ratio_fixed`` (2,)
+    and ``fixed_ratios`` (2, K), so they survive saving, loading, resuming
+    and SyncSN conversion, take no gradient and never move.
     """
 
     _abbr_ = 'sn'
@@ -86,6 +92,9 @@ class SwitchableNorm(nn.Module):
             self.register_buffer('running_mean', None)
             self.register_buffer('running_var', None)
             self.register_buffer('num_batches_tracked', None)
+        self.register_buffer('ratio_fixed', torch.zeros(2, dtype=torch.bool))
+        self.register_buffer('fixed_ratios',
+                             torch.full((2, num_terms), 1. / num_terms))
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata,
                               strict, missing_keys, unexpected_keys,
@@ -95,6 +104,12 @@ class SwitchableNorm(nn.Module):
         key = prefix + 'num_batches_tracked'
         if self.using_bn and key not in state_dict:
             state_dict[key] = torch.tensor(0, dtype=torch.long)
+        # Nor do they have fixed ratios: none fixed.
+        if prefix + 'ratio_fixed' not in state_dict:
+            state_dict[prefix + 'ratio_fixed'] = torch.zeros_like(
+                self.ratio_fixed)
+            state_dict[prefix + 'fixed_ratios'] = self.fixed_ratios.new_full(
+                self.fixed_ratios.shape, 1. / self.fixed_ratios.shape[1])
         super()._load_from_state_dict(state_dict, prefix, local_metadata,
                                       strict, missing_keys, unexpected_keys,
                                       error_msgs)
@@ -111,7 +126,39 @@ class SwitchableNorm(nn.Module):
             x, self.weight, self.bias, self.mean_weight, self.var_weight,
             self.running_mean, self.running_var, self.num_batches_tracked,
             self.training, self.momentum, self.eps, self.unbiased, kernels,
-            self._sync_group(), type(self).__name__)
+            self._sync_group(), type(self).__name__, self.ratio_fixed,
+            self.fixed_ratios)
+
+    # -- fixed ratios -------------------------------------------------------
+    def _check_ratio(self, ratio, stat: str) -> Tensor:
+        k = self.fixed_ratios.shape[1]
+        ratio = torch.as_tensor(ratio, dtype=torch.float64).flatten()
+        if ratio.numel() != k:
+            raise ValueError(f'{stat} ratio: expected {k} values '
+                             f'({", ".join(TERMS[:k])}), got {ratio.numel()}')
+        if not torch.isfinite(ratio).all() or (ratio < 0).any() or abs(
+                float(ratio.sum()) - 1) > 1e-6:
+            raise ValueError(f'{stat} ratio must be non-negative and sum to '
+                             f'1, got {ratio.tolist()}')
+        return ratio
+
+    @torch.no_grad()
+    def fix_ratios(self, mean=None, var=None) -> None:
+        """Use the given ratio vectors (K values each, non-negative, summing
+        to 1, in the order IN, LN[, BN]) for the mean and/or the variance
+        instead of the softmax of the logits; ``None`` leaves that one as it
+        is. Exact zeros stay exact."""
+        for row, (stat, ratio) in enumerate((('mean', mean), ('var', var))):
+            if ratio is None:
+                continue
+            ratio = self._check_ratio(ratio, stat)
+            self.fixed_ratios[row].copy_(ratio.to(self.fixed_ratios))
+            self.ratio_fixed[row] = True
+
+    @torch.no_grad()
+    def unfix_ratios(self) -> None:
+        """Back to learned (softmax) ratios for the mean and the variance."""
+        self.ratio_fixed.zero_()
 
     def _kernel_choice(self) -> Optional[str]:
         legacy = getattr(self, 'use_native_kernels', None)
@@ -131,15 +178,24 @@ class SwitchableNorm(nn.Module):
 
     # -- introspection ------------------------------------------------------
     def ratios(self) -> Dict[str, Dict[str, float]]:
-        """Softmax ratios of the learned logits, e.g. ``{'mean': {'in': ..,
-        'ln': .., 'bn': ..}, 'var': {...}}``. Inputs without IN (see the class
-        docstring) renormalise the remaining terms at run time."""
+        """The ratios the layer mixes with, e.g. ``{'mean': {'in': ..,
+        'ln': .., 'bn': ..}, 'var': {...}}``: the softmax of the learned
+        logits, or the fixed ratios where fixed. Inputs without IN (see the
+        class docstring) renormalise the remaining terms at run time."""
         result = {}
-        for key, logits in (('mean', self.mean_weight),
-                            ('var', self.var_weight)):
-            probs = F.softmax(logits.detach().float(), 0).tolist()
+        for row, (key, logits) in enumerate((('mean', self.mean_weight),
+                                             ('var', self.var_weight))):
+            if bool(self.ratio_fixed[row]):
+                probs = self.fixed_ratios[row].tolist()
+            else:
+                probs = F.softmax(logits.detach().float(), 0).tolist()
             result[key] = dict(zip(TERMS, probs))
         return result
+
+    def fixed(self) -> Dict[str, bool]:
+        """Which of the mean and variance ratios are fixed."""
+        return dict(mean=bool(self.ratio_fixed[0]),
+                    var=bool(self.ratio_fixed[1]))
 
     def extra_repr(self) -> str:
         def fmt(ratio: Dict[str, float]) -> str:

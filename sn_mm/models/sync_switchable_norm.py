@@ -55,6 +55,8 @@ def _swap_norm(module: nn.Module, old_type: type, make_new) -> nn.Module:
         new.bias = module.bias
         new.mean_weight = module.mean_weight
         new.var_weight = module.var_weight
+        new.ratio_fixed = module.ratio_fixed
+        new.fixed_ratios = module.fixed_ratios
         if module.using_bn:
             new.running_mean = module.running_mean
             new.running_var = module.running_var

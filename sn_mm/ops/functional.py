@@ -63,22 +63,24 @@ def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
                     num_batches_tracked: Optional[Tensor], training: bool,
                     momentum: Optional[float], eps: float, unbiased: bool,
                     kernels: Optional[str] = None, group=None,
-                    layer: str = 'SwitchableNorm') -> Tensor:
+                    layer: str = 'SwitchableNorm',
+                    ratio_fixed: Optional[Tensor] = None,
+                    fixed_ratios: Optional[Tensor] = None) -> Tensor:
     """Switchable Normalization of ``x`` (N, C, *); in training with a BN
     branch it also updates ``running_mean``/``running_var``/
     ``num_batches_tracked`` in place. Arguments as
     :class:`sn_mm.SwitchableNorm`'s; ``group``: the process group sharing BN
-    statistics (None: this device only); ``layer``: the name errors use."""
+    statistics (None: this device only); ``layer``: the name errors use;
+    ``ratio_fixed`` (2,) bool and ``fixed_ratios`` (2, K): mean and variance
+    ratios given instead of the softmax of the logits where set."""
     check_input(x, weight.shape[0], layer)
+    args = (weight, bias, mean_weight, var_weight, running_mean, running_var,
+            num_batches_tracked, training, momentum, eps, unbiased, kernels,
+            group, ratio_fixed, fixed_ratios)
     if torch.is_autocast_enabled(x.device.type):
         with torch.autocast(x.device.type, enabled=False):
-            return _switchable_norm(x, weight, bias, mean_weight, var_weight,
-                                    running_mean, running_var,
-                                    num_batches_tracked, training, momentum,
-                                    eps, unbiased, kernels, group)
-    return _switchable_norm(x, weight, bias, mean_weight, var_weight,
-                            running_mean, running_var, num_batches_tracked,
-                            training, momentum, eps, unbiased, kernels, group)
+            return _switchable_norm(x, *args)
+    return _switchable_norm(x, *args)
 
 
 def _as(t: Tensor, dtype) -> Tensor:
@@ -88,7 +90,8 @@ def _as(t: Tensor, dtype) -> Tensor:
 
 def _switchable_norm(x, weight, bias, mean_weight, var_weight, running_mean,
                      running_var, num_batches_tracked, training, momentum,
-                     eps, unbiased, kernels, group):
+                     eps, unbiased, kernels, group, ratio_fixed,
+                     fixed_ratios):
     shape = x.shape
     # Statistics in fp32 at least (fp16/bf16 sums lose too much).
     dtype = torch.promote_types(x.dtype, torch.float32)
@@ -103,9 +106,11 @@ def _switchable_norm(x, weight, bias, mean_weight, var_weight, running_mean,
                if using_bn else (None, None))
     params = (_as(weight, dtype), _as(bias, dtype), _as(mean_weight, dtype),
               _as(var_weight, dtype))
+    fixed = (ratio_fixed, None if fixed_ratios is None else
+             _as(fixed_ratios, dtype))
     if is_tracing():
         out, saved = sn_forward(TORCH, x3, *params, *running, training,
-                                has_in, correction, eps, group)
+                                has_in, correction, eps, group, *fixed)
         mean_bn, var_bn, has_samples = saved[6], saved[7], saved[8]
         if not training:
             mean_bn = None
@@ -117,7 +122,7 @@ def _switchable_norm(x, weight, bias, mean_weight, var_weight, running_mean,
         chosen = select_kernels(kernels, x3)
         out, mean_bn, var_bn, has_samples = SwitchableNormFunction.apply(
             x3, *params, *running, training, has_in, correction, eps, group,
-            chosen)
+            chosen, *fixed)
     if mean_bn is not None:
         update_running_stats(running_mean, running_var, num_batches_tracked,
                              momentum, mean_bn, var_bn, has_samples)

@@ -19,7 +19,6 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor
 
 from .kernels import TORCH
@@ -44,13 +43,39 @@ def _bn_statistics(n: int, mean_c: Tensor, m2_c: Tensor, group):
     return total, mean, m2 / total.clamp_min(1)
 
 
+def mixing_ratios(logits: Tensor, fixed: Optional[Tensor],
+                  fixed_ratio: Optional[Tensor], has_in: bool) -> Tensor:
+    """The ratio vector a layer mixes with: ``softmax(logits)``, or where
+    ``fixed`` (a bool scalar tensor) is set, ``fixed_ratio`` itself (exact
+    zeros stay exact). Without IN (one position) the IN term is left out and
+    the rest renormalised; a fixed ratio that selects IN alone then falls
+    back to LN, the other per-sample statistic. No branch on tensor values:
+    nothing waits on the device and tracers see one graph."""
+    if not has_in:
+        logits = logits[1:]
+    soft = torch.softmax(logits, 0)
+    if fixed is None:
+        return soft
+    if not has_in:
+        rest = fixed_ratio[1:]
+        total = rest.sum()
+        ln_only = torch.zeros_like(rest)
+        ln_only[0] = 1
+        fixed_ratio = torch.where(total > 0, rest / total.clamp_min(1e-30),
+                                  ln_only)
+    return torch.where(fixed, fixed_ratio, soft)
+
+
 def sn_forward(kernels, x: Tensor, weight: Tensor, bias: Tensor,
                mean_logits: Tensor, var_logits: Tensor,
                running_mean: Optional[Tensor], running_var: Optional[Tensor],
                training: bool, has_in: bool, correction: int, eps: float,
-               group):
+               group, fixed: Optional[Tensor] = None,
+               fixed_ratios: Optional[Tensor] = None):
     """SN's forward from ``kernels``; with the PyTorch kernels and autograd
-    recording, a differentiable composite. Returns the output, the BN mean,
+    recording, a differentiable composite. ``fixed`` (2,) bool and
+    ``fixed_ratios`` (2, K): the mean and variance ratios given instead of
+    the softmax where set (None: none). Returns the output, the BN mean,
     variance and sample count used (None without a BN branch or in eval),
     and what backward needs."""
     n, c, _ = x.shape
@@ -70,10 +95,10 @@ def sn_forward(kernels, x: Tensor, weight: Tensor, bias: Tensor,
             var_bn = torch.where(has, var_bn, running_var)
         else:
             mean_bn, var_bn = running_mean, running_var
-    if not has_in:
-        mean_logits, var_logits = mean_logits[1:], var_logits[1:]
-    wm = F.softmax(mean_logits, 0)
-    wv = F.softmax(var_logits, 0)
+    wm = mixing_ratios(mean_logits, None if fixed is None else fixed[0],
+                       None if fixed is None else fixed_ratios[0], has_in)
+    wv = mixing_ratios(var_logits, None if fixed is None else fixed[1],
+                       None if fixed is None else fixed_ratios[1], has_in)
     # The weighted LN (N, 1) and BN (C,) terms; the kernel adds IN's.
     k = 1 if has_in else 0
     wm_in, wv_in = (wm[0], wv[0]) if has_in else (wm.new_zeros(()), ) * 2
@@ -96,15 +121,18 @@ class SwitchableNormFunction(torch.autograd.Function):
                 mean_logits: Tensor, var_logits: Tensor,
                 running_mean: Optional[Tensor], running_var: Optional[Tensor],
                 training: bool, has_in: bool, correction: int, eps: float,
-                group, kernels):
+                group, kernels, fixed: Optional[Tensor] = None,
+                fixed_ratios: Optional[Tensor] = None):
         """x: contiguous (N, C, L); ``kernels``: the kernel set chosen for
         this call (:func:`sn_mm.ops.select_kernels`), kept for backward.
-        Returns the output and the BN mean and variance used (None without a
-        BN branch) and whether the batch (over the group) had samples, for
-        the running-statistics update."""
+        ``fixed``/``fixed_ratios``: see :func:`sn_forward`; fixed ratios
+        take no gradient. Returns the output and the BN mean and variance
+        used (None without a BN branch) and whether the batch (over the
+        group) had samples, for the running-statistics update."""
         y, saved = sn_forward(kernels, x, weight, bias, mean_logits,
                               var_logits, running_mean, running_var, training,
-                              has_in, correction, eps, group)
+                              has_in, correction, eps, group, fixed,
+                              fixed_ratios)
         (wm, wv, mean_in, var_in, mean_ln, var_ln, mean_bn, var_bn, has,
          total, mu, rstd) = saved
         bn_batch = running_mean is not None and training
@@ -115,6 +143,7 @@ class SwitchableNormFunction(torch.autograd.Function):
         # constants to the output (or, in a batch without samples, left
         # untouched by that update).
         ctx.running = (running_mean, running_var)
+        ctx.fixed = (fixed, fixed_ratios)
         ctx.save_for_backward(x, weight, bias, mean_logits, var_logits, wm,
                               wv, mean_in, var_in, mean_ln, var_ln, mean_bn,
                               var_bn, has, total, mu, rstd)
@@ -154,6 +183,10 @@ class SwitchableNormFunction(torch.autograd.Function):
         d_wm, d_wv = torch.stack(d_wm), torch.stack(d_wv)
         grad_mean_logits = wm * (d_wm - (wm * d_wm).sum())
         grad_var_logits = wv * (d_wv - (wv * d_wv).sum())
+        fixed, _ = ctx.fixed
+        if fixed is not None:  # fixed ratios do not depend on the logits
+            grad_mean_logits = grad_mean_logits * ~fixed[0]
+            grad_var_logits = grad_var_logits * ~fixed[1]
         if not has_in:  # the IN logit took no part
             grad_mean_logits = torch.cat([grad_mean_logits.new_zeros(1),
                                           grad_mean_logits])
@@ -183,7 +216,7 @@ class SwitchableNormFunction(torch.autograd.Function):
         else:
             grad_x = torch.zeros_like(x)
         return (grad_x, grad_weight, grad_bias, grad_mean_logits,
-                grad_var_logits) + (None, ) * 8
+                grad_var_logits) + (None, ) * 10
 
     @staticmethod
     def _backward_recorded(ctx, grad_y):
@@ -203,10 +236,10 @@ class SwitchableNormFunction(torch.autograd.Function):
                   if need]
         y, _ = sn_forward(TORCH, x, weight, bias, mean_logits, var_logits,
                           running_mean, running_var, training, has_in,
-                          correction, eps, None)
+                          correction, eps, None, *ctx.fixed)
         grads = torch.autograd.grad(y, [inputs[i] for i in wanted], grad_y,
                                     create_graph=True, allow_unused=True)
         result = [None] * 5
         for i, g in zip(wanted, grads):
             result[i] = torch.zeros_like(inputs[i]) if g is None else g
-        return tuple(result) + (None, ) * 8
+        return tuple(result) + (None, ) * 10

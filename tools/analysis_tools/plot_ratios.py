@@ -4,14 +4,22 @@
 Like the paper's Fig. 4: per SN layer, in network order, stacked bars of the
 ratios for the mean and for the variance, plus a panel with the symmetric KL
 divergence between each layer's mean and variance ratios (Fig. 7c). Also
-prints the table. Works on any checkpoint with SN layers: detection,
+prints the table.
+
+With ``--hard``, the paper's hard-ratio view (Fig. 8): per layer, the
+normaliser with the largest ratio for the mean and for the variance, the
+layers marked by what they normalise (a 3x3 conv, a 1x1 conv, a shortcut,
+other); it prints how many layers choose differently for the mean and the
+variance, and, given ``--compare OTHER``, how many layers changed their
+choice between the two checkpoints. Works on any checkpoint with SN layers: detection,
 segmentation, converted ImageNet backbones. The checkpoint is loaded with
 weights_only=False (mmengine training checkpoints need it): use it on
 checkpoints you trust.
 
 Example::
 
-    python tools/analysis_tools/plot_ratios.py work_dirs/demo/iter_160.pth --out ratios.png
+    python tools/analysis_tools/plot_ratios.py work_dirs/demo/iter_100.pth --out ratios.png
+    python tools/analysis_tools/plot_ratios.py hard.pth --hard --compare soft.pth
 """
 import argparse
 import sys
@@ -23,6 +31,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 from sn_mm.analysis import average_ratios, sn_ratios, symmetric_kl  # noqa
+from sn_mm.models import hard_choices  # noqa: E402
 from sn_mm.models.switchable_norm import TERMS  # noqa: E402
 
 COLOURS = {'in': '#4c72b0', 'ln': '#dd8452', 'bn': '#55a868'}
@@ -33,7 +42,30 @@ def parse_args(argv=None):
     parser.add_argument('checkpoint', help='checkpoint with SN layers')
     parser.add_argument('--out', default='ratios.png',
                         help='figure file (default: ratios.png)')
+    parser.add_argument('--hard', action='store_true',
+                        help='the hard-ratio view (the paper\'s Fig. 8): '
+                        'the normaliser each layer picks for mean and var')
+    parser.add_argument('--compare', metavar='OTHER',
+                        help='with --hard: count the layers whose choice '
+                        'differs in this other checkpoint')
     return parser.parse_args(argv)
+
+
+def layer_kind(state, layer):
+    """What an SN layer normalises, from the conv beside it: '3x3', '1x1'
+    (or another kernel size), 'shortcut', or 'other'."""
+    if layer.endswith('downsample.1'):
+        return 'shortcut'
+    parent, _, leaf = layer.rpartition('.')
+    prefix = f'{parent}.' if parent else ''
+    candidates = [f'{prefix}conv.weight']
+    if leaf.startswith('sn') and leaf[2:].isdigit():
+        candidates.insert(0, f'{prefix}conv{leaf[2:]}.weight')
+    for key in candidates:
+        w = state.get(key)
+        if w is not None and w.dim() == 4:
+            return f'{w.shape[-2]}x{w.shape[-1]}'
+    return 'other'
 
 
 def print_table(ratios, kls):
@@ -85,16 +117,83 @@ def plot(ratios, kls, out, title):
     plt.close(fig)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    ckpt = torch.load(args.checkpoint, map_location='cpu', weights_only=False)
+HARD_CODES = {t: i for i, t in enumerate(TERMS)}
+KIND_MARKERS = {'3x3': ('^', '3x3 conv'), '1x1': ('o', '1x1 conv'),
+                'shortcut': ('s', 'shortcut')}
+
+
+def make_hard_figure(choices, kinds, title):
+    """axes[0]: a 2 x layers image, row 0 the mean's and row 1 the
+    variance's chosen normaliser (0 IN, 1 LN, 2 BN); markers above it say
+    what each layer normalises."""
+    from matplotlib.colors import ListedColormap
+    names = list(choices)
+    grid = [[HARD_CODES[choices[n][stat]] for n in names]
+            for stat in ('mean', 'var')]
+    fig, ax = plt.subplots(figsize=(max(8, 0.22 * len(names)), 3.2))
+    ax.imshow(grid, aspect='auto', vmin=0, vmax=len(TERMS) - 1,
+              cmap=ListedColormap([COLOURS[t] for t in TERMS]),
+              interpolation='nearest')
+    ax.set_yticks([0, 1])
+    ax.set_yticklabels(['mean', 'var'])
+    for kind, (marker, label) in KIND_MARKERS.items():
+        xs = [i for i, n in enumerate(names) if kinds[n] == kind]
+        if xs:
+            ax.scatter(xs, [-0.8] * len(xs), marker=marker, color='k', s=12,
+                       label=label, clip_on=False)
+    ax.set_ylim(1.5, -1.2)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=90, fontsize=6)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLOURS[t]) for t in TERMS]
+    markers, labels = ax.get_legend_handles_labels()
+    ax.legend(handles + markers, [t.upper() for t in TERMS] + labels,
+              loc='upper left', bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def load_state(path):
+    ckpt = torch.load(path, map_location='cpu', weights_only=False)
     state = ckpt.get('state_dict', ckpt) if isinstance(ckpt, dict) else None
     if not isinstance(state, dict):
-        sys.exit(f'{args.checkpoint} is not a checkpoint with a state dict')
+        sys.exit(f'{path} is not a checkpoint with a state dict')
+    if not sn_ratios(state):
+        sys.exit(f'{path} has no SN layers (no key ends in ".mean_weight")')
+    return state
+
+
+def hard_view(args, state):
+    choices = hard_choices(sn_ratios(state))
+    kinds = {n: layer_kind(state, n) for n in choices}
+    print(f'{"layer":<40} {"conv":<8} mean var')
+    for name, c in choices.items():
+        print(f'{name:<40} {kinds[name]:<8} {c["mean"]:<4} {c["var"]}')
+    differ = sum(c['mean'] != c['var'] for c in choices.values())
+    print(f'{differ} of {len(choices)} layers choose a different normaliser '
+          'for the mean than for the variance')
+    if args.compare:
+        other = hard_choices(sn_ratios(load_state(args.compare)))
+        common = [n for n in choices if n in other]
+        moved = sum(choices[n] != other[n] for n in common)
+        print(f'{moved} of {len(common)} layers changed their choice '
+              f'between {args.checkpoint} and {args.compare}')
+    fig = make_hard_figure(
+        choices, kinds, f'Hard ratios of {len(choices)} SN layers: '
+        f'{args.checkpoint}')
+    fig.savefig(args.out, dpi=120)
+    plt.close(fig)
+    print(f'Wrote {args.out}')
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.compare and not args.hard:
+        sys.exit('--compare needs --hard')
+    state = load_state(args.checkpoint)
+    if args.hard:
+        return hard_view(args, state)
     ratios = sn_ratios(state)
-    if not ratios:
-        sys.exit(f'{args.checkpoint} has no SN layers (no key ends in '
-                 '".mean_weight")')
     kls = [symmetric_kl(r['mean'], r['var']) for r in ratios.values()]
     print_table(ratios, kls)
     plot(ratios, kls, args.out,
