@@ -32,6 +32,9 @@ def parse_args(argv=None):
                         'tta_model and tta_pipeline)')
     parser.add_argument('--show-dir', help='save drawn predictions under '
                         'this folder of the work dir')
+    parser.add_argument('--fuse-conv-sn', action='store_true',
+                        help='fold SN layers with hard fixed ratios away '
+                        '(sn_mm.fuse_conv_sn) before testing')
     return parse_tool_args(parser, argv)
 
 
@@ -64,6 +67,9 @@ def main(argv=None):
             evaluators = [evaluators]
         cfg.test_evaluator = [*evaluators, dump]
 
+    if args.fuse_conv_sn:
+        cfg.custom_hooks = [*cfg.get('custom_hooks', []),
+                            dict(type='SNFuseHook')]
     runner = build_runner(cfg)
     with trusted_torch_load():
         runner.test()

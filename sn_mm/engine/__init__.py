@@ -1,9 +1,9 @@
 from .batch_average import sn_batch_average
-from .hooks import SNBatchAverageHook, SNRatioHook
+from .hooks import SNBatchAverageHook, SNFuseHook, SNRatioHook
 from .optim_constructor import SNOptimWrapperConstructor
 from .runner import SNRunner, trusted_torch_load
 
 __all__ = [
-    'sn_batch_average', 'SNBatchAverageHook', 'SNRatioHook',
+    'sn_batch_average', 'SNBatchAverageHook', 'SNFuseHook', 'SNRatioHook',
     'SNOptimWrapperConstructor', 'SNRunner', 'trusted_torch_load'
 ]

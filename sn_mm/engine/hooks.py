@@ -7,6 +7,7 @@ from mmengine.registry import HOOKS
 from mmengine.runner import IterBasedTrainLoop
 
 from ..analysis import average_ratios, sn_ratios
+from ..models import fuse_conv_sn
 from .batch_average import sn_batch_average
 
 
@@ -124,3 +125,19 @@ class SNRatioHook(Hook):
                      for layer, r in ratios.items()]
             runner.logger.info(f'SN ratios at iter {runner.iter + 1}:\n' +
                                '\n'.join(lines))
+
+
+@HOOKS.register_module()
+class SNFuseHook(Hook):
+    """Before testing (after the checkpoint is loaded), fold SN layers with
+    hard fixed ratios away (:func:`sn_mm.fuse_conv_sn`): BN/BN layers into
+    the preceding conv, others to the one statistic they select.
+    ``tools/test.py --fuse-conv-sn`` adds it."""
+
+    def before_test(self, runner) -> None:
+        model = _unwrap(runner.model)
+        before = sum(1 for _ in model.modules())
+        fuse_conv_sn(model)
+        runner.logger.info(
+            f'fuse_conv_sn: {before - sum(1 for _ in model.modules())} '
+            'modules fewer')
