@@ -1,6 +1,8 @@
 """What several test modules share: SN layers with non-trivial state, inputs,
 the float64 reference of a layer, running a layer forward and backward,
 checking a kernel set against the PyTorch kernels, free ports."""
+import importlib.util
+import os.path as osp
 import socket
 
 import torch
@@ -134,3 +136,14 @@ def assert_kernels_agree(how, length, dtype, tol, names=KERNELS, shape=(5, 6),
             for i, (p, q) in enumerate(zip(result, fallback)):
                 assert p.shape == q.shape, (name, i)
                 torch.testing.assert_close(p, q, **tol, msg=f'{name}[{i}]')
+
+
+def load_tool(*parts):
+    """A tool script under tools/ as a module, to call its functions."""
+    path = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools',
+                    *parts)
+    spec = importlib.util.spec_from_file_location(
+        osp.splitext(parts[-1])[0], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

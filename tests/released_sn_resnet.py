@@ -184,3 +184,17 @@ class ReleasedPreActResNetSN(nn.Module):
                 x = F.relu(self.sn_out(x))
             outs.append(x)
         return outs
+
+
+def assert_reproduces(reference, backbone, x, tol):
+    """In eval and then train mode (the running statistics move alike),
+    ``backbone(x)`` equals ``reference.stages(x)`` to ``tol``."""
+    for training in (False, True):
+        reference.train(training)
+        backbone.train(training)
+        with torch.no_grad():
+            expected = reference.stages(x)
+            outs = backbone(x)
+        assert len(outs) == len(expected)
+        for e, o in zip(expected, outs):
+            torch.testing.assert_close(o, e, rtol=tol, atol=tol)

@@ -1,13 +1,13 @@
 """SNRatioHook and SNBatchAverageHook in a real training run, and the
 batch_average and plot_ratios tools on its checkpoint."""
 import glob
-import importlib.util
 import json
 import os.path as osp
 
 import pytest
 import torch
 
+from helpers import load_tool
 from released_sn_resnet import ReleasedResNetSN
 from tool_runner import ROOT, run_python
 
@@ -75,14 +75,6 @@ def test_batch_average_tool(trained):
     assert again.returncode != 0 and 'exists' in again.stderr
 
 
-def load_tool(name):
-    spec = importlib.util.spec_from_file_location(
-        name, osp.join(ROOT, 'tools', 'analysis_tools', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def expected_ratios(state, layer):
     return {stat: torch.softmax(state[f'{layer}.{stat}_weight'].double()
                                 .flatten(), 0)
@@ -123,7 +115,7 @@ def test_plot_ratios(trained, tmp_path, kind):
         torch.testing.assert_close(values, torch.cat(
             [ratios['mean'], ratios['var']]), rtol=0, atol=6e-4)
     # The figure: bar heights are the ratios, term by term, layer by layer.
-    tool = load_tool('plot_ratios')
+    tool = load_tool('analysis_tools', 'plot_ratios.py')
     from sn_mm.analysis import sn_ratios
     figure = tool.make_figure(sn_ratios(state), [0.] * len(layers), 'test')
     for ax, stat in zip(figure.axes[:2], ('mean', 'var')):
