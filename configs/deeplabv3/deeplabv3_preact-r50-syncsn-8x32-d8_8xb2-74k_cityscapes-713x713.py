@@ -1,18 +1,10 @@
 # DeepLabV3 on Cityscapes with SyncSN in the backbone and both heads, finetuned
 # from the released pre-activation ResNet50v2+SN(8,32) (not a row of the
-# paper's tables): the R50 SyncSN (8,32) row on sn_mm's PreActResNet, dilated
-# to output stride 8 as the v1 rows are.
-_base_ = './deeplabv3_r50-syncsn-8x32-d8_8xb2-74k_cityscapes-713x713.py'
+# paper's tables): the SN row with SN's BN statistics synchronised over all
+# GPUs.
+_base_ = './deeplabv3_preact-r50-sn-8x32-d8_8xb2-74k_cityscapes-713x713.py'
+norm_cfg = dict(type='SyncSN', requires_grad=True)
 model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='PreActResNet',
-        depth=50,
-        strides=(1, 2, 1, 1),
-        dilations=(1, 1, 2, 4),
-        out_indices=(0, 1, 2, 3),
-        norm_cfg=dict(type='SyncSN', requires_grad=True),
-        norm_eval=False,
-        init_cfg=dict(
-            type='Pretrained',
-            checkpoint={{_base_.sn_preact_r50_8x32_checkpoint}})))
+    backbone=dict(norm_cfg=norm_cfg),
+    decode_head=dict(norm_cfg=norm_cfg),
+    auxiliary_head=dict(norm_cfg=norm_cfg))
