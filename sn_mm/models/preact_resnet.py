@@ -5,12 +5,18 @@ from typing import Optional, Sequence
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
-from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .switchable_norm import SwitchableNorm
+
+
+def build_norm_layer(cfg, channels, postfix):
+    # mmcv's, imported when a backbone is built: `import sn_mm` (and SN
+    # itself) must not need mmcv, which GPU machines may lack.
+    from mmcv.cnn import build_norm_layer as build
+    return build(cfg, channels, postfix=postfix)
 
 
 class _PreActBlock(BaseModule):
