@@ -32,3 +32,14 @@ def test_benchmark_refuses_cuda_without_a_gpu():
                         ok=False)
     assert result.returncode == 2
     assert 'no GPU is visible' in result.stderr
+
+
+def test_benchmark_compile_prints_its_table():
+    # aot_eager and small inputs: the tool's plumbing, not inductor's speed.
+    result = run_python([tool('analysis_tools', 'benchmark_compile.py'),
+                         '--backend', 'aot_eager', '--repeats', '1',
+                         '--size', '32'], cwd=ROOT, timeout=600)
+    rows = [line for line in result.stdout.splitlines()
+            if line.startswith('| DeepLabV3') or line.startswith('| Mask')]
+    assert len(rows) == 2, result.stdout
+    assert all(len(r.split('|')) == 11 for r in rows)
