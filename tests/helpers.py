@@ -147,3 +147,12 @@ def load_tool(*parts):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def require_kernels(name):
+    """Skip the calling test where kernel set ``name`` cannot run here."""
+    import pytest
+    if name == 'native' and not kernel_sets.native_available():
+        pytest.skip('native extension not built (SN_MM_NO_EXT=1)')
+    if name == 'triton':
+        pytest.importorskip('triton')

@@ -13,7 +13,7 @@ from mmengine.optim import build_optim_wrapper
 from mmengine.registry import DefaultScope
 
 from helpers import (free_port, load_tool, make_sn, random_input,
-                     run_layer)
+                     require_kernels, run_layer)
 from sn_mm import (SwitchableNorm, SyncSwitchableNorm, convert_sync_sn,
                    harden_sn, revert_sync_sn)
 from sn_reference import reference_sn
@@ -48,6 +48,7 @@ def reference_fixed(sn, x, training, mean, var):
                          ids=['hard', 'soft_mean', 'var_only'])
 @pytest.mark.parametrize('kernels', ['native', 'torch'])
 def test_fixed_ratios_match_reference(shape, ratios, kernels):
+    require_kernels(kernels)
     sn = make_sn(5, kernels=kernels)
     sn.fix_ratios(*ratios)
     mean, var = ratios
@@ -76,8 +77,7 @@ def test_in_only_ratio_falls_back_to_ln_at_one_position():
 @pytest.mark.parametrize('mean', [HARD_BN_IN[0], [0.25, 0.25, 0.5]],
                          ids=['one_hot', 'soft'])
 def test_fixed_ratios_take_no_gradient_and_never_move(kernels, mean):
-    if kernels == 'triton':
-        pytest.importorskip('triton')
+    require_kernels(kernels)
     sn = make_sn(4, dtype=torch.float32, kernels=kernels)
     sn.fix_ratios(mean=mean)  # the variance stays learned
     optim = torch.optim.SGD(sn.parameters(), lr=0.5, momentum=0.9,
@@ -99,8 +99,7 @@ def test_fixed_ratios_take_no_gradient_and_never_move(kernels, mean):
 
 @pytest.mark.parametrize('kernels', ['native', 'triton'])
 def test_kernel_paths_agree_with_fixed_ratios(kernels):
-    if kernels == 'triton':
-        pytest.importorskip('triton')
+    require_kernels(kernels)
     dtype = torch.float32 if kernels == 'triton' else torch.float64
     x = random_input((4, 5, 6, 7), dtype=dtype)
     results = []

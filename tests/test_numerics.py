@@ -7,9 +7,8 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.func import functional_call
 
-from helpers import free_port, make_sn, random_input
+from helpers import free_port, make_sn, random_input, require_kernels
 from sn_mm import SwitchableNorm, SyncSwitchableNorm
-from sn_mm.ops import native_available
 
 OFFSETS = [1e2, 1e3, 1e4]
 SCALES = [1e-2, 1e-1, 1.]
@@ -50,10 +49,7 @@ def groupnorm_grad_errors(x, g, groups):
 @pytest.mark.parametrize('scale', SCALES)
 @pytest.mark.parametrize('kernels', ['native', 'triton', 'torch'])
 def test_float32_with_large_offsets_matches_float64(offset, scale, kernels):
-    if kernels == 'triton':  # in Triton's interpreter without a GPU
-        pytest.importorskip('triton')
-    if kernels == 'native' and not native_available():
-        pytest.skip('extension not built')
+    require_kernels(kernels)  # Triton: its interpreter without a GPU
     shape = (4, 8, 6, 6)
     sn64 = make_sn(8, kernels=kernels)
     with torch.no_grad():
