@@ -161,7 +161,11 @@ class SwitchableNorm(nn.Module):
         self.ratio_fixed.zero_()
 
     def _kernel_choice(self) -> Optional[str]:
-        legacy = getattr(self, 'use_native_kernels', None)
+        # Looked up without nn.Module.__getattr__, whose AttributeError on
+        # every forward would cost more than the lookup.
+        legacy = self.__dict__.get('use_native_kernels',
+                                   getattr(type(self), 'use_native_kernels',
+                                           None))
         if legacy is None:
             return self.kernels
         # The attribute of sn_mm < 0.2, still honoured.

@@ -3,8 +3,8 @@
 
 For the toy DeepLabV3 (the whole network, to the logits, with a
 cross-entropy loss) and the toy Mask R-CNN (backbone and FPN, with a squared
-output as loss; mmdet's heads and post-processing branch on data and stay
-eager in practice): the median time of a training step (forward and
+output as loss; mmdet's heads and post-processing branch on data and are
+left out): the median time of a training step (forward and
 backward) and of an eval forward, eager and compiled, and the time of the
 first compiled step (compilation included). Under ``torch.compile`` SN runs
 as plain PyTorch ops that the compiler fuses; eager SN runs its native
