@@ -7,13 +7,15 @@ import torch.nn as nn
 
 from .models import SwitchableNorm
 from .models.switchable_norm import TERMS
+from .ops.sparsestmax import sparsestmax
 
 Ratios = Dict[str, Dict[str, float]]  # {'mean': {'in': .., ...}, 'var': ..}
 
 
 def sn_ratios(source: Union[nn.Module, Mapping[str, torch.Tensor]]
               ) -> 'OrderedDict[str, Ratios]':
-    """Each SN layer's ratios (softmax of its logits, or its fixed ratios),
+    """Each SN layer's ratios (softmax of its logits -- SparsestMax at the
+    stored radius for a Sparse SN layer -- or its fixed ratios),
     in network order, keyed by layer name. ``source`` is a model or a state
     dict (any key prefix)."""
     if isinstance(source, nn.Module):
@@ -30,11 +32,15 @@ def sn_ratios(source: Union[nn.Module, Mapping[str, torch.Tensor]]
             continue
         fixed = source.get(f'{layer}.ratio_fixed')
         fixed_ratios = source.get(f'{layer}.fixed_ratios')
+        radius = source.get(f'{layer}.radius')
         result[layer] = {}
         for row, (stat, t) in enumerate((('mean', logits),
                                          ('var', var_logits))):
             if fixed is not None and bool(fixed[row]):
                 probs = fixed_ratios[row].float().tolist()
+            elif radius is not None:
+                probs = sparsestmax(t.double().flatten(),
+                                    radius.double().flatten()[0]).tolist()
             else:
                 probs = torch.softmax(t.float().flatten(), 0).tolist()
             result[layer][stat] = dict(zip(TERMS, probs))

@@ -43,8 +43,7 @@ class ReleasedSwitchNorm2d(nn.Module):
                     (1 - self.momentum) * var_bn.data)
             else:
                 mean_bn, var_bn = self.running_mean, self.running_var
-        mw = F.softmax(self.mean_weight, 0)
-        vw = F.softmax(self.var_weight, 0)
+        mw, vw = self.ratios()
         if self.using_bn:
             mean = mw[0] * mean_in + mw[1] * mean_ln + mw[2] * mean_bn
             var = vw[0] * var_in + vw[1] * var_ln + vw[2] * var_bn
@@ -54,17 +53,22 @@ class ReleasedSwitchNorm2d(nn.Module):
         x = (x - mean) / (var + self.eps).sqrt()
         return x.view(n, c, h, w) * self.weight + self.bias
 
+    def ratios(self):
+        return F.softmax(self.mean_weight, 0), F.softmax(self.var_weight, 0)
+
 
 class Bottleneck(nn.Module):
-    def __init__(self, inplanes, planes, stride, downsample, using_bn):
+    def __init__(self, inplanes, planes, stride, downsample, using_bn,
+                 norm=None):
         super().__init__()
+        norm = norm or ReleasedSwitchNorm2d
         self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
-        self.sn1 = ReleasedSwitchNorm2d(planes, using_bn)
+        self.sn1 = norm(planes, using_bn)
         # v1: the stride sits on the 3x3 convolution.
         self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
-        self.sn2 = ReleasedSwitchNorm2d(planes, using_bn)
+        self.sn2 = norm(planes, using_bn)
         self.conv3 = nn.Conv2d(planes, planes * 4, 1, bias=False)
-        self.sn3 = ReleasedSwitchNorm2d(planes * 4, using_bn)
+        self.sn3 = norm(planes * 4, using_bn)
         self.downsample = downsample
 
     def forward(self, x):
@@ -76,21 +80,26 @@ class Bottleneck(nn.Module):
 
 
 class ReleasedResNetSN(nn.Module):
-    def __init__(self, layers=(3, 4, 6, 3), using_bn=True, num_classes=1000):
+    """ResNet50v1+SN; with ``norm=ReleasedSSN2d`` (tests/ssn_reference.py),
+    ResNet50v1+SSN, whose layout is the same."""
+
+    def __init__(self, layers=(3, 4, 6, 3), using_bn=True, num_classes=1000,
+                 norm=None):
         super().__init__()
+        norm = norm or ReleasedSwitchNorm2d
         self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
-        self.sn1 = ReleasedSwitchNorm2d(64, using_bn)
+        self.sn1 = norm(64, using_bn)
         inplanes = 64
         for i, (planes, blocks) in enumerate(zip((64, 128, 256, 512),
                                                  layers)):
             stride = 1 if i == 0 else 2
             downsample = nn.Sequential(
                 nn.Conv2d(inplanes, planes * 4, 1, stride, bias=False),
-                ReleasedSwitchNorm2d(planes * 4, using_bn))
+                norm(planes * 4, using_bn))
             mods = [Bottleneck(inplanes, planes, stride, downsample,
-                               using_bn)]
+                               using_bn, norm)]
             inplanes = planes * 4
-            mods += [Bottleneck(inplanes, planes, 1, None, using_bn)
+            mods += [Bottleneck(inplanes, planes, 1, None, using_bn, norm)
                      for _ in range(1, blocks)]
             setattr(self, f'layer{i + 1}', nn.Sequential(*mods))
         self.fc = nn.Linear(2048, num_classes)

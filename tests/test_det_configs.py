@@ -33,7 +33,9 @@ def test_the_paper_rows_are_all_there():
     assert len([n for n in names if '-c4_' in n]) == 7  # Table 4
     assert len([n for n in names if n.startswith('faster-rcnn') and
                 '_fpn_' in n]) == 5  # Table 5
-    assert len([n for n in names if n.startswith('mask-rcnn_r50-')]) == 6
+    # Table 6's six rows, and the Sparse SN (8,2) one
+    assert len([n for n in names if n.startswith('mask-rcnn_r50-')]) == 7
+    assert 'mask-rcnn_r50-ssn-8x2_fpn_ssn-head_2x_coco' in names
     # and the stronger released backbones in setting 3
     assert {n for n in names if n.startswith('mask-rcnn')
             and not n.startswith('mask-rcnn_r50-')} == {
@@ -56,14 +58,21 @@ def test_config_builds(path):
                       for m in model.backbone.modules())
     assert bool(norms) == ('sn' in name.replace('scratch', ''))
     backbone = re.search(r'_((?:preact-)?r\d+)-', name).group(1)
-    assert backbone_sn == (f'{backbone}-sn' in name)
+    sparse = f'{backbone}-ssn' in name
+    assert backbone_sn == (f'{backbone}-sn' in name or sparse)
     if backbone_sn and 'scratch' not in name and 'toy' not in name:
         init = cfg.model.backbone.init_cfg
         released = {'r50': 'resnet50_sn_8x2', 'r101': 'resnet101_sn_8x32',
                     'preact-r50': 'resnet50v2_sn_8x32',
                     'preact-r101': 'resnet101v2_sn_8x32'}[backbone]
+        if sparse:
+            released = 'resnet50_ssn_8x2'
         assert init.checkpoint == f'checkpoints/{released}_mm.pth'
         assert cfg.model.backbone.norm_eval is False
+    # Sparse SN everywhere (backbone, FPN, heads), its radius scheduled.
+    assert all((m.ratio_fn == 'sparsestmax') == sparse for m in norms)
+    hooks = [h['type'] for h in cfg.get('custom_hooks', [])]
+    assert ('SSNRadiusHook' in hooks) == sparse
     if 'preact' in name:
         assert type(model.backbone).__name__ == 'PreActResNet'
         assert model.backbone.depth == int(backbone.split('-r')[1])

@@ -21,7 +21,8 @@ SEG_CONFIGS = sorted(
     glob.glob(osp.join(ROOT, 'configs', 'deeplabv3', '*.py')) +
     glob.glob(osp.join(ROOT, 'configs', 'pspnet', '*.py')))
 TOY_CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs', 'toy', '*seg.py')))
-NORM_TYPES = {'syncbn': 'SyncBN', 'gn': 'GN', 'sn': 'SN', 'syncsn': 'SyncSN'}
+NORM_TYPES = {'syncbn': 'SyncBN', 'gn': 'GN', 'sn': 'SN', 'syncsn': 'SyncSN',
+              'ssn': 'SN'}
 
 
 def config_id(path):
@@ -58,8 +59,9 @@ def build(cfg):
 
 
 def test_the_paper_rows_are_all_there():
+    # and the Sparse SN (8,2) row, from the released ResNet50v1+SSN
     rows = {'syncbn', 'gn', 'sn-8x2', 'sn-8x4', 'sn-8x32', 'syncsn-8x2',
-            'syncsn-8x4', 'syncsn-8x32'}
+            'syncsn-8x4', 'syncsn-8x32', 'ssn-8x2'}
     for model in ('deeplabv3', 'pspnet'):
         for data in ('ade20k-450x450', 'cityscapes-713x713'):
             found = {row(p) for p in SEG_CONFIGS
@@ -102,10 +104,18 @@ def test_config_builds(path):
     assert cfg.param_scheduler[0].power == 0.9
     assert cfg.train_dataloader.batch_size == 2
     if norm in ('SN', 'SyncSN'):
-        pretrain = row(path).split('-')[1]
+        kind, pretrain = row(path).split('-')
         released = CHECKPOINTS[backbone_and_row(path)[0]]
+        sparse = kind == 'ssn'
         assert cfg.model.backbone.init_cfg.checkpoint == (
-            f'checkpoints/{released}_sn_{pretrain}_mm.pth')
+            f'checkpoints/{released}_{"ssn" if sparse else "sn"}_{pretrain}'
+            '_mm.pth')
+        layers = [m for m in model.modules()
+                  if isinstance(m, SwitchableNorm)]
+        assert layers and all((m.ratio_fn == 'sparsestmax') == sparse
+                              for m in layers)
+        hooks = [h['type'] for h in cfg.get('custom_hooks', [])]
+        assert ('SSNRadiusHook' in hooks) == sparse
     resizes = cfg.tta_pipeline[1].transforms[0]
     if 'ade20k' in path:
         assert [r.scale[1] for r in resizes] == [300, 400, 500, 600]

@@ -15,3 +15,6 @@ sn_8x32_checkpoint = 'checkpoints/resnet50_sn_8x32_mm.pth'
 sn_r101_8x32_checkpoint = 'checkpoints/resnet101_sn_8x32_mm.pth'
 sn_preact_r50_8x32_checkpoint = 'checkpoints/resnet50v2_sn_8x32_mm.pth'
 sn_preact_r101_8x32_checkpoint = 'checkpoints/resnet101v2_sn_8x32_mm.pth'
+# Sparse SN (Shao et al., CVPR 2019): the released ResNet50v1+SSN (8,2), the
+# paper's finetuning batch setting; sn2mm.py converts it (every layer fixed).
+ssn_8x2_checkpoint = 'checkpoints/resnet50_ssn_8x2_mm.pth'

@@ -141,3 +141,50 @@ class SNFuseHook(Hook):
         runner.logger.info(
             f'fuse_conv_sn: {before - sum(1 for _ in model.modules())} '
             'modules fewer')
+
+
+@HOOKS.register_module()
+class SSNRadiusHook(Hook):
+    """Grow SparsestMax's radius in every Sparse SN layer
+    (``norm_cfg=dict(type='SN', ratio_fn='sparsestmax')``) linearly over
+    training, as the SSN authors do: before each training iteration it is
+    ``start + (end - start) * iter / max_iters``. It follows the runner's
+    iteration count, so a resumed run continues where it stopped; the radius
+    is also in each layer's state dict. Ratio vectors that reach a vertex
+    (one-hot) are fixed by the layers themselves.
+
+    Args:
+        start (float): Radius at the first iteration. Default: 0.
+        end (float): Radius after the last. Default: 1.
+    """
+
+    priority = 'NORMAL'
+
+    def __init__(self, start: float = 0., end: float = 1.) -> None:
+        if not 0 <= start <= end <= 1:
+            raise ValueError(f'need 0 <= start <= end <= 1, got start='
+                             f'{start}, end={end}')
+        self.start, self.end = start, end
+
+    def _layers(self, runner):
+        from ..models import SwitchableNorm
+        return [m for m in _unwrap(runner.model).modules()
+                if isinstance(m, SwitchableNorm) and m.radius is not None]
+
+    def before_train(self, runner) -> None:
+        self._found = self._layers(runner)
+        if not self._found:
+            raise RuntimeError(
+                'SSNRadiusHook: the model has no SN layer with '
+                "ratio_fn='sparsestmax' (use norm_cfg=dict(type='SN', "
+                "ratio_fn='sparsestmax'))")
+
+    def radius_at(self, iteration: int, max_iters: int) -> float:
+        frac = min(max(iteration / max(max_iters, 1), 0.), 1.)
+        return self.start + (self.end - self.start) * frac
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None) -> None:
+        radius = self.radius_at(runner.iter, runner.max_iters)
+        layers = getattr(self, '_found', None) or self._layers(runner)
+        for layer in layers:
+            layer.set_radius(radius)

@@ -25,7 +25,10 @@ class SNOptimWrapperConstructor(DefaultOptimWrapperConstructor):
       applies and ``bias_lr_mult`` does not (as for ``_BatchNorm``).
     - ``mean_weight`` / ``var_weight`` (the ratio logits) take
       ``ratio_lr_mult`` and ``ratio_decay_mult``; without the latter they
-      follow the norm rules too.
+      follow the norm rules too. Sparse SN layers (``ratio_fn=
+      'sparsestmax'``) have the same parameters and follow the same rules
+      (SSN's authors train them at a tenth of the LR without decay:
+      ``ratio_lr_mult=0.1, ratio_decay_mult=0``).
     - ``custom_keys`` still override everything, as in mmengine.
 
     Example::

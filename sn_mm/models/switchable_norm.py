@@ -10,7 +10,8 @@ from mmengine.registry import MODELS
 from torch import Tensor
 
 from ..ops import check_kernels
-from ..ops.functional import is_tracing, switchable_norm
+from ..ops.functional import RATIO_FNS, is_tracing, switchable_norm
+from ..ops.sparsestmax import sparsestmax
 
 # torch.fx records the whole layer as one call (its shape checks and
 # branches would otherwise stop symbolic tracing).
@@ -54,6 +55,12 @@ class SwitchableNorm(nn.Module):
             :mod:`sn_mm.ops.kernels`). None follows the global default
             (:func:`sn_mm.ops.set_default_kernels`, ``$SN_MM_KERNELS``,
             else ``'auto'``). Default: None.
+        ratio_fn (str): How the ratios come from the logits: ``'softmax'``
+            (SN) or ``'sparsestmax'`` (Sparse SN, Shao et al., CVPR 2019:
+            :func:`sn_mm.ops.sparsestmax` at the layer's ``radius`` buffer,
+            which :class:`sn_mm.engine.SSNRadiusHook` grows from 0 to 1 over
+            training; in training, a ratio vector that has become one-hot
+            is fixed, as below). Default: ``'softmax'``.
 
     Fixed ratios: :meth:`fix_ratios` gives the mean and/or variance ratio
     vectors instead of ``softmax(logits)`` (e.g. the one-hot hard ratios of
@@ -70,14 +77,19 @@ class SwitchableNorm(nn.Module):
                  momentum: Optional[float] = 0.1,
                  using_bn: bool = True,
                  unbiased: bool = True,
-                 kernels: Optional[str] = None) -> None:
+                 kernels: Optional[str] = None,
+                 ratio_fn: str = 'softmax') -> None:
         super().__init__()
+        if ratio_fn not in RATIO_FNS:
+            raise ValueError(f'unknown ratio_fn {ratio_fn!r} (choose from '
+                             f'{", ".join(map(repr, RATIO_FNS))})')
         self.num_features = num_features
         self.eps = eps
         self.momentum = momentum
         self.using_bn = using_bn
         self.unbiased = unbiased
         self.kernels = None if kernels is None else check_kernels(kernels)
+        self.ratio_fn = ratio_fn
         num_terms = 3 if using_bn else 2
         self.weight = nn.Parameter(torch.ones(num_features))
         self.bias = nn.Parameter(torch.zeros(num_features))
@@ -95,6 +107,9 @@ class SwitchableNorm(nn.Module):
         self.register_buffer('ratio_fixed', torch.zeros(2, dtype=torch.bool))
         self.register_buffer('fixed_ratios',
                              torch.full((2, num_terms), 1. / num_terms))
+        # SparsestMax's radius: state (saved, resumed), not a parameter.
+        self.register_buffer('radius', torch.zeros(()) if
+                             ratio_fn == 'sparsestmax' else None)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata,
                               strict, missing_keys, unexpected_keys,
@@ -110,6 +125,13 @@ class SwitchableNorm(nn.Module):
                 self.ratio_fixed)
             state_dict[prefix + 'fixed_ratios'] = self.fixed_ratios.new_full(
                 self.fixed_ratios.shape, 1. / self.fixed_ratios.shape[1])
+        # A converted or SN checkpoint loaded into a Sparse SN layer: the
+        # radius starts where the layer's is (SSNRadiusHook sets it).
+        if self.radius is not None and prefix + 'radius' not in state_dict:
+            state_dict[prefix + 'radius'] = self.radius.clone()
+        elif self.radius is not None:  # SSN's own checkpoints store (1,)
+            state_dict[prefix + 'radius'] = state_dict[
+                prefix + 'radius'].reshape(())
         super()._load_from_state_dict(state_dict, prefix, local_metadata,
                                       strict, missing_keys, unexpected_keys,
                                       error_msgs)
@@ -127,7 +149,7 @@ class SwitchableNorm(nn.Module):
             self.running_mean, self.running_var, self.num_batches_tracked,
             self.training, self.momentum, self.eps, self.unbiased, kernels,
             self._sync_group(), type(self).__name__, self.ratio_fixed,
-            self.fixed_ratios)
+            self.fixed_ratios, self.ratio_fn, self.radius)
 
     # -- fixed ratios -------------------------------------------------------
     def _check_ratio(self, ratio, stat: str) -> Tensor:
@@ -154,6 +176,17 @@ class SwitchableNorm(nn.Module):
             ratio = self._check_ratio(ratio, stat)
             self.fixed_ratios[row].copy_(ratio.to(self.fixed_ratios))
             self.ratio_fixed[row] = True
+
+    @torch.no_grad()
+    def set_radius(self, radius: float) -> None:
+        """SparsestMax's radius (0 to 1), for ``ratio_fn='sparsestmax'``."""
+        if self.radius is None:
+            raise RuntimeError('set_radius: this layer uses '
+                               f'ratio_fn={self.ratio_fn!r}, which has no '
+                               'radius')
+        if not 0 <= radius <= 1:
+            raise ValueError(f'radius must be in [0, 1], got {radius}')
+        self.radius.fill_(radius)
 
     @torch.no_grad()
     def unfix_ratios(self) -> None:
@@ -183,14 +216,18 @@ class SwitchableNorm(nn.Module):
     # -- introspection ------------------------------------------------------
     def ratios(self) -> Dict[str, Dict[str, float]]:
         """The ratios the layer mixes with, e.g. ``{'mean': {'in': ..,
-        'ln': .., 'bn': ..}, 'var': {...}}``: the softmax of the learned
-        logits, or the fixed ratios where fixed. Inputs without IN (see the
+        'ln': .., 'bn': ..}, 'var': {...}}``: the softmax (or SparsestMax at
+        the current radius) of the learned logits, or the fixed ratios where
+        fixed. Inputs without IN (see the
         class docstring) renormalise the remaining terms at run time."""
         result = {}
         for row, (key, logits) in enumerate((('mean', self.mean_weight),
                                              ('var', self.var_weight))):
             if bool(self.ratio_fixed[row]):
                 probs = self.fixed_ratios[row].tolist()
+            elif self.radius is not None:
+                probs = sparsestmax(logits.detach().double(),
+                                    self.radius.double()).tolist()
             else:
                 probs = F.softmax(logits.detach().float(), 0).tolist()
             result[key] = dict(zip(TERMS, probs))
@@ -210,5 +247,8 @@ class SwitchableNorm(nn.Module):
                 f'momentum={self.momentum}, using_bn={self.using_bn}, '
                 f'unbiased={self.unbiased}, '
                 + (f'kernels={self.kernels!r}, ' if self.kernels else '') +
+                (f'ratio_fn={self.ratio_fn!r}, radius='
+                 f'{float(self.radius):.3f}, ' if self.radius is not None
+                 else '') +
                 f'mean_ratios=({fmt(ratios["mean"])}), '
                 f'var_ratios=({fmt(ratios["var"])})')

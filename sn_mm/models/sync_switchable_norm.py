@@ -33,9 +33,10 @@ class SyncSwitchableNorm(SwitchableNorm):
                  using_bn: bool = True,
                  unbiased: bool = True,
                  group: Optional[object] = None,
-                 kernels: Optional[str] = None) -> None:
+                 kernels: Optional[str] = None,
+                 ratio_fn: str = 'softmax') -> None:
         super().__init__(num_features, eps, momentum, using_bn, unbiased,
-                         kernels)
+                         kernels, ratio_fn)
         self.group = group
 
     def _sync_group(self):
@@ -57,6 +58,7 @@ def _swap_norm(module: nn.Module, old_type: type, make_new) -> nn.Module:
         new.var_weight = module.var_weight
         new.ratio_fixed = module.ratio_fixed
         new.fixed_ratios = module.fixed_ratios
+        new.radius = module.radius
         if module.using_bn:
             new.running_mean = module.running_mean
             new.running_var = module.running_var
@@ -78,7 +80,7 @@ def convert_sync_sn(module: nn.Module, group=None) -> nn.Module:
     return _swap_norm(
         module, SwitchableNorm, lambda m: SyncSwitchableNorm(
             m.num_features, m.eps, m.momentum, m.using_bn, m.unbiased,
-            group=group, kernels=m.kernels))
+            group=group, kernels=m.kernels, ratio_fn=m.ratio_fn))
 
 
 def revert_sync_sn(module: nn.Module) -> nn.Module:
@@ -87,4 +89,4 @@ def revert_sync_sn(module: nn.Module) -> nn.Module:
     return _swap_norm(
         module, SyncSwitchableNorm, lambda m: SwitchableNorm(
             m.num_features, m.eps, m.momentum, m.using_bn, m.unbiased,
-            m.kernels))
+            m.kernels, m.ratio_fn))

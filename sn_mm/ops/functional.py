@@ -15,7 +15,10 @@ import torch
 from torch import Tensor
 
 from .kernels import TORCH, select_kernels
-from .sn_function import SwitchableNormFunction, sn_forward
+from .sn_function import SwitchableNormFunction, ratio_without_in, sn_forward
+from .sparsestmax import is_one_hot, sparsestmax
+
+RATIO_FNS = ('softmax', 'sparsestmax')
 
 
 def is_tracing() -> bool:
@@ -65,18 +68,31 @@ def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
                     kernels: Optional[str] = None, group=None,
                     layer: str = 'SwitchableNorm',
                     ratio_fixed: Optional[Tensor] = None,
-                    fixed_ratios: Optional[Tensor] = None) -> Tensor:
+                    fixed_ratios: Optional[Tensor] = None,
+                    ratio_fn: str = 'softmax',
+                    radius: Optional[Tensor] = None) -> Tensor:
     """Switchable Normalization of ``x`` (N, C, *); in training with a BN
     branch it also updates ``running_mean``/``running_var``/
     ``num_batches_tracked`` in place. Arguments as
     :class:`sn_mm.SwitchableNorm`'s; ``group``: the process group sharing BN
     statistics (None: this device only); ``layer``: the name errors use;
     ``ratio_fixed`` (2,) bool and ``fixed_ratios`` (2, K): mean and variance
-    ratios given instead of the softmax of the logits where set."""
+    ratios given instead of the softmax of the logits where set;
+    ``ratio_fn``: ``'softmax'`` or ``'sparsestmax'`` (SSN: the ratios are
+    :func:`sparsestmax` of the logits at ``radius``, and in training a ratio
+    vector that has become one-hot is fixed in ``ratio_fixed``/
+    ``fixed_ratios``, in place)."""
     check_input(x, weight.shape[0], layer)
+    if ratio_fn not in RATIO_FNS:
+        raise ValueError(f'{layer}: unknown ratio_fn {ratio_fn!r} (choose '
+                         f'from {", ".join(map(repr, RATIO_FNS))})')
+    if ratio_fn == 'sparsestmax' and (radius is None or ratio_fixed is None):
+        raise ValueError(f'{layer}: ratio_fn=\'sparsestmax\' needs a radius '
+                         'and fixed-ratio buffers')
     args = (weight, bias, mean_weight, var_weight, running_mean, running_var,
             num_batches_tracked, training, momentum, eps, unbiased, kernels,
-            group, ratio_fixed, fixed_ratios)
+            group, ratio_fixed, fixed_ratios, ratio_fn == 'sparsestmax',
+            radius)
     if torch.is_autocast_enabled(x.device.type):
         with torch.autocast(x.device.type, enabled=False):
             return _switchable_norm(x, *args)
@@ -91,7 +107,7 @@ def _as(t: Tensor, dtype) -> Tensor:
 def _switchable_norm(x, weight, bias, mean_weight, var_weight, running_mean,
                      running_var, num_batches_tracked, training, momentum,
                      eps, unbiased, kernels, group, ratio_fixed,
-                     fixed_ratios):
+                     fixed_ratios, sparse, radius):
     shape = x.shape
     # Statistics in fp32 at least (fp16/bf16 sums lose too much).
     dtype = torch.promote_types(x.dtype, torch.float32)
@@ -104,13 +120,18 @@ def _switchable_norm(x, weight, bias, mean_weight, var_weight, running_mean,
     using_bn = running_mean is not None
     running = ((_as(running_mean, dtype), _as(running_var, dtype))
                if using_bn else (None, None))
+    if sparse:
+        mean_weight, var_weight = _sparsest_ratios(
+            mean_weight, var_weight, radius, ratio_fixed, fixed_ratios,
+            training, has_in)
     params = (_as(weight, dtype), _as(bias, dtype), _as(mean_weight, dtype),
               _as(var_weight, dtype))
     fixed = (ratio_fixed, None if fixed_ratios is None else
              _as(fixed_ratios, dtype))
     if is_tracing():
         out, saved = sn_forward(TORCH, x3, *params, *running, training,
-                                has_in, correction, eps, group, *fixed)
+                                has_in, correction, eps, group, *fixed,
+                                sparse)
         mean_bn, var_bn, has_samples = saved[6], saved[7], saved[8]
         if not training:
             mean_bn = None
@@ -122,8 +143,35 @@ def _switchable_norm(x, weight, bias, mean_weight, var_weight, running_mean,
         chosen = select_kernels(kernels, x3)
         out, mean_bn, var_bn, has_samples = SwitchableNormFunction.apply(
             x3, *params, *running, training, has_in, correction, eps, group,
-            chosen, *fixed)
+            chosen, *fixed, sparse)
     if mean_bn is not None:
         update_running_stats(running_mean, running_var, num_batches_tracked,
                              momentum, mean_bn, var_bn, has_samples)
     return _as(out.reshape(shape), x.dtype)
+
+
+def _sparsest_ratios(mean_logits: Tensor, var_logits: Tensor, radius: Tensor,
+                     ratio_fixed: Tensor, fixed_ratios: Tensor,
+                     training: bool, has_in: bool):
+    """SSN's ratio vectors: SparsestMax of each logit vector at ``radius``
+    (in float64: the one-hot test must not miss by a rounding). In training,
+    a vector that has become one-hot is fixed (as SSN does, to the argmax of
+    its logits), by tensor ops so that nothing waits on the device. Without
+    IN the rest are renormalised as for fixed ratios."""
+    ratios = []
+    for row, logits in enumerate((mean_logits, var_logits)):
+        p = sparsestmax(logits.double(), radius.double())
+        if training:
+            with torch.no_grad():
+                newly = is_one_hot(p) & ~ratio_fixed[row]
+                hot = torch.zeros_like(fixed_ratios[row])
+                hot = hot.scatter(0, torch.argmax(p).reshape(1),
+                                  torch.ones_like(hot[:1]))
+                fixed_ratios[row].copy_(
+                    torch.where(newly, hot, fixed_ratios[row]))
+                ratio_fixed[row] |= newly
+        p = p.to(logits.dtype)
+        if not has_in:
+            p = torch.cat([p.new_zeros(1), ratio_without_in(p)])
+        ratios.append(p)
+    return ratios

@@ -43,26 +43,36 @@ def _bn_statistics(n: int, mean_c: Tensor, m2_c: Tensor, group):
     return total, mean, m2 / total.clamp_min(1)
 
 
+def ratio_without_in(ratio: Tensor) -> Tensor:
+    """A ratio vector (IN first) for an input without IN: the other terms
+    renormalised, or LN alone where the vector selected IN alone (LN is the
+    other per-sample statistic)."""
+    rest = ratio[1:]
+    total = rest.sum()
+    ln_only = torch.zeros_like(rest)
+    ln_only[0] = 1
+    return torch.where(total > 0, rest / total.clamp_min(1e-30), ln_only)
+
+
 def mixing_ratios(logits: Tensor, fixed: Optional[Tensor],
-                  fixed_ratio: Optional[Tensor], has_in: bool) -> Tensor:
+                  fixed_ratio: Optional[Tensor], has_in: bool,
+                  given: bool = False) -> Tensor:
     """The ratio vector a layer mixes with: ``softmax(logits)``, or where
     ``fixed`` (a bool scalar tensor) is set, ``fixed_ratio`` itself (exact
     zeros stay exact). Without IN (one position) the IN term is left out and
-    the rest renormalised; a fixed ratio that selects IN alone then falls
-    back to LN, the other per-sample statistic. No branch on tensor values:
-    nothing waits on the device and tracers see one graph."""
-    if not has_in:
-        logits = logits[1:]
-    soft = torch.softmax(logits, 0)
+    the rest renormalised (:func:`ratio_without_in`). ``given``: ``logits``
+    already is the ratio vector (e.g. SparsestMax's), used as it is; without
+    IN its IN entry is dropped (the caller renormalised the rest). No branch
+    on tensor values: nothing waits on the device and tracers see one
+    graph."""
+    if given:
+        soft = logits if has_in else logits[1:]
+    else:
+        soft = torch.softmax(logits if has_in else logits[1:], 0)
     if fixed is None:
         return soft
     if not has_in:
-        rest = fixed_ratio[1:]
-        total = rest.sum()
-        ln_only = torch.zeros_like(rest)
-        ln_only[0] = 1
-        fixed_ratio = torch.where(total > 0, rest / total.clamp_min(1e-30),
-                                  ln_only)
+        fixed_ratio = ratio_without_in(fixed_ratio)
     return torch.where(fixed, fixed_ratio, soft)
 
 
@@ -71,11 +81,13 @@ def sn_forward(kernels, x: Tensor, weight: Tensor, bias: Tensor,
                running_mean: Optional[Tensor], running_var: Optional[Tensor],
                training: bool, has_in: bool, correction: int, eps: float,
                group, fixed: Optional[Tensor] = None,
-               fixed_ratios: Optional[Tensor] = None):
+               fixed_ratios: Optional[Tensor] = None,
+               ratios_given: bool = False):
     """SN's forward from ``kernels``; with the PyTorch kernels and autograd
     recording, a differentiable composite. ``fixed`` (2,) bool and
     ``fixed_ratios`` (2, K): the mean and variance ratios given instead of
-    the softmax where set (None: none). Returns the output, the BN mean,
+    the softmax where set (None: none). ``ratios_given``: the "logits" are
+    the ratio vectors themselves (see :func:`mixing_ratios`). Returns the output, the BN mean,
     variance and sample count used (None without a BN branch or in eval),
     and what backward needs."""
     n, c, _ = x.shape
@@ -96,9 +108,11 @@ def sn_forward(kernels, x: Tensor, weight: Tensor, bias: Tensor,
         else:
             mean_bn, var_bn = running_mean, running_var
     wm = mixing_ratios(mean_logits, None if fixed is None else fixed[0],
-                       None if fixed is None else fixed_ratios[0], has_in)
+                       None if fixed is None else fixed_ratios[0], has_in,
+                       ratios_given)
     wv = mixing_ratios(var_logits, None if fixed is None else fixed[1],
-                       None if fixed is None else fixed_ratios[1], has_in)
+                       None if fixed is None else fixed_ratios[1], has_in,
+                       ratios_given)
     # The weighted LN (N, 1) and BN (C,) terms; the kernel adds IN's.
     k = 1 if has_in else 0
     wm_in, wv_in = (wm[0], wv[0]) if has_in else (wm.new_zeros(()), ) * 2
@@ -122,17 +136,20 @@ class SwitchableNormFunction(torch.autograd.Function):
                 running_mean: Optional[Tensor], running_var: Optional[Tensor],
                 training: bool, has_in: bool, correction: int, eps: float,
                 group, kernels, fixed: Optional[Tensor] = None,
-                fixed_ratios: Optional[Tensor] = None):
+                fixed_ratios: Optional[Tensor] = None,
+                ratios_given: bool = False):
         """x: contiguous (N, C, L); ``kernels``: the kernel set chosen for
         this call (:func:`sn_mm.ops.select_kernels`), kept for backward.
         ``fixed``/``fixed_ratios``: see :func:`sn_forward`; fixed ratios
-        take no gradient. Returns the output and the BN mean and variance
+        take no gradient. ``ratios_given``: ``mean_logits``/``var_logits``
+        are the ratio vectors themselves (their gradient is returned as it
+        is, without the softmax's Jacobian). Returns the output and the BN mean and variance
         used (None without a BN branch) and whether the batch (over the
         group) had samples, for the running-statistics update."""
         y, saved = sn_forward(kernels, x, weight, bias, mean_logits,
                               var_logits, running_mean, running_var, training,
                               has_in, correction, eps, group, fixed,
-                              fixed_ratios)
+                              fixed_ratios, ratios_given)
         (wm, wv, mean_in, var_in, mean_ln, var_ln, mean_bn, var_bn, has,
          total, mu, rstd) = saved
         bn_batch = running_mean is not None and training
@@ -144,6 +161,7 @@ class SwitchableNormFunction(torch.autograd.Function):
         # untouched by that update).
         ctx.running = (running_mean, running_var)
         ctx.fixed = (fixed, fixed_ratios)
+        ctx.ratios_given = ratios_given
         ctx.save_for_backward(x, weight, bias, mean_logits, var_logits, wm,
                               wv, mean_in, var_in, mean_ln, var_ln, mean_bn,
                               var_bn, has, total, mu, rstd)
@@ -181,8 +199,11 @@ class SwitchableNormFunction(torch.autograd.Function):
             d_wm.insert(0, dots[0].new_zeros(()))
             d_wv.insert(0, dots[2])
         d_wm, d_wv = torch.stack(d_wm), torch.stack(d_wv)
-        grad_mean_logits = wm * (d_wm - (wm * d_wm).sum())
-        grad_var_logits = wv * (d_wv - (wv * d_wv).sum())
+        if ctx.ratios_given:
+            grad_mean_logits, grad_var_logits = d_wm, d_wv
+        else:
+            grad_mean_logits = wm * (d_wm - (wm * d_wm).sum())
+            grad_var_logits = wv * (d_wv - (wv * d_wv).sum())
         fixed, _ = ctx.fixed
         if fixed is not None:  # fixed ratios do not depend on the logits
             grad_mean_logits = grad_mean_logits * ~fixed[0]
@@ -216,7 +237,7 @@ class SwitchableNormFunction(torch.autograd.Function):
         else:
             grad_x = torch.zeros_like(x)
         return (grad_x, grad_weight, grad_bias, grad_mean_logits,
-                grad_var_logits) + (None, ) * 10
+                grad_var_logits) + (None, ) * 11
 
     @staticmethod
     def _backward_recorded(ctx, grad_y):
@@ -236,10 +257,11 @@ class SwitchableNormFunction(torch.autograd.Function):
                   if need]
         y, _ = sn_forward(TORCH, x, weight, bias, mean_logits, var_logits,
                           running_mean, running_var, training, has_in,
-                          correction, eps, None, *ctx.fixed)
+                          correction, eps, None, *ctx.fixed,
+                          ctx.ratios_given)
         grads = torch.autograd.grad(y, [inputs[i] for i in wanted], grad_y,
                                     create_graph=True, allow_unused=True)
         result = [None] * 5
         for i, g in zip(wanted, grads):
             result[i] = torch.zeros_like(inputs[i]) if g is None else g
-        return tuple(result) + (None, ) * 10
+        return tuple(result) + (None, ) * 11

@@ -8,7 +8,14 @@ The authors' checkpoints (``torch.save``d dicts with ``state_dict``,
 * v1 ResNets (ResNet50v1+SN, ResNet101v1+SN) into mmdet's and mmseg's
   ``ResNet(depth=50 or 101, norm_cfg=dict(type='SN'))``;
 * pre-activation v2 ResNets (ResNet50v2+SN, ResNet101v2+SN) into sn_mm's
-  ``PreActResNet(depth=50 or 101, norm_cfg=dict(type='SN'))``.
+  ``PreActResNet(depth=50 or 101, norm_cfg=dict(type='SN'))``;
+* Sparse SN v1 ResNets (ResNet50v1+SSN, Shao et al., CVPR 2019: the same
+  layout with the buffers ``mean_fixed``, ``var_fixed`` and ``radius``; a
+  fixed layer's ``mean_weight``/``var_weight`` hold its one-hot ratio vector
+  itself) into the same backbones, each layer carrying its ratios as fixed
+  ratios (``ratio_fixed``/``fixed_ratios``). A layer that is not fixed is
+  refused unless ``--allow-unfixed``: its SparsestMax ratios at the stored
+  radius are then fixed as they are.
 
 The tool detects v1 or v2 and the depth from the keys, prints what it found
 and the backbone config to use. The classifier is dropped; SN parameters are
@@ -36,6 +43,7 @@ BOTTLENECK_DEPTHS = {(3, 4, 6, 3): 50, (3, 4, 23, 3): 101, (3, 8, 36, 3): 152}
 BASIC_DEPTHS = {(2, 2, 2, 2): 18, (3, 4, 6, 3): 34}
 SN_KEYS = ('weight', 'bias', 'running_mean', 'running_var', 'mean_weight',
            'var_weight')
+SSN_KEYS = ('mean_fixed', 'var_fixed', 'radius')
 CLASSIFIER_PREFIX = 'fc.'
 
 
@@ -56,6 +64,11 @@ def parse_args(argv=None):
         '--allow-pickle', action='store_true',
         help='load SRC with weights_only=False: only for a file you trust '
         'whose extra entries (optimizer, ...) torch refuses to load safely')
+    parser.add_argument(
+        '--allow-unfixed', action='store_true',
+        help='Sparse SN checkpoints: convert layers whose ratios are not yet '
+        'fixed (one-hot), fixing their SparsestMax ratios at the stored '
+        'radius; without it such a layer is refused')
     return parser.parse_args(argv)
 
 
@@ -166,7 +179,53 @@ def stage_blocks(state):
     return tuple(counts)
 
 
-def convert(state):
+def sparse_sn_ratios(state, layers, allow_unfixed):
+    """For a Sparse SN checkpoint: {layer: (2, K) fixed ratios}, its SSN
+    buffers checked; None for an SN checkpoint."""
+    ssn = [n for n in layers if f'{n}.mean_fixed' in state]
+    if not ssn:
+        return None
+    if len(ssn) != len(layers):
+        missing = sorted(set(layers) - set(ssn))[0]
+        raise ConversionError(
+            f'a Sparse SN checkpoint whose layer {missing} has no mean_fixed')
+    from sn_mm.ops.sparsestmax import sparsestmax
+    ratios, unfixed = {}, []
+    for name in layers:
+        for key, shape in (('mean_fixed', (1, )), ('var_fixed', (1, )),
+                           ('radius', (1, ))):
+            full = f'{name}.{key}'
+            if full not in state:
+                raise ConversionError(f'Sparse SN layer {name} has no {key}')
+            if tuple(state[full].reshape(-1).shape) != shape:
+                raise ConversionError(
+                    f'{full} has shape {tuple(state[full].shape)}, expected '
+                    f'{shape}')
+        rows = []
+        for stat in ('mean', 'var'):
+            values = state[f'{name}.{stat}_weight'].double()
+            if bool(state[f'{name}.{stat}_fixed'].reshape(-1)[0]):
+                # SSN keeps the one-hot vector itself in the logits' place.
+                if (values < 0).any() or abs(float(values.sum()) - 1) > 1e-6:
+                    raise ConversionError(
+                        f'{name}.{stat}_weight is marked fixed but holds '
+                        f'{values.tolist()}, not a ratio vector')
+                rows.append(values)
+            else:
+                unfixed.append(f'{name} ({stat})')
+                radius = state[f'{name}.radius'].double().reshape(-1)[0]
+                rows.append(sparsestmax(values, radius))
+        ratios[name] = torch.stack(rows).float()
+    if unfixed and not allow_unfixed:
+        raise ConversionError(
+            f'{len(unfixed)} Sparse SN ratio vectors are not fixed yet (a '
+            f'model still in training?), e.g. {unfixed[0]}; pass '
+            '--allow-unfixed to fix their SparsestMax ratios at the stored '
+            'radius')
+    return ratios, len(unfixed)
+
+
+def convert(state, allow_unfixed=False):
     layers = sn_layers(state)
     preact = is_preactivation(state, layers)
     using_bn = check_layout(state, layers, preact)
@@ -181,6 +240,7 @@ def convert(state):
         raise ConversionError(
             f'a v1 ResNet-{depth}: only v1 ResNet-50 and ResNet-101 (the '
             'released models) are converted for mmdet/mmseg\'s ResNet')
+    sparse = sparse_sn_ratios(state, layers, allow_unfixed)
     sn_set = set(layers)
     converted, dropped = OrderedDict(), []
     for key, value in state.items():
@@ -188,12 +248,20 @@ def convert(state):
             dropped.append(key)
             continue
         layer, _, leaf = key.rpartition('.')
+        if layer in sn_set and leaf in SSN_KEYS:
+            continue  # replaced by the fixed ratios below
         if layer in sn_set and leaf in ('weight', 'bias', 'running_mean',
                                         'running_var'):
             value = value.reshape(-1)
         converted[key] = value.clone()
+        if sparse is not None and layer in sn_set and leaf == 'var_weight':
+            converted[f'{layer}.ratio_fixed'] = torch.ones(2,
+                                                           dtype=torch.bool)
+            converted[f'{layer}.fixed_ratios'] = sparse[0][layer]
     return converted, dict(depth=depth, using_bn=using_bn, preact=preact,
-                           num_sn_layers=len(layers), dropped=dropped)
+                           num_sn_layers=len(layers), dropped=dropped,
+                           sparse=sparse is not None,
+                           unfixed=sparse[1] if sparse else 0)
 
 
 def verify_loads(state, depth, using_bn, preact):
@@ -249,7 +317,7 @@ def main(argv=None):
             raise ConversionError(
                 f'{args.dst} exists; pass --force to overwrite it')
         state = load_released(args.src, args.allow_pickle)
-        converted, info = convert(state)
+        converted, info = convert(state, args.allow_unfixed)
         verify_loads(converted, info['depth'], info['using_bn'],
                      info['preact'])
         norm_cfg = ("dict(type='SN')" if info['using_bn'] else
@@ -259,14 +327,21 @@ def main(argv=None):
                  meta=dict(source=osp.basename(args.src),
                            converter='sn_mm/tools/model_converters/sn2mm.py',
                            depth=info['depth'], using_bn=info['using_bn'],
-                           preactivation=info['preact'])),
+                           preactivation=info['preact'],
+                           sparse_sn=info['sparse'])),
             args.dst, args.force)
     except ConversionError as e:
         print(f'sn2mm: error: {e}', file=sys.stderr)
         return 1
     kind = 'v2 (pre-activation)' if info['preact'] else 'v1'
+    what = 'Sparse SN' if info['sparse'] else 'SN'
     print(f'Found a {kind} ResNet-{info["depth"]} with '
-          f'{info["num_sn_layers"]} SN layers')
+          f'{info["num_sn_layers"]} {what} layers')
+    if info['sparse']:
+        print('Every layer carries its ratios as fixed ratios'
+              + (f' ({info["unfixed"]} ratio vectors were not fixed: their '
+                 'SparsestMax ratios at the stored radius are now)'
+                 if info['unfixed'] else ' (all were one-hot)'))
     print(f'Converted it ({len(converted)} tensors) to {args.dst}')
     if info['dropped']:
         print(f'Dropped the classifier: {", ".join(info["dropped"])}')
