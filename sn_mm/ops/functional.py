@@ -14,17 +14,60 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .kernels import TORCH, select_kernels
+from .kernels import TORCH, default_kernels, select_kernels
+from .native_kernels import switchable_norm_op
 from .sn_function import SwitchableNormFunction, ratio_without_in, sn_forward
 from .sparsestmax import is_one_hot, sparsestmax
 
 RATIO_FNS = ('softmax', 'sparsestmax')
 
 
+def _onnx_export_flags():
+    """The two flags behind ``torch.onnx.is_in_onnx_export``, found once:
+    that function imports them on every call, which costs more than a
+    small SN layer's arithmetic. None where torch keeps them elsewhere."""
+    try:
+        from torch.onnx._internal.exporter import _flags
+        from torch.onnx._internal.torchscript_exporter._globals import \
+            GLOBALS
+    except ImportError:
+        return None
+    if not (hasattr(_flags, '_is_onnx_exporting')
+            and hasattr(GLOBALS, 'in_onnx_export')):
+        return None
+    return _flags, GLOBALS
+
+
+_ONNX_FLAGS = _onnx_export_flags()
+
+
+def _in_onnx_export() -> bool:
+    if _ONNX_FLAGS is None:
+        return torch.onnx.is_in_onnx_export()
+    flags, globals_ = _ONNX_FLAGS
+    return globals_.in_onnx_export or flags._is_onnx_exporting
+
+
 def is_tracing() -> bool:
     """Whether a graph is being captured (dynamo, export, jit or ONNX)."""
     return (torch.compiler.is_compiling() or torch.jit.is_tracing()
-            or torch.onnx.is_in_onnx_export())
+            or _in_onnx_export())
+
+
+_FUSED_DTYPES = (torch.float32, torch.float64)
+
+
+def _fused_applies(x: Tensor, weight: Tensor, kernels: Optional[str]) -> bool:
+    """Whether the native operator ``sn_mm::switchable_norm`` computes this
+    call: native kernels chosen (or 'auto') for a float32/float64 CPU input
+    whose parameters share its dtype, eagerly (tracers take the composite
+    path, see :func:`_switchable_norm`)."""
+    if switchable_norm_op is None or x.device.type != 'cpu':
+        return False
+    if x.dtype not in _FUSED_DTYPES or weight.dtype != x.dtype:
+        return False
+    choice = default_kernels() if kernels is None else kernels
+    return choice in ('auto', 'native') and not is_tracing()
 
 
 def check_input(x: Tensor, num_features: int, layer: str) -> None:
@@ -89,10 +132,20 @@ def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
     if ratio_fn == 'sparsestmax' and (radius is None or ratio_fixed is None):
         raise ValueError(f'{layer}: ratio_fn=\'sparsestmax\' needs a radius '
                          'and fixed-ratio buffers')
+    sparse = ratio_fn == 'sparsestmax'
+    if group is None and _fused_applies(x, weight, kernels):
+        if sparse:
+            mean_weight, var_weight = _sparsest_ratios(
+                mean_weight, var_weight, radius, ratio_fixed, fixed_ratios,
+                training, math.prod(x.shape[2:]) > 1)
+        return switchable_norm_op(
+            x, weight, bias, mean_weight, var_weight, running_mean,
+            running_var, num_batches_tracked, ratio_fixed, fixed_ratios,
+            training, -1. if momentum is None else momentum, eps, unbiased,
+            sparse)
     args = (weight, bias, mean_weight, var_weight, running_mean, running_var,
             num_batches_tracked, training, momentum, eps, unbiased, kernels,
-            group, ratio_fixed, fixed_ratios, ratio_fn == 'sparsestmax',
-            radius)
+            group, ratio_fixed, fixed_ratios, sparse, radius)
     if torch.is_autocast_enabled(x.device.type):
         with torch.autocast(x.device.type, enabled=False):
             return _switchable_norm(x, *args)

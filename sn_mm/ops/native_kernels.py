@@ -49,3 +49,22 @@ def input_grad(grad, x, sum_g, sum_gxc, mu, rstd, weight, mean_in, wm_in,
                            mean_in, float(wm_in), float(wv_in), dvar_n,
                            dmean_n, center_n, dvar_c, dmean_c, center_c,
                            correction)
+
+
+# -- the fused operator ------------------------------------------------------
+# Loading the extension registers sn_mm::switchable_norm (torch.library): SN
+# on one device, one call per pass, autograd in C++. Its fake (meta)
+# implementation lets tracers that meet it know the output without data.
+if _ext is not None:
+    import torch
+
+    @torch.library.register_fake('sn_mm::switchable_norm')
+    def _switchable_norm_fake(x, weight, bias, mean_logits, var_logits,
+                              running_mean, running_var, num_batches_tracked,
+                              ratio_fixed, fixed_ratios, training, momentum,
+                              eps, unbiased, ratios_given):
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+    switchable_norm_op = torch.ops.sn_mm.switchable_norm
+else:
+    switchable_norm_op = None

@@ -1,9 +1,15 @@
 // SN's CPU kernels: the full-size passes over a contiguous (N, C, L) input,
 // one pass each and parallel over its N x C rows, and the reductions of the
-// (N, C) statistics between them. The glue (softmax, BN statistics and their
-// all-reduce, ratio gradients) stays in sn_mm/ops/sn_function.py, and
-// sn_mm/ops/torch_kernels.py holds the PyTorch version of every kernel here.
+// (N, C) statistics between them; sn_mm/ops/torch_kernels.py holds the
+// PyTorch version of every kernel here. Two ways in:
+// - the kernels one by one (pybind11), for SyncSN across processes, whose
+//   all-reduces come between them (the glue is sn_mm/ops/sn_function.py);
+// - the operator sn_mm::switchable_norm (torch.library, end of this file):
+//   a whole forward, a whole backward, or an eval forward in one call each,
+//   the softmax mixing, BN statistics, running-statistics update and ratio
+//   gradients included, with its autograd here in C++.
 #include <torch/extension.h>
+#include <torch/library.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>
@@ -182,10 +188,11 @@ struct NormalizeArgs {
   T wm_in, wv_in, eps;
   T *y, *mu, *rstd;
   int64_t channels, length;
+  T wm_n = 1, wv_n = 1, wm_c = 1, wv_c = 1;  // the terms' ratios
 };
 
-// Per row (n, c): mix the statistics, mu = wm_in * mean_in + mu_n + mu_c and
-// likewise the variance, then y = (x - mu) * scale + bias with
+// Per row (n, c): mix the statistics, mu = wm_in * mean_in + wm_n * mu_n +
+// wm_c * mu_c and likewise the variance, then y = (x - mu) * scale + bias with
 // scale = weight / sqrt(var + eps) (x - mu first: x * scale - mu * scale
 // would cancel when |mu| >> std). Keeps mu and 1 / sqrt(var + eps).
 template <typename T>
@@ -193,8 +200,10 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
                                 int64_t end) {
   for (int64_t r = begin; r < end; ++r) {
     const int64_t n = r / a.channels, c = r % a.channels;
-    const T mu = a.wm_in * a.mean_in[r] + a.mu_n[n] + a.mu_c[c];
-    const T var = a.wv_in * a.var_in[r] + a.var_n[n] + a.var_c[c];
+    const T mu = a.wm_in * a.mean_in[r] + a.wm_n * a.mu_n[n] +
+                 a.wm_c * a.mu_c[c];
+    const T var = a.wv_in * a.var_in[r] + a.wv_n * a.var_n[n] +
+                  a.wv_c * a.var_c[c];
     const T rstd = T(1) / std::sqrt(var + a.eps);
     const T s = a.weight[c] * rstd, b = a.bias[c];
     a.mu[r] = mu;
@@ -263,6 +272,10 @@ SN_CLONED(input_grad, InputGradArgs, double)
 
 template <typename Args>
 void run_rows(const Args& args, int64_t rows, int64_t length) {
+  if (rows <= grain(length)) {  // one task: no parallel region
+    run(args, 0, rows);
+    return;
+  }
   at::parallel_for(0, rows, grain(length), [&](int64_t begin, int64_t end) {
     run(args, begin, end);
   });
@@ -278,6 +291,14 @@ std::vector<double> sum_over_samples(int64_t samples, int64_t width,
       1, std::min<int64_t>(at::get_num_threads(), samples));
   std::vector<double> partial(tasks * width, 0.0);
   const int64_t per_task = (samples + tasks - 1) / tasks;
+  if (tasks == 1 || samples * width < 16384) {
+    // Small: a parallel region would cost more than the work.
+    for (int64_t n = 0; n < samples; ++n) fn(n, partial.data());
+    for (int64_t t = 1; t < tasks; ++t)
+      std::fill_n(partial.data() + t * width, width, 0.0);
+    std::vector<double> total(partial.begin(), partial.begin() + width);
+    return total;
+  }
   at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t end = std::min(samples, (t + 1) * per_task);
@@ -558,6 +579,595 @@ at::Tensor input_grad(const at::Tensor& g, const at::Tensor& x,
     run_rows(args, rows, length);
   });
   return dx;
+}
+
+// ------------------------------------------------- the fused operator --
+// sn_mm::switchable_norm: SN on one device in one call per pass. Its CPU
+// kernel is the forward without autograd (eval, no_grad); its Autograd
+// kernel saves what the backward needs, and the backward is one call too.
+// Semantics: those of sn_mm/ops/sn_function.py's sn_forward and
+// SwitchableNormFunction, which the tests hold this to. The glue between
+// the passes works on raw pointers: at small shapes (batch-1 inference,
+// RoI heads) each ATen call on a (C,) vector would cost as much as the
+// data's passes.
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The ratio vectors in use: IN first where IN is defined (K entries, else
+// K - 1, LN first), and where LN sits (BN follows it).
+struct Ratios {
+  std::vector<double> mean, var;
+  bool has_in = true;
+  int64_t k_ln = 1;
+};
+
+std::vector<double> read_doubles(const at::Tensor& t) {
+  auto c = t.is_contiguous() ? t : t.contiguous();
+  std::vector<double> out(c.numel());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.scalar_type(),
+                                  "read", [&] {
+    const scalar_t* p = c.data_ptr<scalar_t>();
+    for (int64_t i = 0; i < c.numel(); ++i) out[i] = static_cast<double>(p[i]);
+  });
+  return out;
+}
+
+std::array<bool, 2> read_fixed(const c10::optional<at::Tensor>& fixed) {
+  if (!(fixed.has_value() && fixed->defined())) return {false, false};
+  auto f = fixed->scalar_type() == at::kBool && fixed->is_contiguous()
+               ? *fixed
+               : fixed->to(at::kBool).contiguous();
+  return {f.data_ptr<bool>()[0], f.data_ptr<bool>()[1]};
+}
+
+// Where IN is undefined: the other terms renormalised, or LN alone if the
+// vector selected IN alone (sn_function.ratio_without_in).
+std::vector<double> without_in(const std::vector<double>& r) {
+  std::vector<double> rest(r.begin() + 1, r.end());
+  double total = 0;
+  for (double v : rest) total += v;
+  if (total > 0) {
+    for (double& v : rest) v /= std::max(total, 1e-30);
+  } else {
+    std::fill(rest.begin(), rest.end(), 0.0);
+    rest[0] = 1;
+  }
+  return rest;
+}
+
+Ratios mixing_ratios(const at::Tensor& mean_logits,
+                     const at::Tensor& var_logits,
+                     const std::array<bool, 2>& is_fixed,
+                     const c10::optional<at::Tensor>& fixed_ratios,
+                     bool has_in, bool ratios_given) {
+  Ratios out;
+  out.has_in = has_in;
+  out.k_ln = has_in ? 1 : 0;
+  std::vector<double> given;
+  if (is_fixed[0] || is_fixed[1]) given = read_doubles(*fixed_ratios);
+  const at::Tensor* logits[2] = {&mean_logits, &var_logits};
+  for (int row = 0; row < 2; ++row) {
+    std::vector<double> r;
+    const int64_t k = logits[row]->numel();
+    if (is_fixed[row]) {
+      r.assign(given.begin() + row * k, given.begin() + (row + 1) * k);
+      if (!has_in) r = without_in(r);
+    } else {
+      r = read_doubles(*logits[row]);
+      if (!has_in) r.erase(r.begin());
+      if (!ratios_given) {  // softmax; given ratios come renormalised
+        const double top = *std::max_element(r.begin(), r.end());
+        double total = 0;
+        for (double& v : r) total += (v = std::exp(v - top));
+        for (double& v : r) v /= total;
+      }
+    }
+    (row == 0 ? out.mean : out.var) = r;
+  }
+  return out;
+}
+
+struct Forward {
+  at::Tensor y, x3, mean_in, var_in, mean_ln, var_ln, mean_bn, var_bn, mu,
+      rstd;
+  Ratios ratios;
+  int64_t correction = 0;
+  bool bn_batch = false;
+  double total = 0;  // samples behind the BN statistics (training)
+};
+
+void check_params(const at::Tensor& x, const at::Tensor& weight,
+                  const at::Tensor& bias) {
+  TORCH_CHECK(x.dim() >= 2, "switchable_norm: expected (N, C, *), got ",
+              x.sizes());
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(x.device().is_cpu() &&
+                  (dtype == at::kFloat || dtype == at::kDouble),
+              "switchable_norm: float32/float64 CPU tensors only, got ",
+              dtype, " on ", x.device());
+  for (const auto* t : {&weight, &bias})
+    TORCH_CHECK(t->scalar_type() == dtype && t->numel() == x.size(1) &&
+                    t->device().is_cpu(),
+                "switchable_norm: weight and bias must be ", x.size(1),
+                " CPU values of the input's dtype");
+}
+
+// The forward pass; with BN in training it also updates the running
+// statistics (momentum < 0: the cumulative average) unless the batch is
+// empty.
+Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
+                     const at::Tensor& bias, const at::Tensor& mean_logits,
+                     const at::Tensor& var_logits,
+                     const c10::optional<at::Tensor>& running_mean,
+                     const c10::optional<at::Tensor>& running_var,
+                     const c10::optional<at::Tensor>& num_batches_tracked,
+                     const c10::optional<at::Tensor>& fixed,
+                     const c10::optional<at::Tensor>& fixed_ratios,
+                     bool training, double momentum, double eps,
+                     bool unbiased, bool ratios_given, bool for_backward) {
+  check_params(x, weight, bias);
+  const int64_t samples = x.size(0), channels = x.size(1);
+  int64_t spatial = 1;
+  for (int64_t d = 2; d < x.dim(); ++d) spatial *= x.size(d);
+  const auto dtype = x.scalar_type();
+  Forward f;
+  f.x3 = x.reshape({samples, channels, spatial});
+  if (!f.x3.is_contiguous()) f.x3 = f.x3.contiguous();
+  const bool has_in = spatial > 1;
+  f.correction = (unbiased && has_in) ? 1 : 0;
+  f.ratios = mixing_ratios(mean_logits, var_logits, read_fixed(fixed),
+                           fixed_ratios, has_in, ratios_given);
+  if (f.x3.numel()) {
+    auto m = row_moments(f.x3, f.correction);
+    f.mean_in = m[0];
+    f.var_in = m[1];
+  } else {
+    f.mean_in = at::zeros({samples, channels}, x.options());
+    f.var_in = at::zeros({samples, channels}, x.options());
+  }
+  auto red = moment_reductions(f.mean_in, f.var_in);
+  f.mean_ln = red[0];
+  f.var_ln = red[1];
+  const bool using_bn = running_mean.has_value() && running_mean->defined();
+  f.bn_batch = using_bn && training;
+  f.total = static_cast<double>(samples);
+  if (using_bn) {
+    const auto& rm = *running_mean;
+    const auto& rv = *running_var;
+    TORCH_CHECK(rm.numel() == channels && rv.numel() == channels &&
+                    rm.is_contiguous() && rv.is_contiguous() &&
+                    rm.scalar_type() == rv.scalar_type(),
+                "switchable_norm: running statistics must be ", channels,
+                " contiguous values each");
+    if (training && samples > 0) {
+      f.mean_bn = red[2];
+      f.var_bn = red[3];
+      auto* count = num_batches_tracked->data_ptr<int64_t>();
+      count[0] += 1;
+      const double mom = momentum < 0 ? 1.0 / count[0] : momentum;
+      AT_DISPATCH_FLOATING_TYPES(dtype, "bn_stats", [&] {
+        scalar_t* pbv = f.var_bn.data_ptr<scalar_t>();
+        const scalar_t* pbm = f.mean_bn.data_ptr<scalar_t>();
+        for (int64_t c = 0; c < channels; ++c)
+          pbv[c] /= static_cast<scalar_t>(samples);
+        // The running statistics: moving or cumulative average.
+        AT_DISPATCH_FLOATING_TYPES_AND2(
+            at::kHalf, at::kBFloat16, rm.scalar_type(), "running", [&] {
+              using R = scalar_t;
+              R* prm = rm.data_ptr<R>();
+              R* prv = rv.data_ptr<R>();
+              for (int64_t c = 0; c < channels; ++c) {
+                prm[c] = static_cast<R>((1 - mom) * double(prm[c]) +
+                                        mom * double(pbm[c]));
+                prv[c] = static_cast<R>((1 - mom) * double(prv[c]) +
+                                        mom * double(pbv[c]));
+              }
+            });
+      });
+    } else {
+      // Eval, or no sample: the running statistics stand in (copied when
+      // kept for backward, as later steps update them in place).
+      f.mean_bn = rm.to(dtype, false, for_backward);
+      f.var_bn = rv.to(dtype, false, for_backward);
+    }
+  }
+  const Ratios& w = f.ratios;
+  const int64_t k = w.k_ln;
+  auto y = at::empty_like(f.x3);
+  f.mu = at::empty({samples, channels}, x.options());
+  f.rstd = at::empty_like(f.mu);
+  const auto w_c = weight.contiguous(), b_c = bias.contiguous();
+  AT_DISPATCH_FLOATING_TYPES(dtype, "normalize", [&] {
+    // Without BN its terms are 0 times any finite channel vector.
+    const scalar_t* pmc =
+        using_bn ? f.mean_bn.data_ptr<scalar_t>() : f.mean_in.data_ptr<scalar_t>();
+    const scalar_t* pvc =
+        using_bn ? f.var_bn.data_ptr<scalar_t>() : f.var_in.data_ptr<scalar_t>();
+    NormalizeArgs<scalar_t> args{
+        f.x3.data_ptr<scalar_t>(),
+        f.mean_in.data_ptr<scalar_t>(),
+        f.var_in.data_ptr<scalar_t>(),
+        f.mean_ln.data_ptr<scalar_t>(),
+        f.var_ln.data_ptr<scalar_t>(),
+        pmc,
+        pvc,
+        w_c.data_ptr<scalar_t>(),
+        b_c.data_ptr<scalar_t>(),
+        static_cast<scalar_t>(has_in ? w.mean[0] : 0.0),
+        static_cast<scalar_t>(has_in ? w.var[0] : 0.0),
+        static_cast<scalar_t>(eps),
+        y.data_ptr<scalar_t>(),
+        f.mu.data_ptr<scalar_t>(),
+        f.rstd.data_ptr<scalar_t>(),
+        channels,
+        spatial,
+        static_cast<scalar_t>(w.mean[k]),
+        static_cast<scalar_t>(w.var[k]),
+        static_cast<scalar_t>(using_bn ? w.mean[k + 1] : 0.0),
+        static_cast<scalar_t>(using_bn ? w.var[k + 1] : 0.0)};
+    if (!using_bn) {
+      // a (C,) vector of zeros is what "no BN term" needs; rows of
+      // mean_in would be the wrong length when N == 0
+      args.mu_c = args.var_c = nullptr;
+    }
+    if (args.mu_c == nullptr) {
+      static thread_local std::vector<scalar_t> zeros;
+      zeros.assign(channels, scalar_t(0));
+      args.mu_c = args.var_c = zeros.data();
+    }
+    run_rows(args, samples * channels, spatial);
+  });
+  f.y = y.view(x.sizes());
+  return f;
+}
+
+// The backward pass: gradients of x, weight, bias and the two logit (or,
+// with ratios_given, ratio) vectors.
+variable_list backward_impl(const at::Tensor& grad_y, const Forward& f,
+                            const at::Tensor& weight,
+                            const at::Tensor& mean_logits,
+                            const std::array<bool, 2>& is_fixed,
+                            bool using_bn, bool ratios_given) {
+  const int64_t samples = f.x3.size(0), channels = f.x3.size(1);
+  const auto dtype = f.x3.scalar_type();
+  auto g = grad_y.reshape(f.x3.sizes());
+  if (g.scalar_type() != dtype) g = g.to(dtype);
+  if (!g.is_contiguous()) g = g.contiguous();
+  at::Tensor s1, s2;
+  if (f.x3.numel()) {
+    auto sums = row_grad_sums(g, f.x3, f.mean_in);
+    s1 = sums[0];
+    s2 = sums[1];
+  } else {
+    s1 = at::zeros({samples, channels}, f.x3.options());
+    s2 = at::zeros({samples, channels}, f.x3.options());
+  }
+  const auto w_c = weight.contiguous();
+  auto zeros_c = at::zeros({channels}, f.x3.options());
+  auto red = grad_reductions(s1, s2, f.mu, f.rstd, w_c, f.mean_in, f.var_in,
+                             f.mean_ln, using_bn ? f.mean_bn : zeros_c);
+  // red: grad_weight, grad_bias, d_mu_n, d_var_n, d_mu_c, d_var_c, dots
+  const Ratios& w = f.ratios;
+  const int64_t k = w.k_ln;
+  std::vector<double> d_wm, d_wv;
+  const bool bn_grad = f.bn_batch && samples > 0;
+  AT_DISPATCH_FLOATING_TYPES(dtype, "sn_backward_glue", [&] {
+    const scalar_t* dots = red[6].data_ptr<scalar_t>();
+    scalar_t* d_mu_n = red[2].data_ptr<scalar_t>();
+    scalar_t* d_var_n = red[3].data_ptr<scalar_t>();
+    scalar_t* d_mu_c = red[4].data_ptr<scalar_t>();
+    scalar_t* d_var_c = red[5].data_ptr<scalar_t>();
+    // d loss / d ratio, term by term (the mean terms less a per-row shift
+    // common to all, which gradients on the simplex ignore).
+    double var_ln_dot = 0, var_bn_dot = 0;
+    const scalar_t* vl = f.var_ln.data_ptr<scalar_t>();
+    for (int64_t n = 0; n < samples; ++n) var_ln_dot += double(d_var_n[n]) * vl[n];
+    d_wm.push_back(dots[0]);
+    d_wv.push_back(var_ln_dot);
+    if (using_bn) {
+      const scalar_t* vb = f.var_bn.data_ptr<scalar_t>();
+      for (int64_t c = 0; c < channels; ++c)
+        var_bn_dot += double(d_var_c[c]) * vb[c];
+      d_wm.push_back(dots[1]);
+      d_wv.push_back(var_bn_dot);
+    }
+    if (w.has_in) {
+      d_wm.insert(d_wm.begin(), 0.0);
+      d_wv.insert(d_wv.begin(), dots[2]);
+    }
+    // Back through the LN (N, 1) and BN (C,) statistics to each row's IN
+    // mean and variance (Eq. 5 reversed), in place.
+    const double s_vn = w.var[k] / channels, s_mn = w.mean[k] / channels;
+    for (int64_t n = 0; n < samples; ++n) {
+      d_var_n[n] = static_cast<scalar_t>(d_var_n[n] * s_vn);
+      d_mu_n[n] = static_cast<scalar_t>(d_mu_n[n] * s_mn);
+    }
+    const double s_mc = bn_grad ? w.mean[k + 1] / f.total : 0.0;
+    const double s_vc = bn_grad ? w.var[k + 1] / f.total : 0.0;
+    for (int64_t c = 0; c < channels; ++c) {
+      d_mu_c[c] = static_cast<scalar_t>(d_mu_c[c] * s_mc);
+      d_var_c[c] = static_cast<scalar_t>(d_var_c[c] * s_vc);
+    }
+  });
+  at::Tensor grad_logits[2];
+  const std::vector<double>* ratio[2] = {&w.mean, &w.var};
+  const std::vector<double>* d_w[2] = {&d_wm, &d_wv};
+  const int64_t k_all = mean_logits.numel();
+  for (int row = 0; row < 2; ++row) {
+    grad_logits[row] = at::zeros({k_all}, mean_logits.options());
+    if (is_fixed[row]) continue;  // fixed ratios do not depend on them
+    const auto& r = *ratio[row];
+    const auto& d = *d_w[row];
+    double mean_d = 0;
+    for (size_t i = 0; i < r.size(); ++i) mean_d += r[i] * d[i];
+    const size_t off = w.has_in ? 0 : 1;  // no IN: its logit takes none
+    AT_DISPATCH_FLOATING_TYPES(mean_logits.scalar_type(), "logit_grad", [&] {
+      scalar_t* p = grad_logits[row].data_ptr<scalar_t>();
+      for (size_t i = 0; i < r.size(); ++i)
+        p[i + off] = static_cast<scalar_t>(
+            ratios_given ? d[i] : r[i] * (d[i] - mean_d));
+    });
+  }
+  at::Tensor grad_x;
+  if (f.x3.numel()) {
+    grad_x = input_grad(g, f.x3, s1, s2, f.mu, f.rstd, w_c, f.mean_in,
+                        w.has_in ? w.mean[0] : 0.0,
+                        w.has_in ? w.var[0] : 0.0, red[3], red[2], f.mean_ln,
+                        red[5], red[4], bn_grad ? f.mean_bn : zeros_c,
+                        f.correction);
+  } else {
+    grad_x = at::zeros_like(f.x3);
+  }
+  return {grad_x.view(grad_y.sizes()), red[0], red[1], grad_logits[0],
+          grad_logits[1]};
+}
+
+// SN from differentiable ATen ops, for a backward that records a graph
+// (create_graph=True): differentiating it gives exact higher derivatives.
+at::Tensor composite_forward(const at::Tensor& x, const at::Tensor& weight,
+                             const at::Tensor& bias,
+                             const at::Tensor& mean_logits,
+                             const at::Tensor& var_logits,
+                             const at::Tensor& running_mean,
+                             const at::Tensor& running_var,
+                             const at::Tensor& fixed,
+                             const at::Tensor& fixed_ratios, bool training,
+                             double eps, bool unbiased, bool ratios_given) {
+  const int64_t samples = x.size(0), channels = x.size(1);
+  int64_t spatial = 1;
+  for (int64_t d = 2; d < x.dim(); ++d) spatial *= x.size(d);
+  auto x3 = x.reshape({samples, channels, spatial});
+  const bool has_in = spatial > 1;
+  const int64_t corr = (unbiased && has_in) ? 1 : 0;
+  auto in_stats = at::var_mean(x3, {2}, at::Scalar(corr), false);
+  auto var_in = std::get<0>(in_stats), mean_in = std::get<1>(in_stats);
+  auto ln_stats = at::var_mean(mean_in, {1}, at::Scalar(0), true);
+  auto mean_ln = std::get<1>(ln_stats);
+  auto var_ln = var_in.mean({1}, true) + std::get<0>(ln_stats);
+  const bool using_bn = running_mean.defined();
+  at::Tensor mean_bn, var_bn;
+  if (using_bn) {
+    if (training && samples > 0) {
+      auto bn_stats = at::var_mean(mean_in, {0}, at::Scalar(0), false);
+      mean_bn = std::get<1>(bn_stats);
+      var_bn = var_in.mean({0}) + std::get<0>(bn_stats);
+    } else {
+      mean_bn = running_mean.to(x.scalar_type());
+      var_bn = running_var.to(x.scalar_type());
+    }
+  }
+  auto ratio = [&](const at::Tensor& logits, int64_t row) {
+    auto z = has_in ? logits : logits.slice(0, 1);
+    auto soft = ratios_given ? z : at::softmax(z, 0);
+    if (!fixed.defined()) return soft;
+    auto given = fixed_ratios[row].to(x.scalar_type());
+    if (!has_in) {
+      auto rest = given.slice(0, 1);
+      auto total = rest.sum();
+      auto ln_only = at::zeros_like(rest);
+      ln_only[0] = 1;
+      given = at::where(total > 0, rest / total.clamp_min(1e-30), ln_only);
+    }
+    return at::where(fixed[row], given, soft);
+  };
+  auto wm = ratio(mean_logits, 0), wv = ratio(var_logits, 1);
+  const int64_t k = has_in ? 1 : 0;
+  auto mu = wm[k] * mean_ln;
+  auto var = wv[k] * var_ln;
+  if (has_in) {
+    mu = mu + wm[0] * mean_in;
+    var = var + wv[0] * var_in;
+  }
+  if (using_bn) {
+    mu = mu + wm[k + 1] * mean_bn;
+    var = var + wv[k + 1] * var_bn;
+  }
+  auto scale = weight * (var + eps).rsqrt();
+  auto y = (x3 - mu.unsqueeze(-1)) * scale.unsqueeze(-1) + bias.unsqueeze(-1);
+  return y.view(x.sizes());
+}
+
+at::Tensor opt_or_undefined(const c10::optional<at::Tensor>& t) {
+  return t.has_value() ? *t : at::Tensor();
+}
+
+class SwitchableNormOp : public torch::autograd::Function<SwitchableNormOp> {
+ public:
+  static variable_list forward(
+      AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+      const at::Tensor& bias, const at::Tensor& mean_logits,
+      const at::Tensor& var_logits,
+      const c10::optional<at::Tensor>& running_mean,
+      const c10::optional<at::Tensor>& running_var,
+      const c10::optional<at::Tensor>& num_batches_tracked,
+      const c10::optional<at::Tensor>& fixed,
+      const c10::optional<at::Tensor>& fixed_ratios, bool training,
+      double momentum, double eps, bool unbiased, bool ratios_given) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    Forward f = forward_impl(x, weight, bias, mean_logits, var_logits,
+                             running_mean, running_var, num_batches_tracked,
+                             fixed, fixed_ratios, training, momentum, eps,
+                             unbiased, ratios_given, true);
+    const bool using_bn = running_mean.has_value() && running_mean->defined();
+    ctx->save_for_backward({x, weight, bias, mean_logits, var_logits,
+                            f.mean_in, f.var_in, f.mean_ln, f.var_ln,
+                            f.mu, f.rstd,
+                            using_bn ? f.mean_bn : at::Tensor(),
+                            using_bn ? f.var_bn : at::Tensor()});
+    // Constants to the output; for a recomputing double backward (the
+    // running statistics matter only where the batch's do not stand in).
+    ctx->saved_data["running_mean"] = using_bn ? f.mean_bn : at::Tensor();
+    ctx->saved_data["running_var"] = using_bn ? f.var_bn : at::Tensor();
+    ctx->saved_data["fixed"] = opt_or_undefined(fixed);
+    ctx->saved_data["fixed_ratios"] = opt_or_undefined(fixed_ratios);
+    ctx->saved_data["flags"] = std::vector<bool>{
+        training, unbiased, ratios_given, using_bn, f.bn_batch,
+        f.ratios.has_in};
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["correction"] = f.correction;
+    ctx->saved_data["total"] = f.total;
+    ctx->saved_data["ratios"] = std::vector<double>();
+    {
+      std::vector<double> r = f.ratios.mean;
+      r.push_back(-1);  // separator
+      r.insert(r.end(), f.ratios.var.begin(), f.ratios.var.end());
+      ctx->saved_data["ratios"] = r;
+    }
+    return {f.y};
+  }
+
+  static variable_list backward(AutogradContext* ctx,
+                                variable_list grad_outputs) {
+    auto saved = ctx->get_saved_variables();
+    auto flags = ctx->saved_data["flags"].toBoolList();
+    const bool training = flags[0], unbiased = flags[1],
+               ratios_given = flags[2], using_bn = flags[3];
+    const at::Tensor fixed = ctx->saved_data["fixed"].toTensor();
+    const at::Tensor fixed_ratios = ctx->saved_data["fixed_ratios"].toTensor();
+    const double eps = ctx->saved_data["eps"].toDouble();
+    variable_list result(15);
+    auto grad_y = grad_outputs[0];
+    if (!grad_y.defined()) return result;
+    if (at::GradMode::is_enabled()) {
+      // A graph of the gradient is wanted: differentiate a recomputed
+      // differentiable forward, so that every higher derivative is exact.
+      variable_list inputs, wanted;
+      std::vector<int> where;
+      for (int i = 0; i < 5; ++i)
+        if (ctx->needs_input_grad(i)) {
+          wanted.push_back(saved[i]);
+          where.push_back(i);
+        }
+      auto y = composite_forward(
+          saved[0], saved[1], saved[2], saved[3], saved[4],
+          ctx->saved_data["running_mean"].toTensor(),
+          ctx->saved_data["running_var"].toTensor(), fixed, fixed_ratios,
+          training, eps, unbiased, ratios_given);
+      auto grads = torch::autograd::grad({y}, wanted, {grad_y},
+                                         /*retain_graph=*/true,
+                                         /*create_graph=*/true,
+                                         /*allow_unused=*/true);
+      for (size_t j = 0; j < where.size(); ++j)
+        result[where[j]] = grads[j].defined() ? grads[j]
+                                              : at::zeros_like(wanted[j]);
+      return result;
+    }
+    Forward f;
+    int64_t spatial = 1;
+    for (int64_t d = 2; d < saved[0].dim(); ++d) spatial *= saved[0].size(d);
+    f.x3 = saved[0]
+               .reshape({saved[0].size(0), saved[0].size(1), spatial})
+               .contiguous();
+    f.mean_in = saved[5];
+    f.var_in = saved[6];
+    f.mean_ln = saved[7];
+    f.var_ln = saved[8];
+    f.mu = saved[9];
+    f.rstd = saved[10];
+    f.mean_bn = saved[11];
+    f.var_bn = saved[12];
+    f.correction = ctx->saved_data["correction"].toInt();
+    f.total = ctx->saved_data["total"].toDouble();
+    f.bn_batch = flags[4];
+    auto r = ctx->saved_data["ratios"].toDoubleList().vec();
+    auto sep = std::find(r.begin(), r.end(), -1.0);
+    f.ratios.mean.assign(r.begin(), sep);
+    f.ratios.var.assign(sep + 1, r.end());
+    f.ratios.has_in = flags[5];
+    f.ratios.k_ln = f.ratios.has_in ? 1 : 0;
+    auto grads = backward_impl(
+        grad_y, f, saved[1], saved[3],
+        read_fixed(fixed.defined() ? c10::optional<at::Tensor>(fixed)
+                                   : c10::nullopt),
+        using_bn, ratios_given);
+    for (int i = 0; i < 5; ++i)
+      if (ctx->needs_input_grad(i)) result[i] = grads[i];
+    return result;
+  }
+};
+
+at::Tensor switchable_norm_cpu(
+    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+    const at::Tensor& mean_logits, const at::Tensor& var_logits,
+    const c10::optional<at::Tensor>& running_mean,
+    const c10::optional<at::Tensor>& running_var,
+    const c10::optional<at::Tensor>& num_batches_tracked,
+    const c10::optional<at::Tensor>& fixed,
+    const c10::optional<at::Tensor>& fixed_ratios, bool training,
+    double momentum, double eps, bool unbiased, bool ratios_given) {
+  return forward_impl(x, weight, bias, mean_logits, var_logits, running_mean,
+                      running_var, num_batches_tracked, fixed, fixed_ratios,
+                      training, momentum, eps, unbiased, ratios_given, false)
+      .y;
+}
+
+at::Tensor switchable_norm_autograd(
+    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+    const at::Tensor& mean_logits, const at::Tensor& var_logits,
+    const c10::optional<at::Tensor>& running_mean,
+    const c10::optional<at::Tensor>& running_var,
+    const c10::optional<at::Tensor>& num_batches_tracked,
+    const c10::optional<at::Tensor>& fixed,
+    const c10::optional<at::Tensor>& fixed_ratios, bool training,
+    double momentum, double eps, bool unbiased, bool ratios_given) {
+  const bool any_grad = x.requires_grad() || weight.requires_grad() ||
+                        bias.requires_grad() || mean_logits.requires_grad() ||
+                        var_logits.requires_grad();
+  if (!(at::GradMode::is_enabled() && any_grad)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return switchable_norm_cpu(x, weight, bias, mean_logits, var_logits,
+                               running_mean, running_var,
+                               num_batches_tracked, fixed, fixed_ratios,
+                               training, momentum, eps, unbiased,
+                               ratios_given);
+  }
+  return SwitchableNormOp::apply(x, weight, bias, mean_logits, var_logits,
+                                 running_mean, running_var,
+                                 num_batches_tracked, fixed, fixed_ratios,
+                                 training, momentum, eps, unbiased,
+                                 ratios_given)[0];
+}
+
+}  // namespace
+
+TORCH_LIBRARY(sn_mm, m) {
+  m.def(
+      "switchable_norm(Tensor x, Tensor weight, Tensor bias, "
+      "Tensor mean_logits, Tensor var_logits, Tensor(a!)? running_mean, "
+      "Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked, "
+      "Tensor? ratio_fixed, Tensor? fixed_ratios, bool training, "
+      "float momentum, float eps, bool unbiased, bool ratios_given) "
+      "-> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(sn_mm, CPU, m) {
+  m.impl("switchable_norm", &switchable_norm_cpu);
+}
+
+TORCH_LIBRARY_IMPL(sn_mm, Autograd, m) {
+  m.impl("switchable_norm", &switchable_norm_autograd);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -1,0 +1,146 @@
+"""The native operator sn_mm::switchable_norm (one call per pass) against
+SN on the PyTorch kernels, and its torch.library registration."""
+import copy
+
+import pytest
+import torch
+
+from helpers import make_sn, random_input, require_kernels
+from sn_mm import SwitchableNorm
+from sn_mm.ops.native_kernels import switchable_norm_op
+
+pytestmark = pytest.mark.skipif(switchable_norm_op is None,
+                                reason='native extension not built')
+
+SHAPES = [(3, 6, 4, 5), (4, 6), (3, 6, 1, 1), (0, 6, 3, 3), (2, 6, 7),
+          (2, 6, 2, 3, 2), (1, 6, 5, 5)]
+
+
+def pair(**kwargs):
+    fused = make_sn(6, **kwargs)
+    fused.kernels = 'native'
+    reference = copy.deepcopy(fused)
+    reference.kernels = 'torch'
+    return fused, reference
+
+
+def step(layer, x, grad):
+    x = x.detach().requires_grad_()
+    y = layer(x)
+    (y * grad).sum().backward()
+    return y.detach(), x.grad
+
+
+@pytest.mark.parametrize('shape', SHAPES)
+@pytest.mark.parametrize('settings', [
+    dict(), dict(using_bn=False), dict(unbiased=False)])
+@pytest.mark.parametrize('training', [True, False])
+def test_matches_the_pytorch_kernels(shape, settings, training):
+    fused, reference = pair(**settings)
+    fused.train(training)
+    reference.train(training)
+    x = random_input(shape)
+    grad = random_input(shape, seed=2)
+    for _ in range(2):  # twice: the running statistics move alike
+        y, gx = step(fused, x, grad)
+        y_ref, gx_ref = step(reference, x, grad)
+        torch.testing.assert_close(y, y_ref)
+        torch.testing.assert_close(gx, gx_ref)
+    for name, p in fused.named_parameters():
+        torch.testing.assert_close(p.grad, dict(
+            reference.named_parameters())[name].grad, msg=name)
+    for name, b in fused.named_buffers():
+        torch.testing.assert_close(b, dict(reference.named_buffers())[name],
+                                   msg=name)
+
+
+@pytest.mark.parametrize('momentum', [None, 0.3])
+def test_running_statistics_and_fixed_ratios(momentum):
+    fused, reference = pair()
+    for layer in (fused, reference):
+        layer.momentum = momentum
+        layer.fix_ratios(mean=[0, 0, 1], var=[0.5, 0.5, 0])
+    x = random_input((3, 6, 4, 4))
+    for _ in range(3):
+        step(fused, x, x)
+        step(reference, x, x)
+    torch.testing.assert_close(fused.running_var, reference.running_var)
+    assert int(fused.num_batches_tracked) == 3
+    assert not fused.mean_weight.grad.any()
+    assert not fused.var_weight.grad.any()
+
+
+def test_empty_batch_leaves_running_statistics():
+    fused, _ = pair()
+    before = fused.running_mean.clone()
+    y, gx = step(fused, random_input((0, 6, 3, 3)), random_input((0, 6, 3, 3)))
+    assert y.shape == (0, 6, 3, 3) and gx.shape == (0, 6, 3, 3)
+    assert torch.equal(fused.running_mean, before)
+    assert int(fused.num_batches_tracked) == 0
+
+
+@pytest.mark.parametrize('training', [True, False])
+@pytest.mark.parametrize('shape', [(2, 3, 2, 3), (3, 3)])
+def test_first_and_second_derivatives(training, shape):
+    require_kernels('native')
+    layer = SwitchableNorm(3, kernels='native').double()
+    layer.load_state_dict(make_sn(3).state_dict())
+    layer.train(training)
+    names = ('weight', 'bias', 'mean_weight', 'var_weight')
+
+    def f(x, *params):
+        return torch.func.functional_call(layer, dict(zip(names, params)),
+                                          (x, ))
+    args = (random_input(shape).requires_grad_(),
+            *(getattr(layer, n).detach().clone().requires_grad_()
+              for n in names))
+    assert torch.autograd.gradcheck(f, args)
+    assert torch.autograd.gradgradcheck(f, args)
+
+
+def op_args(training=True):
+    layer = make_sn(6)
+    return (random_input((2, 6, 3, 3)).requires_grad_(),
+            layer.weight.detach().clone().requires_grad_(),
+            layer.bias.detach().clone().requires_grad_(),
+            layer.mean_weight.detach().clone().requires_grad_(),
+            layer.var_weight.detach().clone().requires_grad_(),
+            layer.running_mean.clone(), layer.running_var.clone(),
+            layer.num_batches_tracked.clone(), layer.ratio_fixed.clone(),
+            layer.fixed_ratios.clone(), training, 0.1, 1e-5, True, False)
+
+
+@pytest.mark.parametrize('training', [True, False])
+def test_library_registration(training):
+    """torch.library's own checks: schema (the mutated running statistics
+    declared), fake implementation, autograd registration."""
+    torch.library.opcheck(switchable_norm_op, op_args(training),
+                          test_utils=('test_schema',
+                                      'test_autograd_registration',
+                                      'test_faketensor'))
+
+
+def test_one_call_per_pass():
+    """Forward and backward each dispatch one sn_mm operator and no
+    (N, C)-sized ATen arithmetic."""
+    layer = make_sn(6).float()
+    x = torch.randn(2, 6, 8, 8, requires_grad=True)
+    grad = torch.randn(2, 6, 8, 8)
+    with torch.profiler.profile() as prof:
+        layer(x).backward(grad)
+    names = [e.name for e in prof.events()]
+    assert names.count('sn_mm::switchable_norm') == 1
+    arithmetic = {'aten::mul', 'aten::add', 'aten::sub', 'aten::div',
+                  'aten::softmax', 'aten::_softmax', 'aten::var_mean',
+                  'aten::sum', 'aten::addcmul'}
+    assert not arithmetic & set(names), sorted(arithmetic & set(names))
+
+
+def test_bad_input_is_refused_by_name():
+    fused, _ = pair()
+    with pytest.raises(ValueError, match='built for 6 channels'):
+        fused(random_input((2, 5, 3, 3)))
+    args = list(op_args())
+    args[1] = args[1][:4]
+    with pytest.raises(RuntimeError, match='weight and bias must be 6'):
+        switchable_norm_op(*args)
