@@ -23,6 +23,9 @@ def test_benchmark_prints_every_layer_and_the_ratios():
     # Bytes saved for backward do not depend on timing: SN keeps the input
     # and (N, C) statistics, as much as BN to within the statistics.
     assert float(ratios.group(4)) <= 1.25
+    # the batch-1 ResNet-50 eval table, SN against GN(32)
+    assert re.search(r'\| SN in every norm layer \| [\d.]+ \| [\d.]+ \|',
+                     out), out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason='a GPU is there')

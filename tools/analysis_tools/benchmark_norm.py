@@ -150,6 +150,27 @@ def bench_shape(makers, shape, repeats, device):
             for name, t in times.items()}
 
 
+def resnet_eval_times(repeats, device):
+    """Eval forward of mmdet's ResNet-50 at batch 1, 224x224, with BN,
+    GN(32) and SN in every norm layer: the batch-1 inference a fixed cost
+    per layer call would show in."""
+    from mmdet.models.backbones import ResNet
+    variants = {'BN': dict(type='BN'), 'GN(32)': dict(type='GN',
+                                                      num_groups=32),
+                'SN': dict(type='SN')}
+    x = torch.randn(1, 3, 224, 224, device=device)
+    results = {}
+    for name, norm in variants.items():
+        torch.manual_seed(0)
+        model = ResNet(depth=50, norm_cfg=norm, norm_eval=False).to(device)
+        model.eval()
+        with torch.no_grad():
+            for _ in range(3):  # warm-up
+                model(x)
+            results[name] = median_time(lambda: model(x), repeats)
+    return results
+
+
 def detector_step_times(repeats, device):
     from mmdet.registry import MODELS
     from mmdet.testing import demo_mm_inputs
@@ -204,6 +225,8 @@ def main():
     parser.add_argument('--shapes', type=int, nargs='*',
                         help='indices into the shape list (default: all)')
     parser.add_argument('--skip-detector', action='store_true')
+    parser.add_argument('--skip-resnet', action='store_true',
+                        help='skip the batch-1 ResNet-50 eval table')
     parser.add_argument('--threads', type=int, default=None,
                         help='torch threads (default: torch\'s choice)')
     parser.add_argument('--device', choices=['cpu', 'cuda'], default='cpu',
@@ -256,6 +279,13 @@ def main():
     for shape, gn, gn_eval, naive, mem, ev in summary:
         print(f'| {"x".join(map(str, shape))} | {gn:.2f} | {gn_eval:.2f} | '
               f'{naive:.2f} | {mem:.2f} | {ev:.2f} |')
+    if not args.skip_resnet:
+        times = resnet_eval_times(max(args.repeats, 10), args.device)
+        print('\n| ResNet-50 eval, batch 1, 224x224 | ms | vs GN(32) |')
+        print('|---|---|---|')
+        for name, t in times.items():
+            print(f'| {name} in every norm layer | {t * 1e3:.1f} | '
+                  f'{t / times["GN(32)"]:.2f} |')
     if not args.skip_detector:
         times = detector_step_times(max(args.repeats // 2, 2), args.device)
         print('\n| Mask R-CNN R50-FPN train step, 2 x 512x512 | seconds | '

@@ -353,6 +353,22 @@ std::vector<at::Tensor> moment_reductions(const at::Tensor& mean_in,
     const scalar_t* pv = var_in.data_ptr<scalar_t>();
     scalar_t* plm = ln_mean.data_ptr<scalar_t>();
     scalar_t* plv = ln_var.data_ptr<scalar_t>();
+    if (samples == 1) {
+      // Batch-1 inference: BN's statistics are the sample's own IN ones.
+      double row_mean = 0, row_var = 0, dev = 0;
+      for (int64_t c = 0; c < channels; ++c) {
+        row_mean += pm[c];
+        row_var += pv[c];
+      }
+      row_mean /= channels;
+      for (int64_t c = 0; c < channels; ++c)
+        dev += (pm[c] - row_mean) * (pm[c] - row_mean);
+      plm[0] = static_cast<scalar_t>(row_mean);
+      plv[0] = static_cast<scalar_t>((row_var + dev) / channels);
+      std::copy(pm, pm + channels, bn_mean.data_ptr<scalar_t>());
+      std::copy(pv, pv + channels, bn_m2.data_ptr<scalar_t>());
+      return;
+    }
     // Pass 1: per sample the LN statistics (its row is in cache twice);
     // per channel the sums of mean_in and var_in.
     const auto cols = sum_over_samples(
