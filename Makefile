@@ -15,7 +15,7 @@ TORCH_VERSION ?= 2.13.0
 # Written last: a .venv whose install broke half-way is completed next time.
 STAMP     := $(VENV)/.sn_mm-installed
 
-.PHONY: venv test demo demo-seg clean-venv
+.PHONY: venv test demo demo-seg clean-venv gpu-wheels gpu-check
 
 DEMO_CONFIG := configs/toy/mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py
 TOY_COCO    := data/toy_coco/annotations/instances_val.json
@@ -59,3 +59,21 @@ $(TOY_SEG): | venv
 
 clean-venv:
 	rm -rf $(VENV)
+
+# The GPU check (tools/misc/gpu_check.py). A GPU machine without a package
+# registry gets mmengine and the pure-Python packages its image lacks as
+# wheels: `make gpu-wheels` here (registry access) fills gpu_wheels/, which
+# travels with the working tree; `make gpu-check` there installs them into a
+# temporary folder and runs the check with the machine's own python3 (here,
+# with .venv's, where the check runs its CPU parts).
+GPU_WHEELS := mmengine==0.10.7 addict==2.4.0 yapf==0.43.0 \
+	platformdirs==4.14.8 termcolor==3.3.0
+GPU_PY     := $(shell test -x $(VPY) && echo $(VPY) || echo python3)
+
+gpu-wheels:
+	$(PY) -m pip download -q --no-deps --only-binary=:all: \
+		--python-version 3.12 --implementation cp \
+		--platform manylinux2014_x86_64 -d gpu_wheels $(GPU_WHEELS)
+
+gpu-check:
+	$(GPU_PY) tools/misc/gpu_check.py --wheels gpu_wheels

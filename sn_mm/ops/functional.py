@@ -165,7 +165,11 @@ def _switchable_norm(x, weight, bias, mean_weight, var_weight, running_mean,
     # Statistics in fp32 at least (fp16/bf16 sums lose too much).
     dtype = torch.promote_types(x.dtype, torch.float32)
     spatial = math.prod(shape[2:])
-    x3 = _as(x.reshape(shape[0], shape[1], spatial), dtype).contiguous()
+    # A view where it can be (a channels_last input's rows are strided):
+    # the PyTorch kernels take it as it is, so a channels_last input gives
+    # a channels_last output without a layout round trip; the native and
+    # Triton kernels want contiguous rows (below).
+    x3 = _as(x.reshape(shape[0], shape[1], spatial), dtype)
     has_in = spatial > 1
     # A single position has zero variance; Bessel's correction would divide
     # by zero there, so it applies only where IN is defined.
@@ -194,6 +198,8 @@ def _switchable_norm(x, weight, bias, mean_weight, var_weight, running_mean,
         # Chosen once here (unknown values raise before anything is
         # touched) and kept by the Function for backward.
         chosen = select_kernels(kernels, x3)
+        if chosen is not TORCH:
+            x3 = x3.contiguous()
         out, mean_bn, var_bn, has_samples = SwitchableNormFunction.apply(
             x3, *params, *running, training, has_in, correction, eps, group,
             chosen, *fixed, sparse)

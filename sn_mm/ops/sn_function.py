@@ -178,7 +178,8 @@ class SwitchableNormFunction(torch.autograd.Function):
          mean_bn, var_bn, has, total, mu, rstd) = ctx.saved_tensors
         has_in, bn_batch, _, correction, _, group, kernels = ctx.meta
         n, c, _ = x.shape
-        grad_y = grad_y.contiguous()
+        if kernels is not TORCH:  # (PyTorch's ops take any strides)
+            grad_y = grad_y.contiguous()
         if x.numel():
             s1, s2 = kernels.row_grad_sums(grad_y, x, mean_in)
         else:

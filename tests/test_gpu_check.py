@@ -1,0 +1,71 @@
+"""tools/misc/gpu_check.py (make gpu-check) on this machine: without a GPU
+it installs the carried wheels, runs its checks and timings at toy sizes on
+the CPU, writes its JSON and exits 0, so that a GPU machine's minutes go to
+measuring."""
+import base64
+import hashlib
+import json
+import zipfile
+
+import torch
+import pytest
+
+from tool_runner import ROOT, run_python, tool
+
+
+def probe_wheel(folder):
+    """A minimal pure-Python wheel, built here: what the script installs
+    for the GPU machine is the same kind of file."""
+    name = 'sn_mm_gpu_probe'
+    files = {f'{name}.py': b'VALUE = 42\n',
+             f'{name}-0.1.dist-info/METADATA':
+             f'Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n'.encode(),
+             f'{name}-0.1.dist-info/WHEEL':
+             b'Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n'
+             b'Tag: py3-none-any\n'}
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(
+            hashlib.sha256(data).digest()).rstrip(b'=').decode()
+        record.append(f'{path},sha256={digest},{len(data)}')
+    record.append(f'{name}-0.1.dist-info/RECORD,,')
+    files[f'{name}-0.1.dist-info/RECORD'] = ('\n'.join(record) +
+                                             '\n').encode()
+    path = folder / f'{name}-0.1-py3-none-any.whl'
+    with zipfile.ZipFile(path, 'w') as zf:
+        for arcname, data in files.items():
+            zf.writestr(arcname, data)
+    return path
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='a GPU is there')
+def test_gpu_check_runs_its_cpu_parts(tmp_path):
+    wheels = tmp_path / 'wheels'
+    wheels.mkdir()
+    probe_wheel(wheels)
+    out = tmp_path / 'gpu_check.json'
+    result = run_python([tool('misc', 'gpu_check.py'), '--wheels', wheels,
+                         '--out', out], cwd=tmp_path, timeout=600)
+    assert 'No GPU here' in result.stdout
+    assert 'carried wheels: 1' in result.stdout
+    report = json.loads(out.read_text())
+    assert report['wheels'] == ['sn_mm_gpu_probe-0.1-py3-none-any.whl']
+    names = [c['check'] for c in report['checks']]
+    assert all(c['ok'] for c in report['checks']), report['checks']
+    for expected in ('float64 reference, kernels=torch',
+                     'gradcheck/gradgradcheck', 'autocast', 'channels_last',
+                     'SyncSN on a one-rank group'):
+        assert expected in names
+    layers = {(r['layer'], r['dtype']) for r in report['layers']}
+    for layer in ('SN', 'SyncSN', 'BN', 'GN(32)', 'IN', 'LN'):
+        assert {(layer, 'float32'), (layer, 'bfloat16')} <= layers
+    assert all(r['eval_bw_fraction'] > 0 for r in report['layers']
+               if r['layer'] == 'SN')
+    assert [r['norm'] for r in report['resnet50_step']['rows']] == [
+        'BN', 'GN(32)', 'SN']
+    assert '| ResNet-50 train step' in result.stdout
+
+
+def test_gpu_check_help():
+    result = run_python([tool('misc', 'gpu_check.py'), '--help'], cwd=ROOT)
+    assert '--wheels' in result.stdout and '--skip-bench' in result.stdout
