@@ -330,6 +330,67 @@ std::vector<at::Tensor> row_moments(const at::Tensor& x, int64_t correction) {
   return {mean, var};
 }
 
+// The body of moment_reductions on raw pointers (the fused operator calls
+// it on its own buffers): LN statistics per sample into plm/plv, BN mean
+// and M2 per channel into pbm/pb2.
+template <typename scalar_t>
+void reductions_into(const scalar_t* pm, const scalar_t* pv, int64_t samples,
+                     int64_t channels, scalar_t* plm, scalar_t* plv,
+                     scalar_t* pbm, scalar_t* pb2) {
+  if (samples == 1) {
+    // Batch-1 inference: BN's statistics are the sample's own IN ones.
+    double row_mean = 0, row_var = 0, dev = 0;
+    for (int64_t c = 0; c < channels; ++c) {
+      row_mean += pm[c];
+      row_var += pv[c];
+    }
+    row_mean /= channels;
+    for (int64_t c = 0; c < channels; ++c)
+      dev += (pm[c] - row_mean) * (pm[c] - row_mean);
+    plm[0] = static_cast<scalar_t>(row_mean);
+    plv[0] = static_cast<scalar_t>((row_var + dev) / channels);
+    std::copy(pm, pm + channels, pbm);
+    std::copy(pv, pv + channels, pb2);
+    return;
+  }
+  // Pass 1: per sample the LN statistics (its row is in cache twice);
+  // per channel the sums of mean_in and var_in.
+  const auto cols = sum_over_samples(
+      samples, 2 * channels, [&](int64_t n, double* col) {
+        const scalar_t* m = pm + n * channels;
+        const scalar_t* v = pv + n * channels;
+        double row_mean = 0, row_var = 0;
+        for (int64_t c = 0; c < channels; ++c) {
+          row_mean += m[c];
+          row_var += v[c];
+          col[c] += m[c];
+          col[channels + c] += v[c];
+        }
+        row_mean /= channels;
+        double dev = 0;
+        for (int64_t c = 0; c < channels; ++c)
+          dev += (m[c] - row_mean) * (m[c] - row_mean);
+        plm[n] = static_cast<scalar_t>(row_mean);
+        plv[n] = static_cast<scalar_t>((row_var + dev) / channels);
+      });
+  std::vector<double> centre(channels, 0.0);
+  if (samples > 0)
+    for (int64_t c = 0; c < channels; ++c) centre[c] = cols[c] / samples;
+  // Pass 2: squared deviations of mean_in about the channel means.
+  const auto devs = sum_over_samples(
+      samples, channels, [&](int64_t n, double* col) {
+        const scalar_t* m = pm + n * channels;
+        for (int64_t c = 0; c < channels; ++c) {
+          const double d = m[c] - centre[c];
+          col[c] += d * d;
+        }
+      });
+  for (int64_t c = 0; c < channels; ++c) {
+    pbm[c] = static_cast<scalar_t>(centre[c]);
+    pb2[c] = static_cast<scalar_t>(cols[channels + c] + devs[c]);
+  }
+}
+
 // LN and BN statistics from the IN moments (Eq. 5), in the stable form:
 // per sample n, mean_ln = mean_c(mean_in) and var_ln = mean_c(var_in) +
 // mean_c((mean_in - mean_ln)^2); per channel c, mean_c = mean_n(mean_in) and
@@ -349,64 +410,10 @@ std::vector<at::Tensor> moment_reductions(const at::Tensor& mean_in,
   auto bn_mean = at::empty({channels}, mean_in.options());
   auto bn_m2 = at::empty_like(bn_mean);
   AT_DISPATCH_FLOATING_TYPES(mean_in.scalar_type(), "moment_reductions", [&] {
-    const scalar_t* pm = mean_in.data_ptr<scalar_t>();
-    const scalar_t* pv = var_in.data_ptr<scalar_t>();
-    scalar_t* plm = ln_mean.data_ptr<scalar_t>();
-    scalar_t* plv = ln_var.data_ptr<scalar_t>();
-    if (samples == 1) {
-      // Batch-1 inference: BN's statistics are the sample's own IN ones.
-      double row_mean = 0, row_var = 0, dev = 0;
-      for (int64_t c = 0; c < channels; ++c) {
-        row_mean += pm[c];
-        row_var += pv[c];
-      }
-      row_mean /= channels;
-      for (int64_t c = 0; c < channels; ++c)
-        dev += (pm[c] - row_mean) * (pm[c] - row_mean);
-      plm[0] = static_cast<scalar_t>(row_mean);
-      plv[0] = static_cast<scalar_t>((row_var + dev) / channels);
-      std::copy(pm, pm + channels, bn_mean.data_ptr<scalar_t>());
-      std::copy(pv, pv + channels, bn_m2.data_ptr<scalar_t>());
-      return;
-    }
-    // Pass 1: per sample the LN statistics (its row is in cache twice);
-    // per channel the sums of mean_in and var_in.
-    const auto cols = sum_over_samples(
-        samples, 2 * channels, [&](int64_t n, double* col) {
-          const scalar_t* m = pm + n * channels;
-          const scalar_t* v = pv + n * channels;
-          double row_mean = 0, row_var = 0;
-          for (int64_t c = 0; c < channels; ++c) {
-            row_mean += m[c];
-            row_var += v[c];
-            col[c] += m[c];
-            col[channels + c] += v[c];
-          }
-          row_mean /= channels;
-          double dev = 0;
-          for (int64_t c = 0; c < channels; ++c)
-            dev += (m[c] - row_mean) * (m[c] - row_mean);
-          plm[n] = static_cast<scalar_t>(row_mean);
-          plv[n] = static_cast<scalar_t>((row_var + dev) / channels);
-        });
-    std::vector<double> centre(channels, 0.0);
-    if (samples > 0)
-      for (int64_t c = 0; c < channels; ++c) centre[c] = cols[c] / samples;
-    // Pass 2: squared deviations of mean_in about the channel means.
-    const auto devs = sum_over_samples(
-        samples, channels, [&](int64_t n, double* col) {
-          const scalar_t* m = pm + n * channels;
-          for (int64_t c = 0; c < channels; ++c) {
-            const double d = m[c] - centre[c];
-            col[c] += d * d;
-          }
-        });
-    scalar_t* pbm = bn_mean.data_ptr<scalar_t>();
-    scalar_t* pb2 = bn_m2.data_ptr<scalar_t>();
-    for (int64_t c = 0; c < channels; ++c) {
-      pbm[c] = static_cast<scalar_t>(centre[c]);
-      pb2[c] = static_cast<scalar_t>(cols[channels + c] + devs[c]);
-    }
+    reductions_into(mean_in.data_ptr<scalar_t>(), var_in.data_ptr<scalar_t>(),
+                    samples, channels, ln_mean.data_ptr<scalar_t>(),
+                    ln_var.data_ptr<scalar_t>(), bn_mean.data_ptr<scalar_t>(),
+                    bn_m2.data_ptr<scalar_t>());
   });
   return {ln_mean, ln_var, bn_mean, bn_m2};
 }
@@ -735,105 +742,131 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
   f.correction = (unbiased && has_in) ? 1 : 0;
   f.ratios = mixing_ratios(mean_logits, var_logits, read_fixed(fixed),
                            fixed_ratios, has_in, ratios_given);
-  if (f.x3.numel()) {
-    auto m = row_moments(f.x3, f.correction);
-    f.mean_in = m[0];
-    f.var_in = m[1];
-  } else {
-    f.mean_in = at::zeros({samples, channels}, x.options());
-    f.var_in = at::zeros({samples, channels}, x.options());
-  }
-  auto red = moment_reductions(f.mean_in, f.var_in);
-  f.mean_ln = red[0];
-  f.var_ln = red[1];
   const bool using_bn = running_mean.has_value() && running_mean->defined();
   f.bn_batch = using_bn && training;
   f.total = static_cast<double>(samples);
   if (using_bn) {
-    const auto& rm = *running_mean;
-    const auto& rv = *running_var;
-    TORCH_CHECK(rm.numel() == channels && rv.numel() == channels &&
-                    rm.is_contiguous() && rv.is_contiguous() &&
-                    rm.scalar_type() == rv.scalar_type(),
+    TORCH_CHECK(running_mean->numel() == channels &&
+                    running_var->numel() == channels &&
+                    running_mean->is_contiguous() &&
+                    running_var->is_contiguous() &&
+                    running_mean->scalar_type() == running_var->scalar_type(),
                 "switchable_norm: running statistics must be ", channels,
                 " contiguous values each");
-    if (training && samples > 0) {
-      f.mean_bn = red[2];
-      f.var_bn = red[3];
-      auto* count = num_batches_tracked->data_ptr<int64_t>();
-      count[0] += 1;
-      const double mom = momentum < 0 ? 1.0 / count[0] : momentum;
-      AT_DISPATCH_FLOATING_TYPES(dtype, "bn_stats", [&] {
-        scalar_t* pbv = f.var_bn.data_ptr<scalar_t>();
-        const scalar_t* pbm = f.mean_bn.data_ptr<scalar_t>();
-        for (int64_t c = 0; c < channels; ++c)
-          pbv[c] /= static_cast<scalar_t>(samples);
-        // The running statistics: moving or cumulative average.
-        AT_DISPATCH_FLOATING_TYPES_AND2(
-            at::kHalf, at::kBFloat16, rm.scalar_type(), "running", [&] {
-              using R = scalar_t;
-              R* prm = rm.data_ptr<R>();
-              R* prv = rv.data_ptr<R>();
-              for (int64_t c = 0; c < channels; ++c) {
-                prm[c] = static_cast<R>((1 - mom) * double(prm[c]) +
-                                        mom * double(pbm[c]));
-                prv[c] = static_cast<R>((1 - mom) * double(prv[c]) +
-                                        mom * double(pbv[c]));
-              }
-            });
-      });
-    } else {
-      // Eval, or no sample: the running statistics stand in (copied when
-      // kept for backward, as later steps update them in place).
-      f.mean_bn = rm.to(dtype, false, for_backward);
-      f.var_bn = rv.to(dtype, false, for_backward);
-    }
   }
   const Ratios& w = f.ratios;
   const int64_t k = w.k_ln;
+  const int64_t rows = samples * channels;
   auto y = at::empty_like(f.x3);
-  f.mu = at::empty({samples, channels}, x.options());
-  f.rstd = at::empty_like(f.mu);
   const auto w_c = weight.contiguous(), b_c = bias.contiguous();
-  AT_DISPATCH_FLOATING_TYPES(dtype, "normalize", [&] {
-    // Without BN its terms are 0 times any finite channel vector.
-    const scalar_t* pmc =
-        using_bn ? f.mean_bn.data_ptr<scalar_t>() : f.mean_in.data_ptr<scalar_t>();
-    const scalar_t* pvc =
-        using_bn ? f.var_bn.data_ptr<scalar_t>() : f.var_in.data_ptr<scalar_t>();
-    NormalizeArgs<scalar_t> args{
-        f.x3.data_ptr<scalar_t>(),
-        f.mean_in.data_ptr<scalar_t>(),
-        f.var_in.data_ptr<scalar_t>(),
-        f.mean_ln.data_ptr<scalar_t>(),
-        f.var_ln.data_ptr<scalar_t>(),
-        pmc,
-        pvc,
-        w_c.data_ptr<scalar_t>(),
-        b_c.data_ptr<scalar_t>(),
-        static_cast<scalar_t>(has_in ? w.mean[0] : 0.0),
-        static_cast<scalar_t>(has_in ? w.var[0] : 0.0),
-        static_cast<scalar_t>(eps),
-        y.data_ptr<scalar_t>(),
-        f.mu.data_ptr<scalar_t>(),
-        f.rstd.data_ptr<scalar_t>(),
-        channels,
-        spatial,
-        static_cast<scalar_t>(w.mean[k]),
-        static_cast<scalar_t>(w.var[k]),
-        static_cast<scalar_t>(using_bn ? w.mean[k + 1] : 0.0),
-        static_cast<scalar_t>(using_bn ? w.var[k + 1] : 0.0)};
-    if (!using_bn) {
-      // a (C,) vector of zeros is what "no BN term" needs; rows of
-      // mean_in would be the wrong length when N == 0
-      args.mu_c = args.var_c = nullptr;
+  AT_DISPATCH_FLOATING_TYPES(dtype, "switchable_norm", [&] {
+    using T = scalar_t;
+    // Every statistic in one buffer: a tensor whose views backward keeps,
+    // or, without backward, this thread's scratch memory (no allocation).
+    const int64_t need = 4 * rows + 2 * samples + 2 * channels;
+    at::Tensor ws;
+    T* base;
+    static thread_local std::vector<T> scratch;
+    if (for_backward) {
+      ws = at::empty({need}, x.options());
+      base = ws.data_ptr<T>();
+    } else {
+      if (static_cast<int64_t>(scratch.size()) < need) scratch.resize(need);
+      base = scratch.data();
     }
-    if (args.mu_c == nullptr) {
-      static thread_local std::vector<scalar_t> zeros;
-      zeros.assign(channels, scalar_t(0));
-      args.mu_c = args.var_c = zeros.data();
+    T* mean_in = base;
+    T* var_in = base + rows;
+    T* mu = base + 2 * rows;
+    T* rstd = base + 3 * rows;
+    T* ln_mean = base + 4 * rows;
+    T* ln_var = ln_mean + samples;
+    T* bn_mean = ln_var + samples;
+    T* bn_var = bn_mean + channels;
+    if (f.x3.numel()) {
+      MomentsArgs<T> margs{
+          f.x3.data_ptr<T>(), mean_in, var_in, spatial,
+          static_cast<T>(std::max<int64_t>(spatial - f.correction, 1))};
+      run_rows(margs, rows, spatial);
+    } else {
+      std::fill_n(mean_in, 2 * rows, T(0));
     }
-    run_rows(args, samples * channels, spatial);
+    // bn_var holds the M2 sums until divided by the count.
+    reductions_into(mean_in, var_in, samples, channels, ln_mean, ln_var,
+                    bn_mean, bn_var);
+    if (using_bn && training && samples > 0) {
+      for (int64_t c = 0; c < channels; ++c)
+        bn_var[c] /= static_cast<T>(samples);
+      auto* count = num_batches_tracked->data_ptr<int64_t>();
+      count[0] += 1;
+      const double mom = momentum < 0 ? 1.0 / count[0] : momentum;
+      // The running statistics: moving or cumulative average.
+      AT_DISPATCH_FLOATING_TYPES_AND2(
+          at::kHalf, at::kBFloat16, running_mean->scalar_type(), "running",
+          [&] {
+            using R = scalar_t;
+            R* prm = running_mean->data_ptr<R>();
+            R* prv = running_var->data_ptr<R>();
+            for (int64_t c = 0; c < channels; ++c) {
+              prm[c] = static_cast<R>((1 - mom) * double(prm[c]) +
+                                      mom * double(bn_mean[c]));
+              prv[c] = static_cast<R>((1 - mom) * double(prv[c]) +
+                                      mom * double(bn_var[c]));
+            }
+          });
+    } else if (using_bn) {
+      // Eval, or no sample: the running statistics stand in (copied: later
+      // steps update them in place).
+      AT_DISPATCH_FLOATING_TYPES_AND2(
+          at::kHalf, at::kBFloat16, running_mean->scalar_type(), "running",
+          [&] {
+            using R = scalar_t;
+            const R* prm = running_mean->data_ptr<R>();
+            const R* prv = running_var->data_ptr<R>();
+            for (int64_t c = 0; c < channels; ++c) {
+              bn_mean[c] = static_cast<T>(prm[c]);
+              bn_var[c] = static_cast<T>(prv[c]);
+            }
+          });
+    } else {
+      std::fill_n(bn_mean, 2 * channels, T(0));  // no BN term
+    }
+    NormalizeArgs<T> args{f.x3.data_ptr<T>(),
+                          mean_in,
+                          var_in,
+                          ln_mean,
+                          ln_var,
+                          bn_mean,
+                          bn_var,
+                          w_c.data_ptr<T>(),
+                          b_c.data_ptr<T>(),
+                          static_cast<T>(has_in ? w.mean[0] : 0.0),
+                          static_cast<T>(has_in ? w.var[0] : 0.0),
+                          static_cast<T>(eps),
+                          y.data_ptr<T>(),
+                          mu,
+                          rstd,
+                          channels,
+                          spatial,
+                          static_cast<T>(w.mean[k]),
+                          static_cast<T>(w.var[k]),
+                          static_cast<T>(using_bn ? w.mean[k + 1] : 0.0),
+                          static_cast<T>(using_bn ? w.var[k + 1] : 0.0)};
+    run_rows(args, rows, spatial);
+    if (for_backward) {
+      auto view = [&](int64_t offset, int64_t n) {
+        return ws.narrow(0, offset, n);
+      };
+      f.mean_in = view(0, rows).view({samples, channels});
+      f.var_in = view(rows, rows).view({samples, channels});
+      f.mu = view(2 * rows, rows).view({samples, channels});
+      f.rstd = view(3 * rows, rows).view({samples, channels});
+      f.mean_ln = view(4 * rows, samples).view({samples, 1});
+      f.var_ln = view(4 * rows + samples, samples).view({samples, 1});
+      if (using_bn) {
+        f.mean_bn = view(4 * rows + 2 * samples, channels);
+        f.var_bn = view(4 * rows + 2 * samples + channels, channels);
+      }
+    }
   });
   f.y = y.view(x.sizes());
   return f;
