@@ -57,15 +57,20 @@ def make_hard(model):
     return sum(i % 2 == 0 for i in range(len(layers))), len(layers)
 
 
-def median_time(model, x, repeats):
+def median_times(models, x, repeats):
+    """Median eval time of each model. Each repeat times every model in
+    turn, so that drift on the machine (other load, clock, memory state)
+    reaches all of them alike rather than whichever ran at the time."""
+    times = {name: [] for name in models}
     with torch.no_grad():
-        model(x)  # warm-up
-        times = []
+        for model in models.values():
+            model(x)  # warm-up
         for _ in range(repeats):
-            start = time.perf_counter()
-            model(x)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+            for name, model in models.items():
+                start = time.perf_counter()
+                model(x)
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main(argv=None):
@@ -89,12 +94,11 @@ def main(argv=None):
         out = fused(x)
     err = max(float((a - b).abs().max() / b.abs().max())
               for a, b in zip(out, reference))
-    times = {
-        'BN after fuse_conv_bn': median_time(bn, x, args.repeats),
-        'SN, soft ratios': median_time(soft, x, args.repeats),
-        'SN, hard ratios after fuse_conv_sn': median_time(
-            fused, x, args.repeats),
-    }
+    times = median_times({
+        'BN after fuse_conv_bn': bn,
+        'SN, soft ratios': soft,
+        'SN, hard ratios after fuse_conv_sn': fused,
+    }, x, args.repeats)
     print(f'torch {torch.__version__}, {torch.get_num_threads()} threads, '
           f'ResNet-50 eval, input {tuple(x.shape)}, median of '
           f'{args.repeats}; hard ratios: {num_bn} of {num_layers} SN layers '

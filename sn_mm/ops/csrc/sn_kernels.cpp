@@ -476,6 +476,53 @@ std::vector<at::Tensor> row_grad_sums(const at::Tensor& g, const at::Tensor& x,
   return {sum_g, sum_gxc};
 }
 
+// The body of grad_reductions on raw pointers (the fused operator calls it
+// on its own buffers); per_c: grad_weight, grad_bias, d_mu_c, d_var_c.
+template <typename scalar_t>
+void grad_reductions_into(const scalar_t* s1, const scalar_t* s2,
+                          const scalar_t* pmu, const scalar_t* pr,
+                          const scalar_t* pw, const scalar_t* pmi,
+                          const scalar_t* pvi, const scalar_t* pml,
+                          const scalar_t* pmc, int64_t samples,
+                          int64_t channels, scalar_t* pdmn, scalar_t* pdvn,
+                          scalar_t* const per_c[4], scalar_t* pd) {
+  // Accumulated over n: grad_weight, grad_bias, d_mu_c and d_var_c per
+  // channel, then the three dot products.
+  const auto cols = sum_over_samples(
+      samples, 4 * channels + 3, [&](int64_t n, double* acc) {
+        double row_mu = 0, row_var = 0, dot_ln = 0, dot_bn = 0, dot_var = 0;
+        for (int64_t c = 0; c < channels; ++c) {
+          const int64_t r = n * channels + c;
+          const double centred =
+              s2[r] - (double(pmu[r]) - double(pmi[r])) * s1[r];
+          const double scale = double(pw[c]) * pr[r];
+          const double d_mu = -scale * s1[r];
+          const double d_var = -0.5 * scale * pr[r] * pr[r] * centred;
+          acc[c] += centred * pr[r];
+          acc[channels + c] += s1[r];
+          acc[2 * channels + c] += d_mu;
+          acc[3 * channels + c] += d_var;
+          row_mu += d_mu;
+          row_var += d_var;
+          dot_ln += d_mu * (double(pml[n]) - double(pmi[r]));
+          dot_bn += d_mu * (double(pmc[c]) - double(pmi[r]));
+          dot_var += d_var * pvi[r];
+        }
+        pdmn[n] = static_cast<scalar_t>(row_mu);
+        pdvn[n] = static_cast<scalar_t>(row_var);
+        acc[4 * channels] += dot_ln;
+        acc[4 * channels + 1] += dot_bn;
+        acc[4 * channels + 2] += dot_var;
+      });
+  for (int i = 0; i < 4; ++i) {
+    scalar_t* out = per_c[i];
+    for (int64_t c = 0; c < channels; ++c)
+      out[c] = static_cast<scalar_t>(cols[i * channels + c]);
+  }
+  for (int i = 0; i < 3; ++i)
+    pd[i] = static_cast<scalar_t>(cols[4 * channels + i]);
+}
+
 // From the row sums of the output gradient (sum_gxc = sum g * (x - mean_in)):
 // the gradients of weight and bias, and the sums over c (per n) and over n
 // (per c) of the gradients of the mixed mean and variance, d_mu = -scale *
@@ -505,53 +552,18 @@ std::vector<at::Tensor> grad_reductions(
   for (int i = 0; i < 4; ++i) per_c.push_back(at::empty({channels}, opts));
   auto dots = at::empty({3}, opts);
   AT_DISPATCH_FLOATING_TYPES(dtype, "grad_reductions", [&] {
-    const scalar_t* s1 = sum_g.data_ptr<scalar_t>();
-    const scalar_t* s2 = sum_gxc.data_ptr<scalar_t>();
-    const scalar_t* pmu = mu.data_ptr<scalar_t>();
-    const scalar_t* pr = rstd.data_ptr<scalar_t>();
-    const scalar_t* pw = weight.data_ptr<scalar_t>();
-    const scalar_t* pmi = mean_in.data_ptr<scalar_t>();
-    const scalar_t* pvi = var_in.data_ptr<scalar_t>();
-    const scalar_t* pml = mean_ln.data_ptr<scalar_t>();
-    const scalar_t* pmc = mean_c.data_ptr<scalar_t>();
-    scalar_t* pdmn = d_mu_n.data_ptr<scalar_t>();
-    scalar_t* pdvn = d_var_n.data_ptr<scalar_t>();
-    // Accumulated over n: grad_weight, grad_bias, d_mu_c and d_var_c per
-    // channel, then the three dot products.
-    const auto cols = sum_over_samples(
-        samples, 4 * channels + 3, [&](int64_t n, double* acc) {
-          double row_mu = 0, row_var = 0, dot_ln = 0, dot_bn = 0, dot_var = 0;
-          for (int64_t c = 0; c < channels; ++c) {
-            const int64_t r = n * channels + c;
-            const double centred =
-                s2[r] - (double(pmu[r]) - double(pmi[r])) * s1[r];
-            const double scale = double(pw[c]) * pr[r];
-            const double d_mu = -scale * s1[r];
-            const double d_var = -0.5 * scale * pr[r] * pr[r] * centred;
-            acc[c] += centred * pr[r];
-            acc[channels + c] += s1[r];
-            acc[2 * channels + c] += d_mu;
-            acc[3 * channels + c] += d_var;
-            row_mu += d_mu;
-            row_var += d_var;
-            dot_ln += d_mu * (double(pml[n]) - double(pmi[r]));
-            dot_bn += d_mu * (double(pmc[c]) - double(pmi[r]));
-            dot_var += d_var * pvi[r];
-          }
-          pdmn[n] = static_cast<scalar_t>(row_mu);
-          pdvn[n] = static_cast<scalar_t>(row_var);
-          acc[4 * channels] += dot_ln;
-          acc[4 * channels + 1] += dot_bn;
-          acc[4 * channels + 2] += dot_var;
-        });
-    for (int i = 0; i < 4; ++i) {
-      scalar_t* out = per_c[i].data_ptr<scalar_t>();
-      for (int64_t c = 0; c < channels; ++c)
-        out[c] = static_cast<scalar_t>(cols[i * channels + c]);
-    }
-    scalar_t* pd = dots.data_ptr<scalar_t>();
-    for (int i = 0; i < 3; ++i)
-      pd[i] = static_cast<scalar_t>(cols[4 * channels + i]);
+    scalar_t* outs[4] = {per_c[0].data_ptr<scalar_t>(),
+                         per_c[1].data_ptr<scalar_t>(),
+                         per_c[2].data_ptr<scalar_t>(),
+                         per_c[3].data_ptr<scalar_t>()};
+    grad_reductions_into(
+        sum_g.data_ptr<scalar_t>(), sum_gxc.data_ptr<scalar_t>(),
+        mu.data_ptr<scalar_t>(), rstd.data_ptr<scalar_t>(),
+        weight.data_ptr<scalar_t>(), mean_in.data_ptr<scalar_t>(),
+        var_in.data_ptr<scalar_t>(), mean_ln.data_ptr<scalar_t>(),
+        mean_c.data_ptr<scalar_t>(), samples, channels,
+        d_mu_n.data_ptr<scalar_t>(), d_var_n.data_ptr<scalar_t>(), outs,
+        dots.data_ptr<scalar_t>());
   });
   // grad_weight, grad_bias, d_mu_n, d_var_n, d_mu_c, d_var_c, the dots
   return {per_c[0], per_c[1], d_mu_n, d_var_n, per_c[2], per_c[3], dots};
@@ -692,9 +704,11 @@ Ratios mixing_ratios(const at::Tensor& mean_logits,
   return out;
 }
 
+// Every (N, C), (N,) and (C,) statistic lives in one buffer, ws: mean_in,
+// var_in, mu, rstd (N x C each), then LN's mean and variance (N each), then
+// the BN mean and variance used (C each).
 struct Forward {
-  at::Tensor y, x3, mean_in, var_in, mean_ln, var_ln, mean_bn, var_bn, mu,
-      rstd;
+  at::Tensor y, x3, ws;
   Ratios ratios;
   int64_t correction = 0;
   bool bn_batch = false;
@@ -852,73 +866,82 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
                           static_cast<T>(using_bn ? w.mean[k + 1] : 0.0),
                           static_cast<T>(using_bn ? w.var[k + 1] : 0.0)};
     run_rows(args, rows, spatial);
-    if (for_backward) {
-      auto view = [&](int64_t offset, int64_t n) {
-        return ws.narrow(0, offset, n);
-      };
-      f.mean_in = view(0, rows).view({samples, channels});
-      f.var_in = view(rows, rows).view({samples, channels});
-      f.mu = view(2 * rows, rows).view({samples, channels});
-      f.rstd = view(3 * rows, rows).view({samples, channels});
-      f.mean_ln = view(4 * rows, samples).view({samples, 1});
-      f.var_ln = view(4 * rows + samples, samples).view({samples, 1});
-      if (using_bn) {
-        f.mean_bn = view(4 * rows + 2 * samples, channels);
-        f.var_bn = view(4 * rows + 2 * samples + channels, channels);
-      }
-    }
+    if (for_backward) f.ws = ws;
   });
   f.y = y.view(x.sizes());
   return f;
 }
 
 // The backward pass: gradients of x, weight, bias and the two logit (or,
-// with ratios_given, ratio) vectors.
+// with ratios_given, ratio) vectors; intermediate sums in this thread's
+// scratch memory.
 variable_list backward_impl(const at::Tensor& grad_y, const Forward& f,
                             const at::Tensor& weight,
                             const at::Tensor& mean_logits,
                             const std::array<bool, 2>& is_fixed,
                             bool using_bn, bool ratios_given) {
-  const int64_t samples = f.x3.size(0), channels = f.x3.size(1);
+  const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
+                spatial = f.x3.size(2), rows = samples * channels;
   const auto dtype = f.x3.scalar_type();
   auto g = grad_y.reshape(f.x3.sizes());
   if (g.scalar_type() != dtype) g = g.to(dtype);
   if (!g.is_contiguous()) g = g.contiguous();
-  at::Tensor s1, s2;
-  if (f.x3.numel()) {
-    auto sums = row_grad_sums(g, f.x3, f.mean_in);
-    s1 = sums[0];
-    s2 = sums[1];
-  } else {
-    s1 = at::zeros({samples, channels}, f.x3.options());
-    s2 = at::zeros({samples, channels}, f.x3.options());
-  }
   const auto w_c = weight.contiguous();
-  auto zeros_c = at::zeros({channels}, f.x3.options());
-  auto red = grad_reductions(s1, s2, f.mu, f.rstd, w_c, f.mean_in, f.var_in,
-                             f.mean_ln, using_bn ? f.mean_bn : zeros_c);
-  // red: grad_weight, grad_bias, d_mu_n, d_var_n, d_mu_c, d_var_c, dots
+  auto grad_x = at::empty_like(f.x3);
+  auto grad_weight = at::empty({channels}, f.x3.options());
+  auto grad_bias = at::empty({channels}, f.x3.options());
+  const int64_t k_all = mean_logits.numel();
+  at::Tensor grad_logits[2] = {at::empty({k_all}, mean_logits.options()),
+                               at::empty({k_all}, mean_logits.options())};
   const Ratios& w = f.ratios;
   const int64_t k = w.k_ln;
-  std::vector<double> d_wm, d_wv;
   const bool bn_grad = f.bn_batch && samples > 0;
-  AT_DISPATCH_FLOATING_TYPES(dtype, "sn_backward_glue", [&] {
-    const scalar_t* dots = red[6].data_ptr<scalar_t>();
-    scalar_t* d_mu_n = red[2].data_ptr<scalar_t>();
-    scalar_t* d_var_n = red[3].data_ptr<scalar_t>();
-    scalar_t* d_mu_c = red[4].data_ptr<scalar_t>();
-    scalar_t* d_var_c = red[5].data_ptr<scalar_t>();
+  std::vector<double> d_wm, d_wv;
+  AT_DISPATCH_FLOATING_TYPES(dtype, "switchable_norm_backward", [&] {
+    using T = scalar_t;
+    const T* base = f.ws.data_ptr<T>();
+    const T* mean_in = base;
+    const T* var_in = base + rows;
+    const T* mu = base + 2 * rows;
+    const T* rstd = base + 3 * rows;
+    const T* ln_mean = base + 4 * rows;
+    const T* ln_var = ln_mean + samples;
+    const T* bn_mean = ln_var + samples;
+    const T* bn_var = bn_mean + channels;
+    static thread_local std::vector<T> scratch;
+    const int64_t need = 2 * rows + 2 * samples + 3 * channels + 3;
+    if (static_cast<int64_t>(scratch.size()) < need) scratch.resize(need);
+    T* s1 = scratch.data();
+    T* s2 = s1 + rows;
+    T* d_mu_n = s2 + rows;
+    T* d_var_n = d_mu_n + samples;
+    T* d_mu_c = d_var_n + samples;
+    T* d_var_c = d_mu_c + channels;
+    T* zeros_c = d_var_c + channels;
+    T* dots = zeros_c + channels;
+    std::fill_n(zeros_c, channels, T(0));
+    if (f.x3.numel()) {
+      GradSumsArgs<T> sargs{g.data_ptr<T>(), f.x3.data_ptr<T>(), mean_in,
+                            s1, s2, spatial};
+      run_rows(sargs, rows, spatial);
+    } else {
+      std::fill_n(s1, 2 * rows, T(0));
+    }
+    T* const per_c[4] = {grad_weight.data_ptr<T>(), grad_bias.data_ptr<T>(),
+                         d_mu_c, d_var_c};
+    grad_reductions_into(s1, s2, mu, rstd, w_c.data_ptr<T>(), mean_in,
+                         var_in, ln_mean, using_bn ? bn_mean : zeros_c,
+                         samples, channels, d_mu_n, d_var_n, per_c, dots);
     // d loss / d ratio, term by term (the mean terms less a per-row shift
     // common to all, which gradients on the simplex ignore).
     double var_ln_dot = 0, var_bn_dot = 0;
-    const scalar_t* vl = f.var_ln.data_ptr<scalar_t>();
-    for (int64_t n = 0; n < samples; ++n) var_ln_dot += double(d_var_n[n]) * vl[n];
+    for (int64_t n = 0; n < samples; ++n)
+      var_ln_dot += double(d_var_n[n]) * ln_var[n];
     d_wm.push_back(dots[0]);
     d_wv.push_back(var_ln_dot);
     if (using_bn) {
-      const scalar_t* vb = f.var_bn.data_ptr<scalar_t>();
       for (int64_t c = 0; c < channels; ++c)
-        var_bn_dot += double(d_var_c[c]) * vb[c];
+        var_bn_dot += double(d_var_c[c]) * bn_var[c];
       d_wm.push_back(dots[1]);
       d_wv.push_back(var_bn_dot);
     }
@@ -930,23 +953,44 @@ variable_list backward_impl(const at::Tensor& grad_y, const Forward& f,
     // mean and variance (Eq. 5 reversed), in place.
     const double s_vn = w.var[k] / channels, s_mn = w.mean[k] / channels;
     for (int64_t n = 0; n < samples; ++n) {
-      d_var_n[n] = static_cast<scalar_t>(d_var_n[n] * s_vn);
-      d_mu_n[n] = static_cast<scalar_t>(d_mu_n[n] * s_mn);
+      d_var_n[n] = static_cast<T>(d_var_n[n] * s_vn);
+      d_mu_n[n] = static_cast<T>(d_mu_n[n] * s_mn);
     }
     const double s_mc = bn_grad ? w.mean[k + 1] / f.total : 0.0;
     const double s_vc = bn_grad ? w.var[k + 1] / f.total : 0.0;
     for (int64_t c = 0; c < channels; ++c) {
-      d_mu_c[c] = static_cast<scalar_t>(d_mu_c[c] * s_mc);
-      d_var_c[c] = static_cast<scalar_t>(d_var_c[c] * s_vc);
+      d_mu_c[c] = static_cast<T>(d_mu_c[c] * s_mc);
+      d_var_c[c] = static_cast<T>(d_var_c[c] * s_vc);
+    }
+    if (f.x3.numel()) {
+      InputGradArgs<T> iargs{
+          g.data_ptr<T>(),
+          f.x3.data_ptr<T>(),
+          s1,
+          s2,
+          mu,
+          rstd,
+          w_c.data_ptr<T>(),
+          mean_in,
+          d_var_n,
+          d_mu_n,
+          ln_mean,
+          d_var_c,
+          d_mu_c,
+          bn_grad ? bn_mean : zeros_c,
+          static_cast<T>(w.has_in ? w.mean[0] : 0.0),
+          static_cast<T>(w.has_in ? w.var[0] : 0.0),
+          static_cast<T>(2.0 /
+                         std::max<int64_t>(spatial - f.correction, 1)),
+          grad_x.data_ptr<T>(),
+          channels,
+          spatial};
+      run_rows(iargs, rows, spatial);
     }
   });
-  at::Tensor grad_logits[2];
   const std::vector<double>* ratio[2] = {&w.mean, &w.var};
   const std::vector<double>* d_w[2] = {&d_wm, &d_wv};
-  const int64_t k_all = mean_logits.numel();
   for (int row = 0; row < 2; ++row) {
-    grad_logits[row] = at::zeros({k_all}, mean_logits.options());
-    if (is_fixed[row]) continue;  // fixed ratios do not depend on them
     const auto& r = *ratio[row];
     const auto& d = *d_w[row];
     double mean_d = 0;
@@ -954,23 +998,15 @@ variable_list backward_impl(const at::Tensor& grad_y, const Forward& f,
     const size_t off = w.has_in ? 0 : 1;  // no IN: its logit takes none
     AT_DISPATCH_FLOATING_TYPES(mean_logits.scalar_type(), "logit_grad", [&] {
       scalar_t* p = grad_logits[row].data_ptr<scalar_t>();
+      std::fill_n(p, k_all, scalar_t(0));
+      if (is_fixed[row]) return;  // fixed ratios do not depend on them
       for (size_t i = 0; i < r.size(); ++i)
         p[i + off] = static_cast<scalar_t>(
             ratios_given ? d[i] : r[i] * (d[i] - mean_d));
     });
   }
-  at::Tensor grad_x;
-  if (f.x3.numel()) {
-    grad_x = input_grad(g, f.x3, s1, s2, f.mu, f.rstd, w_c, f.mean_in,
-                        w.has_in ? w.mean[0] : 0.0,
-                        w.has_in ? w.var[0] : 0.0, red[3], red[2], f.mean_ln,
-                        red[5], red[4], bn_grad ? f.mean_bn : zeros_c,
-                        f.correction);
-  } else {
-    grad_x = at::zeros_like(f.x3);
-  }
-  return {grad_x.view(grad_y.sizes()), red[0], red[1], grad_logits[0],
-          grad_logits[1]};
+  return {grad_x.view(grad_y.sizes()), grad_weight, grad_bias,
+          grad_logits[0], grad_logits[1]};
 }
 
 // SN from differentiable ATen ops, for a backward that records a graph
@@ -1060,60 +1096,57 @@ class SwitchableNormOp : public torch::autograd::Function<SwitchableNormOp> {
                              fixed, fixed_ratios, training, momentum, eps,
                              unbiased, ratios_given, true);
     const bool using_bn = running_mean.has_value() && running_mean->defined();
-    ctx->save_for_backward({x, weight, bias, mean_logits, var_logits,
-                            f.mean_in, f.var_in, f.mean_ln, f.var_ln,
-                            f.mu, f.rstd,
-                            using_bn ? f.mean_bn : at::Tensor(),
-                            using_bn ? f.var_bn : at::Tensor()});
-    // Constants to the output; for a recomputing double backward (the
-    // running statistics matter only where the batch's do not stand in).
-    ctx->saved_data["running_mean"] = using_bn ? f.mean_bn : at::Tensor();
-    ctx->saved_data["running_var"] = using_bn ? f.var_bn : at::Tensor();
-    ctx->saved_data["fixed"] = opt_or_undefined(fixed);
-    ctx->saved_data["fixed_ratios"] = opt_or_undefined(fixed_ratios);
-    ctx->saved_data["flags"] = std::vector<bool>{
-        training, unbiased, ratios_given, using_bn, f.bn_batch,
-        f.ratios.has_in};
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["correction"] = f.correction;
-    ctx->saved_data["total"] = f.total;
-    ctx->saved_data["ratios"] = std::vector<double>();
-    {
-      std::vector<double> r = f.ratios.mean;
-      r.push_back(-1);  // separator
-      r.insert(r.end(), f.ratios.var.begin(), f.ratios.var.end());
-      ctx->saved_data["ratios"] = r;
-    }
+    ctx->save_for_backward({x, weight, bias, mean_logits, var_logits, f.ws,
+                            opt_or_undefined(fixed),
+                            opt_or_undefined(fixed_ratios)});
+    // Everything else in one list: flags, eps, correction, sample count,
+    // then the mean and the variance ratio vectors.
+    std::vector<double> meta = {
+        double(training), double(unbiased), double(ratios_given),
+        double(using_bn), double(f.bn_batch), double(f.ratios.has_in), eps,
+        double(f.correction), f.total, double(f.ratios.mean.size())};
+    meta.insert(meta.end(), f.ratios.mean.begin(), f.ratios.mean.end());
+    meta.insert(meta.end(), f.ratios.var.begin(), f.ratios.var.end());
+    ctx->saved_data["meta"] = meta;
     return {f.y};
   }
 
   static variable_list backward(AutogradContext* ctx,
                                 variable_list grad_outputs) {
     auto saved = ctx->get_saved_variables();
-    auto flags = ctx->saved_data["flags"].toBoolList();
-    const bool training = flags[0], unbiased = flags[1],
-               ratios_given = flags[2], using_bn = flags[3];
-    const at::Tensor fixed = ctx->saved_data["fixed"].toTensor();
-    const at::Tensor fixed_ratios = ctx->saved_data["fixed_ratios"].toTensor();
-    const double eps = ctx->saved_data["eps"].toDouble();
+    const auto meta = ctx->saved_data["meta"].toDoubleList().vec();
+    const bool training = meta[0] != 0, unbiased = meta[1] != 0,
+               ratios_given = meta[2] != 0, using_bn = meta[3] != 0;
+    const double eps = meta[6];
+    const at::Tensor& fixed = saved[6];
+    const at::Tensor& fixed_ratios = saved[7];
     variable_list result(15);
     auto grad_y = grad_outputs[0];
     if (!grad_y.defined()) return result;
+    int64_t spatial = 1;
+    for (int64_t d = 2; d < saved[0].dim(); ++d) spatial *= saved[0].size(d);
+    const int64_t samples = saved[0].size(0), channels = saved[0].size(1);
     if (at::GradMode::is_enabled()) {
       // A graph of the gradient is wanted: differentiate a recomputed
       // differentiable forward, so that every higher derivative is exact.
-      variable_list inputs, wanted;
+      // (The BN statistics kept are constants to the output where the
+      // running ones stood in; elsewhere the recomputation ignores them.)
+      variable_list wanted;
       std::vector<int> where;
       for (int i = 0; i < 5; ++i)
         if (ctx->needs_input_grad(i)) {
           wanted.push_back(saved[i]);
           where.push_back(i);
         }
-      auto y = composite_forward(
-          saved[0], saved[1], saved[2], saved[3], saved[4],
-          ctx->saved_data["running_mean"].toTensor(),
-          ctx->saved_data["running_var"].toTensor(), fixed, fixed_ratios,
-          training, eps, unbiased, ratios_given);
+      const int64_t bn_at = 4 * samples * channels + 2 * samples;
+      at::Tensor rm, rv;
+      if (using_bn) {
+        rm = saved[5].narrow(0, bn_at, channels);
+        rv = saved[5].narrow(0, bn_at + channels, channels);
+      }
+      auto y = composite_forward(saved[0], saved[1], saved[2], saved[3],
+                                 saved[4], rm, rv, fixed, fixed_ratios,
+                                 training, eps, unbiased, ratios_given);
       auto grads = torch::autograd::grad({y}, wanted, {grad_y},
                                          /*retain_graph=*/true,
                                          /*create_graph=*/true,
@@ -1124,28 +1157,17 @@ class SwitchableNormOp : public torch::autograd::Function<SwitchableNormOp> {
       return result;
     }
     Forward f;
-    int64_t spatial = 1;
-    for (int64_t d = 2; d < saved[0].dim(); ++d) spatial *= saved[0].size(d);
-    f.x3 = saved[0]
-               .reshape({saved[0].size(0), saved[0].size(1), spatial})
-               .contiguous();
-    f.mean_in = saved[5];
-    f.var_in = saved[6];
-    f.mean_ln = saved[7];
-    f.var_ln = saved[8];
-    f.mu = saved[9];
-    f.rstd = saved[10];
-    f.mean_bn = saved[11];
-    f.var_bn = saved[12];
-    f.correction = ctx->saved_data["correction"].toInt();
-    f.total = ctx->saved_data["total"].toDouble();
-    f.bn_batch = flags[4];
-    auto r = ctx->saved_data["ratios"].toDoubleList().vec();
-    auto sep = std::find(r.begin(), r.end(), -1.0);
-    f.ratios.mean.assign(r.begin(), sep);
-    f.ratios.var.assign(sep + 1, r.end());
-    f.ratios.has_in = flags[5];
+    f.x3 = saved[0].reshape({samples, channels, spatial});
+    if (!f.x3.is_contiguous()) f.x3 = f.x3.contiguous();
+    f.ws = saved[5];
+    f.bn_batch = meta[4] != 0;
+    f.ratios.has_in = meta[5] != 0;
     f.ratios.k_ln = f.ratios.has_in ? 1 : 0;
+    f.correction = static_cast<int64_t>(meta[7]);
+    f.total = meta[8];
+    const size_t k_mean = static_cast<size_t>(meta[9]);
+    f.ratios.mean.assign(meta.begin() + 10, meta.begin() + 10 + k_mean);
+    f.ratios.var.assign(meta.begin() + 10 + k_mean, meta.end());
     auto grads = backward_impl(
         grad_y, f, saved[1], saved[3],
         read_fixed(fixed.defined() ? c10::optional<at::Tensor>(fixed)
