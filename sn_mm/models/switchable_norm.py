@@ -147,15 +147,17 @@ class SwitchableNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         # (torch.fx's proxies are not tensors: they take the wrapped call.)
+        # (x.is_cpu and x.size(1), not x.device and x.shape: those build
+        # new Python objects on every call.)
         if (switchable_norm_op is not None and isinstance(x, Tensor)
-                and x.device.type == 'cpu' and self.ratio_fn == 'softmax'):
+                and x.is_cpu and self.ratio_fn == 'softmax'):
             # The common case, one native operator call: kept lean, as at
             # small shapes (batch-1 inference, RoI heads) Python's own cost
             # per call is what SN pays over GroupNorm.
             params, buffers = self._parameters, self._buffers
             weight = params['weight']
             if (x.dtype is weight.dtype and x.dtype in _FUSED_DTYPES
-                    and x.dim() >= 2 and x.shape[1] == self.num_features
+                    and x.dim() >= 2 and x.size(1) == self.num_features
                     and (self._kernel_choice() or default_kernels())
                     in _FUSED_CHOICES
                     and self._sync_group() is None and not is_tracing()):

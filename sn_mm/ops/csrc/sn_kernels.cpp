@@ -136,12 +136,20 @@ struct MomentsArgs {
 template <int Lanes, typename T>
 SN_INLINE void moments_rows(const MomentsArgs<T>& a, int64_t begin,
                             int64_t end) {
-  for (int64_t r = begin; r < end; ++r) {
-    const T* row = a.x + r * a.length;
-    const T m = row[0] + row_sum_shifted<Lanes>(row, a.length, row[0]) /
-                             static_cast<T>(a.length);
-    a.mean[r] = m;
-    a.var[r] = row_sq_dev<Lanes>(row, a.length, m) / a.divisor;
+  // In blocks of rows: every mean of the block, then every variance, so
+  // that short rows' sums (each a chain of dependent additions) overlap
+  // instead of waiting on each other; the block stays in L1.
+  constexpr int64_t kBlock = 8;
+  for (int64_t r0 = begin; r0 < end; r0 += kBlock) {
+    const int64_t r1 = std::min(end, r0 + kBlock);
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* row = a.x + r * a.length;
+      a.mean[r] = row[0] + row_sum_shifted<Lanes>(row, a.length, row[0]) /
+                               static_cast<T>(a.length);
+    }
+    for (int64_t r = r0; r < r1; ++r)
+      a.var[r] = row_sq_dev<Lanes>(a.x + r * a.length, a.length, a.mean[r]) /
+                 a.divisor;
   }
 }
 
