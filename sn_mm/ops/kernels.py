@@ -59,18 +59,34 @@ def check_kernels(choice, what: str = 'kernels') -> str:
     return choice
 
 
+# The environment as os.environ holds it (bytes on POSIX): read on every
+# layer call, where os.environ.get's encoding and decoding cost more than a
+# small layer's arithmetic. os.environ keeps it current (monkeypatch too).
+_ENV_BYTES = (os.environ._data if os.name == 'posix'
+              and isinstance(getattr(os.environ, '_data', None), dict)
+              else None)
+
+
+def _getenv(name: str):
+    if _ENV_BYTES is None:
+        return os.environ.get(name)
+    value = _ENV_BYTES.get(name.encode())
+    return None if value is None else os.fsdecode(value)
+
+
 def default_kernels() -> str:
     """The global default: :func:`set_default_kernels`, else
     ``$SN_MM_KERNELS``, else ``'auto'``."""
     if _default is not None:
         return _default
-    legacy = os.environ.get(LEGACY_GPU_KERNELS_ENV)
+    legacy = _getenv(LEGACY_GPU_KERNELS_ENV)
     if legacy is not None:
         raise ValueError(
             f'{LEGACY_GPU_KERNELS_ENV}={legacy!r} is no longer read: set '
             f'{KERNELS_ENV}={legacy} (or kernels={legacy!r} in norm_cfg, or '
             f'sn_mm.ops.set_default_kernels({legacy!r})) instead')
-    return check_kernels(os.environ.get(KERNELS_ENV, 'auto'), KERNELS_ENV)
+    choice = _getenv(KERNELS_ENV)
+    return 'auto' if choice is None else check_kernels(choice, KERNELS_ENV)
 
 
 def set_default_kernels(choice: Optional[str]) -> None:
