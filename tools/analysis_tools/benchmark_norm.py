@@ -159,16 +159,22 @@ def resnet_eval_times(repeats, device):
                                                       num_groups=32),
                 'SN': dict(type='SN')}
     x = torch.randn(1, 3, 224, 224, device=device)
-    results = {}
+    models = {}
     for name, norm in variants.items():
         torch.manual_seed(0)
         model = ResNet(depth=50, norm_cfg=norm, norm_eval=False).to(device)
-        model.eval()
-        with torch.no_grad():
+        model.eval()  # (mmdet's ResNet.train() returns None)
+        models[name] = model
+    # Each repeat times every network in turn (drift reaches all alike).
+    times = {name: [] for name in models}
+    with torch.no_grad():
+        for model in models.values():
             for _ in range(3):  # warm-up
                 model(x)
-            results[name] = median_time(lambda: model(x), repeats)
-    return results
+        for _ in range(repeats):
+            for name, model in models.items():
+                times[name].append(timed(lambda: model(x)))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def detector_step_times(repeats, device):
