@@ -102,7 +102,7 @@ def kernel_paths(device):
     paths = ['torch']
     if device == 'cuda':
         try:
-            import triton  # noqa: F401
+            import triton  # noqa: F401  (whether it is there)
             paths.append('triton')
         except ImportError:
             pass
@@ -449,7 +449,6 @@ def resnet_steps(device, repeats, batch, size):
             step()
         rows.append(dict(norm=name, ms=bench.median_time(step, repeats) *
                          1e3))
-        del model, optim
     gn = next(r['ms'] for r in rows if r['norm'] == 'GN(32)')
     for r in rows:
         r['vs_gn'] = r['ms'] / gn
