@@ -5,6 +5,7 @@ from .optim_constructor import SNOptimWrapperConstructor
 from .runner import SNRunner, trusted_torch_load
 
 __all__ = [
-    'sn_batch_average', 'SNBatchAverageHook', 'SNFuseHook', 'SNRatioHook', 'SSNRadiusHook',
-    'SNOptimWrapperConstructor', 'SNRunner', 'trusted_torch_load'
+    'sn_batch_average', 'SNBatchAverageHook', 'SNFuseHook', 'SNRatioHook',
+    'SSNRadiusHook', 'SNOptimWrapperConstructor', 'SNRunner',
+    'trusted_torch_load'
 ]

@@ -87,9 +87,9 @@ def sn_forward(kernels, x: Tensor, weight: Tensor, bias: Tensor,
     recording, a differentiable composite. ``fixed`` (2,) bool and
     ``fixed_ratios`` (2, K): the mean and variance ratios given instead of
     the softmax where set (None: none). ``ratios_given``: the "logits" are
-    the ratio vectors themselves (see :func:`mixing_ratios`). Returns the output, the BN mean,
-    variance and sample count used (None without a BN branch or in eval),
-    and what backward needs."""
+    the ratio vectors themselves (see :func:`mixing_ratios`). Returns the
+    output, the BN mean, variance and sample count used (None without a BN
+    branch or in eval), and what backward needs."""
     n, c, _ = x.shape
     if x.numel():
         mean_in, var_in = kernels.row_moments(x, correction)
@@ -143,9 +143,11 @@ class SwitchableNormFunction(torch.autograd.Function):
         ``fixed``/``fixed_ratios``: see :func:`sn_forward`; fixed ratios
         take no gradient. ``ratios_given``: ``mean_logits``/``var_logits``
         are the ratio vectors themselves (their gradient is returned as it
-        is, without the softmax's Jacobian). Returns the output and the BN mean and variance
-        used (None without a BN branch) and whether the batch (over the
-        group) had samples, for the running-statistics update."""
+        is, without the softmax's Jacobian; it is defined up to a constant
+        shift, which any ratio function onto the simplex ignores). Returns
+        the output and the BN mean and variance used (None without a BN
+        branch) and whether the batch (over the group) had samples, for the
+        running-statistics update."""
         y, saved = sn_forward(kernels, x, weight, bias, mean_logits,
                               var_logits, running_mean, running_var, training,
                               has_in, correction, eps, group, fixed,

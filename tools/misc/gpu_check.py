@@ -469,7 +469,12 @@ def main(argv=None):
         print(f'(no {args.wheels}: using the packages installed here; '
               '`make gpu-wheels` prepares them for a GPU machine)')
     sys.path.insert(0, ROOT)
-    import mmengine
+    try:
+        import mmengine
+    except ImportError as err:
+        sys.exit(f'gpu_check: {err}: sn_mm needs mmengine. Run `make '
+                 'gpu-wheels` where pip reaches the registry and carry '
+                 'gpu_wheels/ along (--wheels DIR names another folder).')
     import torch
     import sn_mm
     report['mmengine'] = f'{mmengine.__version__} from {mmengine.__file__}'
