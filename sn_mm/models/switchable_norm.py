@@ -10,8 +10,8 @@ from mmengine.registry import MODELS
 from torch import Tensor
 
 from ..ops import check_kernels
-from ..ops.functional import RATIO_FNS, is_tracing, switchable_norm
-from ..ops.kernels import default_kernels
+from ..ops.functional import (RATIO_FNS, fused_applies, is_tracing,
+                              switchable_norm)
 from ..ops.native_kernels import switchable_norm_op
 from ..ops.sparsestmax import sparsestmax
 
@@ -22,8 +22,6 @@ torch.fx.wrap('switchable_norm')
 # Order of the logits in ``mean_weight``/``var_weight``; it is the order of the
 # authors' released code, so their checkpoints load as they are.
 TERMS = ('in', 'ln', 'bn')
-_FUSED_DTYPES = (torch.float32, torch.float64)
-_FUSED_CHOICES = ('auto', 'native')
 
 
 @MODELS.register_module('SN')
@@ -146,29 +144,24 @@ class SwitchableNorm(nn.Module):
         return None
 
     def forward(self, x: Tensor) -> Tensor:
-        # (torch.fx's proxies are not tensors: they take the wrapped call.)
-        # (x.is_cpu and x.size(1), not x.device and x.shape: those build
-        # new Python objects on every call.)
-        if (switchable_norm_op is not None and isinstance(x, Tensor)
-                and x.is_cpu and self.ratio_fn == 'softmax'):
-            # The common case, one native operator call: kept lean, as at
-            # small shapes (batch-1 inference, RoI heads) Python's own cost
-            # per call is what SN pays over GroupNorm.
-            params, buffers = self._parameters, self._buffers
-            weight = params['weight']
-            if (x.dtype is weight.dtype and x.dtype in _FUSED_DTYPES
-                    and x.dim() >= 2 and x.size(1) == self.num_features
-                    and (self._kernel_choice() or default_kernels())
-                    in _FUSED_CHOICES
-                    and self._sync_group() is None and not is_tracing()):
-                momentum = self.momentum
-                return switchable_norm_op(
-                    x, weight, params['bias'], params['mean_weight'],
-                    params['var_weight'], buffers['running_mean'],
-                    buffers['running_var'], buffers['num_batches_tracked'],
-                    buffers['ratio_fixed'], buffers['fixed_ratios'],
-                    self.training, -1. if momentum is None else momentum,
-                    self.eps, self.unbiased, False)
+        # The common case, one native operator call, kept lean: at small
+        # shapes (batch-1 inference, RoI heads) Python's own cost per call is
+        # what SN pays over GroupNorm. (x.size(1), not x.shape: that builds
+        # a new object; wrong shapes take the checked path below.)
+        params, buffers = self._parameters, self._buffers
+        weight = params['weight']
+        if (self.ratio_fn == 'softmax'
+                and fused_applies(x, weight, self._kernel_choice())
+                and x.dim() >= 2 and x.size(1) == self.num_features
+                and self._sync_group() is None):
+            momentum = self.momentum
+            return switchable_norm_op(
+                x, weight, params['bias'], params['mean_weight'],
+                params['var_weight'], buffers['running_mean'],
+                buffers['running_var'], buffers['num_batches_tracked'],
+                buffers['ratio_fixed'], buffers['fixed_ratios'],
+                self.training, -1. if momentum is None else momentum,
+                self.eps, self.unbiased, False)
         # Under torch.compile/export the kernel setting plays no part.
         kernels = None if is_tracing() else self._kernel_choice()
         return switchable_norm(
@@ -245,8 +238,8 @@ class SwitchableNorm(nn.Module):
         """The ratios the layer mixes with, e.g. ``{'mean': {'in': ..,
         'ln': .., 'bn': ..}, 'var': {...}}``: the softmax (or SparsestMax at
         the current radius) of the learned logits, or the fixed ratios where
-        fixed. Inputs without IN (see the
-        class docstring) renormalise the remaining terms at run time."""
+        fixed. Inputs without IN (see the class docstring) renormalise the
+        remaining terms at run time."""
         result = {}
         for row, (key, logits) in enumerate((('mean', self.mean_weight),
                                              ('var', self.var_weight))):

@@ -55,19 +55,21 @@ def is_tracing() -> bool:
 
 
 _FUSED_DTYPES = (torch.float32, torch.float64)
+_FUSED_CHOICES = ('auto', 'native')
 
 
-def _fused_applies(x: Tensor, weight: Tensor, kernels: Optional[str]) -> bool:
-    """Whether the native operator ``sn_mm::switchable_norm`` computes this
-    call: native kernels chosen (or 'auto') for a float32/float64 CPU input
-    whose parameters share its dtype, eagerly (tracers take the composite
-    path, see :func:`_switchable_norm`)."""
-    if switchable_norm_op is None or x.device.type != 'cpu':
-        return False
-    if x.dtype not in _FUSED_DTYPES or weight.dtype != x.dtype:
-        return False
-    choice = default_kernels() if kernels is None else kernels
-    return choice in ('auto', 'native') and not is_tracing()
+def fused_applies(x: Tensor, weight: Tensor, kernels: Optional[str]) -> bool:
+    """Whether the native operator ``sn_mm::switchable_norm`` computes a
+    call: an eager (tracers take the composite path, see
+    :func:`_switchable_norm`) float32/float64 CPU input whose parameters
+    share its dtype, with the native kernels chosen (or 'auto'). Kept cheap:
+    the layer asks it on every forward (``x.is_cpu``, not ``x.device``,
+    which builds a new object)."""
+    return (switchable_norm_op is not None and isinstance(x, Tensor)
+            and x.is_cpu and x.dtype is weight.dtype
+            and x.dtype in _FUSED_DTYPES
+            and (kernels or default_kernels()) in _FUSED_CHOICES
+            and not is_tracing())
 
 
 def check_input(x: Tensor, num_features: int, layer: str) -> None:
@@ -133,7 +135,7 @@ def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
         raise ValueError(f'{layer}: ratio_fn=\'sparsestmax\' needs a radius '
                          'and fixed-ratio buffers')
     sparse = ratio_fn == 'sparsestmax'
-    if group is None and _fused_applies(x, weight, kernels):
+    if group is None and fused_applies(x, weight, kernels):
         if sparse:
             mean_weight, var_weight = _sparsest_ratios(
                 mean_weight, var_weight, radius, ratio_fixed, fixed_ratios,

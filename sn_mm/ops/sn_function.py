@@ -138,7 +138,9 @@ class SwitchableNormFunction(torch.autograd.Function):
                 group, kernels, fixed: Optional[Tensor] = None,
                 fixed_ratios: Optional[Tensor] = None,
                 ratios_given: bool = False):
-        """x: contiguous (N, C, L); ``kernels``: the kernel set chosen for
+        """x: (N, C, L), its rows contiguous for the native and Triton
+        kernels (the PyTorch ones take any strides); ``kernels``: the kernel
+        set chosen for
         this call (:func:`sn_mm.ops.select_kernels`), kept for backward.
         ``fixed``/``fixed_ratios``: see :func:`sn_forward`; fixed ratios
         take no gradient. ``ratios_given``: ``mean_logits``/``var_logits``
