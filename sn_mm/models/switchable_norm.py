@@ -10,8 +10,9 @@ from mmengine.registry import MODELS
 from torch import Tensor
 
 from ..ops import check_kernels
+from ..ops import functional as sn_functional
 from ..ops.functional import (RATIO_FNS, fused_applies, is_tracing,
-                              switchable_norm)
+                              switchable_norm, triton_fused_applies)
 from ..ops.native_kernels import switchable_norm_op
 from ..ops.sparsestmax import sparsestmax
 
@@ -162,6 +163,18 @@ class SwitchableNorm(nn.Module):
                 buffers['ratio_fixed'], buffers['fixed_ratios'],
                 self.training, -1. if momentum is None else momentum,
                 self.eps, self.unbiased, False)
+        # Likewise on GPUs: the fused Triton kernels, called directly.
+        if (x.is_cuda and self.ratio_fn == 'softmax' and x.dim() >= 2
+                and x.size(1) == self.num_features
+                and self._sync_group() is None
+                and triton_fused_applies(x, weight, buffers['running_mean'],
+                                         self._kernel_choice())):
+            return sn_functional._triton_fused.switchable_norm(
+                x, weight, params['bias'], params['mean_weight'],
+                params['var_weight'], buffers['running_mean'],
+                buffers['running_var'], buffers['num_batches_tracked'],
+                buffers['ratio_fixed'], buffers['fixed_ratios'],
+                self.training, self.momentum, self.eps, self.unbiased)
         # Under torch.compile/export the kernel setting plays no part.
         kernels = None if is_tracing() else self._kernel_choice()
         return switchable_norm(

@@ -9,6 +9,7 @@ fuse and export like any other layer. Eager calls run the chosen kernels
 inside :class:`SwitchableNormFunction`.
 """
 import math
+import os
 from typing import Optional
 
 import torch
@@ -70,6 +71,40 @@ def fused_applies(x: Tensor, weight: Tensor, kernels: Optional[str]) -> bool:
             and x.dtype in _FUSED_DTYPES
             and (kernels or default_kernels()) in _FUSED_CHOICES
             and not is_tracing())
+
+
+_TRITON_INTERPRET = os.environ.get('TRITON_INTERPRET') == '1'
+_triton_fused = None
+
+
+def _fused_triton():
+    """sn_mm.ops.triton_fused, imported on first use; False without
+    Triton."""
+    global _triton_fused
+    if _triton_fused is None:
+        try:
+            from . import triton_fused
+        except ImportError:
+            triton_fused = False
+        _triton_fused = triton_fused
+    return _triton_fused
+
+
+def triton_fused_applies(x: Tensor, weight: Tensor,
+                         running_mean: Optional[Tensor],
+                         kernels: Optional[str]) -> bool:
+    """Whether SN's fused Triton kernels (:mod:`sn_mm.ops.triton_fused`)
+    compute a call on one device: an eager float32/bfloat16/float16 CUDA
+    input (any device in Triton's interpreter) with 'triton' chosen, or
+    'auto' on a GPU where Triton is installed."""
+    if not (x.is_cuda or _TRITON_INTERPRET):
+        return False
+    choice = kernels or default_kernels()
+    if not (choice == 'triton' or (choice == 'auto' and x.is_cuda)):
+        return False
+    fused = _fused_triton()
+    return bool(fused) and fused.applies(x, weight,
+                                         running_mean) and not is_tracing()
 
 
 def check_input(x: Tensor, num_features: int, layer: str) -> None:
@@ -145,6 +180,16 @@ def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
             running_var, num_batches_tracked, ratio_fixed, fixed_ratios,
             training, -1. if momentum is None else momentum, eps, unbiased,
             sparse)
+    if group is None and triton_fused_applies(x, weight, running_mean,
+                                              kernels):
+        if sparse:
+            mean_weight, var_weight = _sparsest_ratios(
+                mean_weight, var_weight, radius, ratio_fixed, fixed_ratios,
+                training, math.prod(x.shape[2:]) > 1)
+        return _triton_fused.switchable_norm(
+            x, weight, bias, mean_weight, var_weight, running_mean,
+            running_var, num_batches_tracked, ratio_fixed, fixed_ratios,
+            training, momentum, eps, unbiased, sparse)
     args = (weight, bias, mean_weight, var_weight, running_mean, running_var,
             num_batches_tracked, training, momentum, eps, unbiased, kernels,
             group, ratio_fixed, fixed_ratios, sparse, radius)

@@ -3,12 +3,14 @@
 ``kernels`` takes one of
 
 * ``'auto'`` -- the native CPU extension for float32/float64 CPU tensors
-  when it is built, PyTorch ops everywhere else (GPUs included, until the
-  Triton kernels have been checked on one);
+  when it is built; on GPUs the fused Triton kernels
+  (:mod:`sn_mm.ops.triton_fused`: float32/bfloat16/float16 inputs, one
+  device) where Triton is installed; PyTorch ops everywhere else;
 * ``'native'`` -- the native CPU extension (an error where it cannot run);
-* ``'triton'`` -- Triton kernels for float32 (GPUs, or CPU tensors under
-  ``TRITON_INTERPRET=1``); other dtypes and empty inputs fall back to
-  PyTorch ops, which compute the same thing;
+* ``'triton'`` -- the fused Triton kernels (GPUs, or CPU tensors under
+  ``TRITON_INTERPRET=1``); SyncSN across processes runs its chain of
+  kernels with Triton's full-size passes for float32; float64 and empty
+  inputs fall back to PyTorch ops, which compute the same thing;
 * ``'torch'`` -- plain PyTorch ops everywhere (e.g. for debugging).
 
 A layer's ``kernels`` (``norm_cfg=dict(type='SN', kernels=...)``) wins; a

@@ -8,8 +8,9 @@ time of one Mask R-CNN R50-FPN training step (2 images, 512x512) with frozen
 BN, GN everywhere and SN everywhere. Times are medians over --repeats runs;
 ratios compare numbers from this same run.
 
-On a GPU (``--device cuda``) it adds a row for SN with its Triton kernels
-(``kernels='triton'``); ``SN_MM_KERNELS=triton`` makes them SN's default.
+On a GPU (``--device cuda``) SN runs on its default there, the fused Triton
+kernels, and a row 'SN torch' adds SN on PyTorch ops (``kernels='torch'``)
+for comparison.
 
 Example::
 
@@ -77,9 +78,9 @@ def norm_layers(c, device):
         'naive SN': lambda: NaiveSN(c),
     }
     if device == 'cuda':
-        # SN as configured (PyTorch ops on GPUs unless SN_MM_KERNELS says
-        # triton) and with the Triton kernels.
-        layers['SN triton'] = lambda: SwitchableNorm(c, kernels='triton')
+        # SN as configured (the fused Triton kernels on GPUs unless
+        # SN_MM_KERNELS says otherwise) and on PyTorch ops.
+        layers['SN torch'] = lambda: SwitchableNorm(c, kernels='torch')
     return layers
 
 
@@ -236,8 +237,8 @@ def main():
     parser.add_argument('--threads', type=int, default=None,
                         help='torch threads (default: torch\'s choice)')
     parser.add_argument('--device', choices=['cpu', 'cuda'], default='cpu',
-                        help='cuda: time on the GPU (adds an SN row with '
-                        'the Triton kernels forced)')
+                        help='cuda: time on the GPU (adds an SN row on '
+                        'PyTorch ops)')
     parser.add_argument(
         '--allocator', choices=['steady', 'system'], default='steady',
         help='steady (default): restart under glibc malloc settings that '

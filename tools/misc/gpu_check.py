@@ -281,7 +281,7 @@ def channels_last_check(device):
                   and any(s and math.prod(s) == x.numel()
                           for s in e.input_shapes)]
         layout = y.is_contiguous(memory_format=torch.channels_last)
-        if kernels == 'torch':
+        if kernels in ('torch', 'triton'):
             assert layout and x_cl.grad.is_contiguous(
                 memory_format=torch.channels_last), 'layout not kept'
             assert not copies, f'full-size copies: {copies}'
@@ -317,6 +317,67 @@ def one_rank_group_check(device):
     backend = dist.get_backend()
     dist.destroy_process_group()
     return f'{backend}: output, gradients, running statistics equal SN'
+
+
+# -- work for a pool of processes ----------------------------------------
+# Triton compiles a kernel on its first call with each specialisation
+# (seconds each, hundreds of them here); processes compile in parallel into
+# Triton's on-disk cache, which the timed runs then read.
+
+def pool_task(kind, payload):
+    """One job in a worker process: 'compare' runs one case of
+    sn_mm.testing.kernel_agreement (returns its worst difference); 'warm'
+    runs SN forward, backward and eval once at (shape, dtype, layout)."""
+    import torch
+    if kind == 'compare':
+        from sn_mm.testing.kernel_agreement import compare_case
+        return compare_case('cuda', *payload)
+    from sn_mm import SwitchableNorm
+    shape, dtype, channels_last, contiguous_grad = payload
+    layer = SwitchableNorm(shape[1]).cuda()
+    x = torch.randn(shape, device='cuda', dtype=dtype)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    grad = torch.randn(shape, device='cuda', dtype=dtype)
+    if not contiguous_grad:
+        grad = grad.to(memory_format=torch.channels_last)
+    x.requires_grad_()
+    layer(x).backward(grad)
+    layer.eval()
+    with torch.no_grad():
+        layer(x)
+    torch.cuda.synchronize()
+    return 0.
+
+
+def warm_payloads(shapes):
+    """The benchmark's shapes (both dtypes) and the SN layers' inputs in
+    the ResNet-50 step (bf16, channels_last)."""
+    import torch
+    jobs = [(shape, dtype, False, True) for shape in shapes
+            for dtype in (torch.float32, torch.bfloat16)]
+    resnet = [(64, 112), (64, 56), (256, 56), (128, 56), (128, 28),
+              (512, 28), (256, 28), (256, 14), (1024, 14), (512, 14),
+              (512, 7), (2048, 7)]
+    jobs += [((32, c, s, s), torch.bfloat16, True, False)
+             for c, s in resnet]
+    return jobs
+
+
+def collect_comparisons(futures):
+    worst, failures = 0., []
+    for future in futures:
+        try:
+            worst = max(worst, future.result())
+        except AssertionError as err:
+            failures.append(str(err))
+    if failures:
+        raise AssertionError(f'{len(failures)} of {len(futures)} cases '
+                             f'differ; first: {failures[0]}')
+    return (f'{len(futures)} cases (2D-5D, channels_last, one position, '
+            f'fixed and SparsestMax ratios, cumulative momentum, fp32/bf16/'
+            f'fp16) equal the PyTorch kernels; worst relative difference '
+            f'{worst:.1e}')
 
 
 # -- timing --------------------------------------------------------------
@@ -360,7 +421,16 @@ def layer_times(device, shapes, repeats, dtype_name):
                   for name, make in makers.items()}
         autocast = torch.autocast(device, dtype=torch.bfloat16,
                                   enabled=dtype_name == 'bfloat16')
-        times = {name: dict(fwd=[], both=[], eval=[]) for name in layers}
+        times = {name: dict(fwd=[], both=[], eval=[], both_x10=[])
+                 for name in layers}
+
+        def ten(fn):
+            # Ten calls between two synchronisations: the time per call
+            # when launches overlap the GPU's work, as inside a network.
+            def run():
+                for _ in range(10):
+                    fn()
+            return bench.timed(run) / 10
         with autocast:
             for layer in layers.values():
                 layer(x).backward(grad)
@@ -374,11 +444,101 @@ def layer_times(device, shapes, repeats, dtype_name):
                     layer.train()
                     t['both'].append(bench.timed(
                         lambda: layer(x).backward(grad)))
+                    t['both_x10'].append(ten(
+                        lambda: layer(x).backward(grad)))
         for name, t in times.items():
             rows.append(dict(shape='x'.join(map(str, shape)), layer=name,
                              dtype=dtype_name,
                              **{k: statistics.median(v) * 1e3
                                 for k, v in t.items()}))
+    return rows
+
+
+def kernel_launches(device, shapes):
+    """What one train forward+backward and one eval forward launch, per
+    layer, at the smallest and the largest shape: the number of GPU kernels
+    (on the CPU: of operators), their summed device time and the costliest
+    three; where SN's time goes, and how much of it is per-call cost."""
+    import torch
+    from torch.autograd import DeviceType
+    bench = load_benchmark()
+    picks = [min(shapes, key=math.prod), max(shapes, key=math.prod)]
+    rows = []
+    for shape in picks:
+        makers = bench.norm_layers(shape[1], device)
+        for name in ('naive SN', 'IN', 'LN', 'SyncSN'):
+            makers.pop(name, None)
+        x = torch.randn(shape, device=device, requires_grad=True)
+        grad = torch.randn(shape, device=device)
+        for name, make in makers.items():
+            layer = make().to(device)
+            for mode in ('train', 'eval'):
+                layer.train(mode == 'train')
+
+                def call():
+                    if mode == 'train':
+                        layer(x).backward(grad)
+                    else:
+                        with torch.no_grad():
+                            layer(x)
+                call()
+                bench.sync()
+                with torch.profiler.profile() as prof:
+                    call()
+                    bench.sync()
+                if device == 'cuda':
+                    kernels = [e for e in prof.events()
+                               if e.device_type == DeviceType.CUDA]
+                else:
+                    kernels = [e for e in prof.events()
+                               if e.name.startswith(('aten::', 'sn_mm::'))]
+                spent = {}
+                for e in kernels:
+                    us = getattr(e, 'device_time', None)
+                    if us is None:
+                        us = getattr(e, 'cuda_time', 0.)
+                    spent[e.name] = spent.get(e.name, 0.) + (
+                        us if device == 'cuda' else e.cpu_time)
+                top = sorted(spent.items(), key=lambda kv: -kv[1])[:3]
+                rows.append(dict(
+                    shape='x'.join(map(str, shape)), layer=name, mode=mode,
+                    kernels=len(kernels), us=round(sum(spent.values()), 1),
+                    top=[(k[:60], round(v, 1)) for k, v in top]))
+                print(f'  {rows[-1]}', flush=True)
+    return rows
+
+
+def host_costs(device, repeats=300):
+    """Time per call (us) with the calls queued back to back and one
+    synchronisation at the end, at a shape whose GPU work is negligible:
+    what each call costs the host (Python, dispatch, kernel launches)."""
+    import torch
+    import torch.nn as nn
+    from sn_mm import SwitchableNorm
+    bench = load_benchmark()
+    shape = (1, 64, 8, 8)
+    x = torch.randn(shape, device=device, requires_grad=True)
+    grad = torch.randn(shape, device=device)
+    layers = {'GN(32)': nn.GroupNorm(32, 64).to(device),
+              'SN': SwitchableNorm(64).to(device),
+              'SN torch': SwitchableNorm(64, kernels='torch').to(device)}
+    rows = {}
+    for name, layer in layers.items():
+        def eval_fwd():
+            with torch.no_grad():
+                layer(x)
+        calls = {'eval fwd': eval_fwd, 'train fwd': lambda: layer(x),
+                 'train fwd+bwd': lambda: layer(x).backward(grad)}
+        for what, fn in calls.items():
+            layer.train(what != 'eval fwd')
+            fn()
+
+            def loop():
+                for _ in range(repeats):
+                    fn()
+            rows[f'{name} {what}'] = round(
+                bench.median_time(loop, 3) / repeats * 1e6, 1)
+    print(f'  host us per call at {shape}: {rows}', flush=True)
     return rows
 
 
@@ -430,6 +590,8 @@ def resnet_steps(device, repeats, batch, size):
     from sn_mm import SwitchableNorm
     norms = {'BN': nn.BatchNorm2d, 'GN(32)': lambda c: nn.GroupNorm(32, c),
              'SN': SwitchableNorm}
+    if device == 'cuda':
+        norms['SN torch'] = lambda c: SwitchableNorm(c, kernels='torch')
     bench = load_benchmark()
     torch.manual_seed(0)
     x = torch.randn(batch, 3, size, size, device=device).to(
@@ -498,6 +660,20 @@ def main(argv=None):
               'script is tested; the GPU figures need a GPU machine.')
     repeats = args.repeats or (10 if cuda else 1)
 
+    pool = warm = compare = None
+    if cuda:
+        import concurrent.futures
+        import multiprocessing
+        from sn_mm.testing.kernel_agreement import all_cases
+        pool = concurrent.futures.ProcessPoolExecutor(
+            max(1, min(14, (os.cpu_count() or 2) - 2)),
+            mp_context=multiprocessing.get_context('spawn'))
+        compare = [pool.submit(pool_task, 'compare', case) for case in
+                   all_cases((torch.float32, torch.bfloat16, torch.float16))]
+        if not args.skip_bench:
+            warm = [pool.submit(pool_task, 'warm', job) for job in
+                    warm_payloads(load_benchmark().SHAPES)]
+
     print('\nChecks')
     checks = Checks()
     for kernels in kernel_paths(device):
@@ -507,28 +683,75 @@ def main(argv=None):
     checks.run('autocast', autocast_check, device)
     checks.run('channels_last', channels_last_check, device)
     checks.run('SyncSN on a one-rank group', one_rank_group_check, device)
+    if compare is not None:
+        checks.run('fused Triton kernels vs PyTorch kernels',
+                   collect_comparisons, compare)
     report['checks'] = checks.results
+    out = args.out or osp.join(os.environ.get('OUT') or
+                               osp.join(ROOT, 'work_dirs'), 'gpu_check.json')
 
+    def save():
+        # After every section, so that a run cut off at its time limit
+        # still brings back what it measured.
+        report['seconds'] = round(time.perf_counter() - start, 1)
+        os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
+        with open(out, 'w') as f:
+            json.dump(report, f, indent=1)
+
+    save()
     if not args.skip_bench:
         bench = load_benchmark()
         shapes = bench.SHAPES if cuda else [(2, 32, 8, 8), (1, 64, 7, 7)]
+        report['errors'] = []
+        if warm is not None:
+            begin = time.perf_counter()
+            concurrent.futures.wait(warm)
+            for future in warm:
+                if future.exception() is not None:  # reported, not hidden
+                    report['errors'].append(
+                        f'compiling ahead: {future.exception()!r}'[:300])
+                    break
+            report['warm_seconds'] = round(time.perf_counter() - begin, 1)
+            print(f'\n(Triton kernels compiled; waited '
+                  f'{report["warm_seconds"]} s for the last)')
         report['copy_gb_s'] = copy_bandwidth(device, repeats)
-        report['layers'] = []
+        sections = [('kernel launches', 'launches',
+                     lambda: kernel_launches(device, shapes)),
+                    ('host cost per call', 'host_us',
+                     lambda: host_costs(device))]
         for dtype_name in ('float32', 'bfloat16'):
-            report['layers'] += layer_times(device, shapes, repeats,
-                                            dtype_name)
+            sections.append((f'layer times {dtype_name}', 'layers',
+                             lambda d=dtype_name: layer_times(
+                                 device, shapes, repeats, d)))
         batch, size = (32, 224) if cuda else (2, 64)
-        report['resnet50_step'] = dict(
-            batch=batch, size=size,
-            rows=resnet_steps(device, max(repeats // 2, 1), batch, size))
+        sections.append(('ResNet-50 step', 'resnet50_step',
+                         lambda: dict(batch=batch, size=size,
+                                      rows=resnet_steps(
+                                          device, max(repeats // 2, 1),
+                                          batch, size))))
+        for title, key, fn in sections:
+            print(f'\n{title} ...', flush=True)
+            try:
+                value = fn()
+            except Exception as err:  # report it, measure the rest
+                traceback.print_exc()
+                report['errors'].append(f'{title}: {type(err).__name__}: '
+                                        f'{err}'[:300])
+                continue
+            if isinstance(value, list):
+                report.setdefault(key, []).extend(value)
+            else:
+                report[key] = value
+            save()
         print_tables(report)
+        if report['errors']:
+            checks.results.append(dict(
+                check='timings ran', ok=False,
+                detail='; '.join(report['errors']), seconds=0))
 
-    report['seconds'] = round(time.perf_counter() - start, 1)
-    out = args.out or osp.join(os.environ.get('OUT') or
-                               osp.join(ROOT, 'work_dirs'), 'gpu_check.json')
-    os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
-    with open(out, 'w') as f:
-        json.dump(report, f, indent=1)
+    save()
+    if pool is not None:
+        pool.shutdown()
     failed = [c['check'] for c in report['checks'] if not c['ok']]
     print(f'\n{len(report["checks"]) - len(failed)} of '
           f'{len(report["checks"])} checks passed'
@@ -538,12 +761,13 @@ def main(argv=None):
 
 
 def print_tables(report):
-    rows = report['layers']
+    rows = report.get('layers', [])
     copy_bw = report['copy_gb_s']
     print(f'\nDevice-to-device copy: {copy_bw:.0f} GB/s')
-    print('\n| shape | dtype | layer | fwd ms | fwd+bwd ms | eval ms | '
-          'SN/GN fwd+bwd | SN/GN eval | eval fwd / copy bw |')
-    print('|---|---|---|---|---|---|---|---|---|')
+    print('\n| shape | dtype | layer | fwd ms | fwd+bwd ms | fwd+bwd ms, 10 '
+          'in a row | eval ms | SN/GN fwd+bwd | SN/GN 10 in a row | '
+          'SN/GN eval | eval fwd / copy bw |')
+    print('|---|---|---|---|---|---|---|---|---|---|---|')
     by_key = {(r['shape'], r['dtype'], r['layer']): r for r in rows}
     for r in rows:
         gn = by_key[(r['shape'], r['dtype'], 'GN(32)')]
@@ -553,19 +777,22 @@ def print_tables(report):
         # written.
         frac = 2 * numel * itemsize / (r['eval'] * 1e-3) / 1e9 / copy_bw
         r['eval_bw_fraction'] = frac
-        sn_row = r['layer'].startswith('SN')
+        sn_row = 'SN' in r['layer']
         print(f'| {r["shape"]} | {r["dtype"]} | {r["layer"]} | '
-              f'{r["fwd"]:.3f} | {r["both"]:.3f} | {r["eval"]:.3f} | '
+              f'{r["fwd"]:.3f} | {r["both"]:.3f} | {r["both_x10"]:.3f} | '
+              f'{r["eval"]:.3f} | '
               + (f'{r["both"] / gn["both"]:.2f} | '
+                 f'{r["both_x10"] / gn["both_x10"]:.2f} | '
                  f'{r["eval"] / gn["eval"]:.2f} | {frac:.2f} |'
-                 if sn_row else ' | | |'))
-    step = report['resnet50_step']
-    print(f'\n| ResNet-50 train step, batch {step["batch"]}, '
-          f'{step["size"]}x{step["size"]}, bf16, channels_last | ms | '
-          'vs GN(32) |')
-    print('|---|---|---|')
-    for r in step['rows']:
-        print(f'| {r["norm"]} | {r["ms"]:.1f} | {r["vs_gn"]:.2f} |')
+                 if sn_row else ' | | | |'))
+    step = report.get('resnet50_step')
+    if step:
+        print(f'\n| ResNet-50 train step, batch {step["batch"]}, '
+              f'{step["size"]}x{step["size"]}, bf16, channels_last | ms | '
+              'vs GN(32) |')
+        print('|---|---|---|')
+        for r in step['rows']:
+            print(f'| {r["norm"]} | {r["ms"]:.1f} | {r["vs_gn"]:.2f} |')
 
 
 if __name__ == '__main__':

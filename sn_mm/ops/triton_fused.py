@@ -1,0 +1,901 @@
+"""SN on GPUs as six Triton kernels: three per forward, three per backward.
+
+Forward: (1) each row's IN moments (Welford, a row split into chunks across
+programs where rows are few and long), (2) one program per sample for LN's
+statistics and one per channel for BN's, with the running-statistics update,
+(3) the mixing (softmax or fixed ratios, computed in the kernel from the
+logits) and the normalisation. Backward: (4) each row's gradient sums,
+(5) the per-sample and per-channel sums of the mixed statistics' gradients,
+grad_weight and grad_bias, (6) the input gradient, and in one program the
+ratio-logit gradients. Everything between the kernels stays on the device
+and nothing is computed by a chain of small PyTorch ops: on a GPU each such
+op is a kernel launch, which at small shapes costs more than the data.
+
+The input can be float32, bfloat16 or float16 (statistics in float32, the
+output in the input's dtype, so bf16 autocast keeps its bytes) and can be
+contiguous or channels_last (the kernels take strides; the output and the
+input gradient keep the input's layout). Parameters and running statistics
+are float32. A double backward (``create_graph=True``) recomputes the
+forward from differentiable PyTorch ops, as on the other kernel paths.
+
+The same formulas as ``torch_kernels.py`` (stable LN/BN variances from IN's
+moments by Chan et al.'s combination, gradients about the row mean); the
+tests check every output, running statistic and gradient against that path,
+and under ``TRITON_INTERPRET=1`` the kernels run on CPU tensors.
+"""
+import os
+import warnings
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_TILE = 2048  # elements per (rows x block) tile
+_INTERPRET_AT_IMPORT = os.environ.get('TRITON_INTERPRET') == '1'
+_MAX_SPLIT = 64
+_PARTS = 5  # per (N + C) program: the ratio-gradient partial sums
+# Sizes take no part in a kernel's specialisation (each distinct
+# specialisation is a compile, seconds on first use); strides and the row
+# length do: they decide alignment and vector loads.
+
+
+# -- device helpers -------------------------------------------------------
+
+@triton.jit
+def _welford_combine(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
+    n = n_a + n_b
+    frac = n_b / tl.maximum(n, 1.0)
+    delta = mean_b - mean_a
+    return mean_a + delta * frac, m2_a + m2_b + delta * delta * n_a * frac, n
+
+
+@triton.jit
+def _row_offsets(r, C, stride_n, stride_c):
+    n = r // C
+    c = r - n * C
+    return n, c, n.to(tl.int64) * stride_n + c.to(tl.int64) * stride_c
+
+
+@triton.jit
+def _row_moments(ws_ptr, r, ok, R, L, chunk, divisor, SPLIT: tl.constexpr):
+    """Mean and variance of rows ``r`` from their chunks' partial means and
+    centred second moments (Chan et al.'s combination)."""
+    if SPLIT == 1:
+        mean = tl.load(ws_ptr + r, mask=ok, other=0.0)
+        m2 = tl.load(ws_ptr + R + r, mask=ok, other=0.0)
+    else:
+        s = tl.arange(0, SPLIT)
+        idx = r[:, None] * SPLIT + s[None, :]
+        pm = tl.load(ws_ptr + idx, mask=ok[:, None], other=0.0)
+        pm2 = tl.load(ws_ptr + R * SPLIT + idx, mask=ok[:, None], other=0.0)
+        cnt = tl.minimum(tl.maximum(L - s * chunk, 0), chunk).to(tl.float32)
+        mean = tl.sum(pm * cnt[None, :], 1) / L
+        dev = pm - mean[:, None]
+        m2 = tl.sum(pm2 + cnt[None, :] * dev * dev, 1)
+    return mean, m2 / divisor
+
+
+@triton.jit
+def _ratios(log_ptr, fixed_ptr, fixed_ratio_ptr, ROW: tl.constexpr,
+            K: tl.constexpr, HAS_IN: tl.constexpr, GIVEN: tl.constexpr,
+            HAS_FIXED: tl.constexpr):
+    """The (IN, LN, BN) ratios of one logit vector: its softmax (without IN
+    at one position), the vector itself when ``GIVEN`` (SparsestMax's), or
+    the fixed ratios where the layer fixed them. BN's is 0 when K == 2."""
+    l0 = tl.load(log_ptr).to(tl.float32)
+    l1 = tl.load(log_ptr + 1).to(tl.float32)
+    zero = l0 * 0.0
+    if K == 3:
+        l2 = tl.load(log_ptr + 2).to(tl.float32)
+    else:
+        l2 = zero
+    if GIVEN:
+        p1 = l1
+        p2 = l2
+        if HAS_IN:
+            p0 = l0
+        else:
+            p0 = zero
+    else:
+        top = l1
+        if K == 3:
+            top = tl.maximum(top, l2)
+        if HAS_IN:
+            top = tl.maximum(top, l0)
+            e0 = tl.exp(l0 - top)
+        else:
+            e0 = zero
+        e1 = tl.exp(l1 - top)
+        if K == 3:
+            e2 = tl.exp(l2 - top)
+        else:
+            e2 = zero
+        total = e0 + e1 + e2
+        p0 = e0 / total
+        p1 = e1 / total
+        p2 = e2 / total
+    if HAS_FIXED:
+        fixed = tl.load(fixed_ptr + ROW) != 0
+        f0 = tl.load(fixed_ratio_ptr + ROW * K).to(tl.float32)
+        f1 = tl.load(fixed_ratio_ptr + ROW * K + 1).to(tl.float32)
+        if K == 3:
+            f2 = tl.load(fixed_ratio_ptr + ROW * K + 2).to(tl.float32)
+        else:
+            f2 = zero
+        if not HAS_IN:  # the rest renormalised, or LN alone
+            rest = f1 + f2
+            has_rest = rest > 0
+            f1 = tl.where(has_rest, f1 / tl.where(has_rest, rest, 1.0), 1.0)
+            f2 = tl.where(has_rest, f2 / tl.where(has_rest, rest, 1.0), 0.0)
+            f0 = zero
+        p0 = tl.where(fixed, f0, p0)
+        p1 = tl.where(fixed, f1, p1)
+        p2 = tl.where(fixed, f2, p2)
+    return p0, p1, p2
+
+
+@triton.jit
+def _ratio_grads(out_ptr, p0, p1, p2, d0, d1, d2, fixed_ptr, ROW: tl.constexpr,
+                 K: tl.constexpr, HAS_IN: tl.constexpr, GIVEN: tl.constexpr,
+                 HAS_FIXED: tl.constexpr):
+    """Stores the logits' gradient from the ratios' (through the softmax's
+    Jacobian; as it is for given ratios; none for fixed ones or for IN at
+    one position)."""
+    if GIVEN:
+        g0 = d0
+        g1 = d1
+        g2 = d2
+    else:
+        dot = p0 * d0 + p1 * d1 + p2 * d2
+        g0 = p0 * (d0 - dot)
+        g1 = p1 * (d1 - dot)
+        g2 = p2 * (d2 - dot)
+    if not HAS_IN:
+        g0 = g0 * 0.0
+    if HAS_FIXED:
+        keep = tl.load(fixed_ptr + ROW) == 0
+        g0 = tl.where(keep, g0, 0.0)
+        g1 = tl.where(keep, g1, 0.0)
+        g2 = tl.where(keep, g2, 0.0)
+    tl.store(out_ptr, g0)
+    tl.store(out_ptr + 1, g1)
+    if K == 3:
+        tl.store(out_ptr + 2, g2)
+
+
+@triton.jit
+def _row_grads(ws_ptr, bws_ptr, r, ok, w, R, SPLIT: tl.constexpr):
+    """Per row: the sums of g and g * (x - mu), the gradients of the mixed
+    mean and variance, and the saved statistics."""
+    if SPLIT == 1:
+        s1 = tl.load(bws_ptr + r, mask=ok, other=0.0)
+        s2 = tl.load(bws_ptr + R + r, mask=ok, other=0.0)
+    else:
+        s = tl.arange(0, SPLIT)
+        idx = r[:, None] * SPLIT + s[None, :]
+        s1 = tl.sum(tl.load(bws_ptr + idx, mask=ok[:, None], other=0.0), 1)
+        s2 = tl.sum(tl.load(bws_ptr + R * SPLIT + idx, mask=ok[:, None],
+                            other=0.0), 1)
+    base = 2 * R * SPLIT
+    mean_in = tl.load(ws_ptr + base + r, mask=ok, other=0.0)
+    var_in = tl.load(ws_ptr + base + R + r, mask=ok, other=0.0)
+    mu = tl.load(ws_ptr + base + 2 * R + r, mask=ok, other=0.0)
+    rstd = tl.load(ws_ptr + base + 3 * R + r, mask=ok, other=0.0)
+    centred = s2 - (mu - mean_in) * s1
+    scale = w * rstd
+    d_mu = -scale * s1
+    d_var = -0.5 * scale * rstd * rstd * centred
+    return s1, centred, d_mu, d_var, mean_in, var_in, rstd
+
+
+# -- forward kernels ------------------------------------------------------
+
+@triton.jit(do_not_specialize=['R', 'C'])
+def _moments_kernel(x_ptr, ws_ptr, R, C, L, chunk, sxn, sxc, sxl,
+                    SPLIT: tl.constexpr, ROWS: tl.constexpr,
+                    BLOCK: tl.constexpr, ONE_STEP: tl.constexpr):
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    s = tl.program_id(1)
+    row_ok = r < R
+    _, _, base = _row_offsets(r, C, sxn, sxc)
+    cols = tl.arange(0, BLOCK)
+    start = s * chunk
+    if ONE_STEP:
+        # The chunk is one tile: an exact two-pass in registers, its sums
+        # taken about the chunk's first value, so that they stay small when
+        # |mean| >> std and the mean keeps the data's precision.
+        pos = start + cols
+        ok = row_ok[:, None] & (pos < L)[None, :]
+        v = tl.load(x_ptr + base[:, None] + pos.to(tl.int64)[None, :] * sxl,
+                    mask=ok, other=0.0).to(tl.float32)
+        first = tl.minimum(start, L - 1).to(tl.int64)  # (empty chunks)
+        shift = tl.load(x_ptr + base + first * sxl, mask=row_ok,
+                        other=0.0).to(tl.float32)
+        count = tl.minimum(tl.maximum(L - start, 0), BLOCK).to(tl.float32)
+        dev = tl.where(ok, v - shift[:, None], 0.0)
+        mean_dev = tl.sum(dev, 1) / tl.maximum(count, 1.0)
+        d = tl.where(ok, dev - mean_dev[:, None], 0.0)
+        mean_r = shift + mean_dev
+        m2_r = tl.sum(d * d, 1)
+    else:
+        # Long rows: Welford per lane, lanes combined once at the end.
+        mean = tl.zeros((ROWS, BLOCK), tl.float32)
+        m2 = tl.zeros((ROWS, BLOCK), tl.float32)
+        cnt = tl.zeros((ROWS, BLOCK), tl.float32)
+        for off in range(0, chunk, BLOCK):
+            pos = start + off + cols
+            ok = row_ok[:, None] & (pos < L)[None, :]
+            v = tl.load(x_ptr + base[:, None] +
+                        pos.to(tl.int64)[None, :] * sxl, mask=ok,
+                        other=0.0).to(tl.float32)
+            # Each lane takes one value per step and only a row's end
+            # masks lanes, so a lane's count is the step's number: one
+            # division per step, not per value.
+            step = off // BLOCK + 1
+            d = v - mean
+            mean = tl.where(ok, mean + d * (1.0 / step), mean)
+            m2 = tl.where(ok, m2 + d * (v - mean), m2)
+            cnt = tl.where(ok, step * 1.0, cnt)
+        mean_r, m2_r, _ = tl.reduce((mean, m2, cnt), 1, _welford_combine)
+    idx = r * SPLIT + s
+    tl.store(ws_ptr + idx, mean_r, mask=row_ok)
+    tl.store(ws_ptr + R * SPLIT + idx, m2_r, mask=row_ok)
+
+
+@triton.jit
+def _ln_stats(ws_ptr, n, N, C, L, chunk, divisor, SPLIT: tl.constexpr,
+              CB: tl.constexpr):
+    R = N * C
+    out = 2 * R * SPLIT + 4 * R
+    idx = tl.arange(0, CB)
+    acc = tl.zeros((CB, ), tl.float32)
+    for c0 in range(0, C, CB):
+        ok = c0 + idx < C
+        mean, _ = _row_moments(ws_ptr, n * C + c0 + idx, ok, R, L, chunk,
+                               divisor, SPLIT)
+        acc += tl.where(ok, mean, 0.0)
+    mean_ln = tl.sum(acc, 0) / C
+    acc = tl.zeros((CB, ), tl.float32)
+    for c0 in range(0, C, CB):
+        ok = c0 + idx < C
+        mean, var = _row_moments(ws_ptr, n * C + c0 + idx, ok, R, L, chunk,
+                                 divisor, SPLIT)
+        dev = mean - mean_ln
+        acc += tl.where(ok, var + dev * dev, 0.0)
+    tl.store(ws_ptr + out + n, mean_ln)
+    tl.store(ws_ptr + out + N + n, tl.sum(acc, 0) / C)
+
+
+@triton.jit
+def _bn_stats(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr, c, N, C, L, chunk,
+              divisor, momentum, SPLIT: tl.constexpr, NB: tl.constexpr,
+              UPDATE: tl.constexpr, CUMULATIVE: tl.constexpr):
+    R = N * C
+    out = 2 * R * SPLIT + 4 * R
+    idx = tl.arange(0, NB)
+    acc = tl.zeros((NB, ), tl.float32)
+    for n0 in range(0, N, NB):
+        ok = n0 + idx < N
+        mean, _ = _row_moments(ws_ptr, (n0 + idx) * C + c, ok, R, L, chunk,
+                               divisor, SPLIT)
+        acc += tl.where(ok, mean, 0.0)
+    mean_bn = tl.sum(acc, 0) / N
+    acc = tl.zeros((NB, ), tl.float32)
+    for n0 in range(0, N, NB):
+        ok = n0 + idx < N
+        mean, var = _row_moments(ws_ptr, (n0 + idx) * C + c, ok, R, L,
+                                 chunk, divisor, SPLIT)
+        dev = mean - mean_bn
+        acc += tl.where(ok, var + dev * dev, 0.0)
+    var_bn = tl.sum(acc, 0) / N
+    tl.store(ws_ptr + out + 2 * N + c, mean_bn)
+    tl.store(ws_ptr + out + 2 * N + C + c, var_bn)
+    if UPDATE:
+        if CUMULATIVE:  # the counter is incremented after this kernel
+            m = 1.0 / (tl.load(nbt_ptr) + 1).to(tl.float32)
+        else:
+            m = momentum
+        tl.store(rmean_ptr + c, tl.load(rmean_ptr + c) * (1 - m) +
+                 m * mean_bn)
+        tl.store(rvar_ptr + c, tl.load(rvar_ptr + c) * (1 - m) + m * var_bn)
+
+
+@triton.jit(do_not_specialize=['N', 'C'])
+def _stats_kernel(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr, N, C, L, chunk,
+                  divisor, momentum, SPLIT: tl.constexpr, CB: tl.constexpr,
+                  NB: tl.constexpr, UPDATE: tl.constexpr,
+                  CUMULATIVE: tl.constexpr):
+    """Programs 0..N-1: LN's mean and variance of sample n; programs N..:
+    BN's of channel c (and its running statistics)."""
+    pid = tl.program_id(0)
+    if pid < N:
+        _ln_stats(ws_ptr, pid, N, C, L, chunk, divisor, SPLIT, CB)
+    else:
+        _bn_stats(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr, pid - N, N, C, L,
+                  chunk, divisor, momentum, SPLIT, NB, UPDATE, CUMULATIVE)
+
+
+@triton.jit(do_not_specialize=['N', 'C'])
+def _normalize_kernel(x_ptr, y_ptr, ws_ptr, w_ptr, b_ptr, mlog_ptr, vlog_ptr,
+                      fixed_ptr, fixed_ratio_ptr, rmean_ptr, rvar_ptr,
+                      nbt_ptr, N, C, L, chunk, divisor, eps, sxn, sxc, sxl,
+                      SPLIT: tl.constexpr, ROWS: tl.constexpr,
+                      BLOCK: tl.constexpr, K: tl.constexpr,
+                      HAS_IN: tl.constexpr, GIVEN: tl.constexpr,
+                      HAS_FIXED: tl.constexpr, BN_BATCH: tl.constexpr,
+                      COUNT: tl.constexpr):
+    # Reverse order: the data the moments pass read last is still in L2.
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)
+    s = tl.num_programs(1) - 1 - tl.program_id(1)
+    R = N * C
+    r = tile * ROWS + tl.arange(0, ROWS)
+    row_ok = r < R
+    n, c, base = _row_offsets(r, C, sxn, sxc)
+    mean_in, var_in = _row_moments(ws_ptr, r, row_ok, R, L, chunk, divisor,
+                                   SPLIT)
+    wm0, wm1, wm2 = _ratios(mlog_ptr, fixed_ptr, fixed_ratio_ptr, 0, K,
+                            HAS_IN, GIVEN, HAS_FIXED)
+    wv0, wv1, wv2 = _ratios(vlog_ptr, fixed_ptr, fixed_ratio_ptr, 1, K,
+                            HAS_IN, GIVEN, HAS_FIXED)
+    stats = 2 * R * SPLIT
+    out = stats + 4 * R
+    mu = wm0 * mean_in + wm1 * tl.load(ws_ptr + out + n, mask=row_ok,
+                                       other=0.0)
+    var = wv0 * var_in + wv1 * tl.load(ws_ptr + out + N + n, mask=row_ok,
+                                       other=0.0)
+    if K == 3:
+        if BN_BATCH:
+            mean_bn = tl.load(ws_ptr + out + 2 * N + c, mask=row_ok,
+                              other=0.0)
+            var_bn = tl.load(ws_ptr + out + 2 * N + C + c, mask=row_ok,
+                             other=0.0)
+        else:
+            mean_bn = tl.load(rmean_ptr + c, mask=row_ok, other=0.0)
+            var_bn = tl.load(rvar_ptr + c, mask=row_ok, other=0.0)
+        mu += wm2 * mean_bn
+        var += wv2 * var_bn
+    rstd = 1.0 / tl.sqrt(var + eps)
+    scale = tl.load(w_ptr + c, mask=row_ok, other=0.0) * rstd
+    shift = tl.load(b_ptr + c, mask=row_ok, other=0.0)
+    if s == 0:  # what backward needs, once per row
+        tl.store(ws_ptr + stats + r, mean_in, mask=row_ok)
+        tl.store(ws_ptr + stats + R + r, var_in, mask=row_ok)
+        tl.store(ws_ptr + stats + 2 * R + r, mu, mask=row_ok)
+        tl.store(ws_ptr + stats + 3 * R + r, rstd, mask=row_ok)
+        if COUNT:
+            if tile == 0:
+                tl.store(nbt_ptr, tl.load(nbt_ptr) + 1)
+    cols = tl.arange(0, BLOCK)
+    start = s * chunk
+    for off in range(0, chunk, BLOCK):
+        pos = start + off + cols
+        ok = row_ok[:, None] & (pos < L)[None, :]
+        at = base[:, None] + pos.to(tl.int64)[None, :] * sxl
+        v = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
+        # x - mu first: no cancellation when |mu| >> std.
+        y = (v - mu[:, None]) * scale[:, None] + shift[:, None]
+        tl.store(y_ptr + at, y.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+# -- backward kernels -----------------------------------------------------
+
+@triton.jit(do_not_specialize=['R', 'C'])
+def _grad_sums_kernel(g_ptr, x_ptr, ws_ptr, bws_ptr, R, C, L, chunk, sgn,
+                      sgc, sgl, sxn, sxc, sxl, SPLIT: tl.constexpr,
+                      ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    s = tl.program_id(1)
+    row_ok = r < R
+    _, _, xbase = _row_offsets(r, C, sxn, sxc)
+    _, _, gbase = _row_offsets(r, C, sgn, sgc)
+    mean_in = tl.load(ws_ptr + 2 * R * SPLIT + r, mask=row_ok, other=0.0)
+    cols = tl.arange(0, BLOCK)
+    acc_g = tl.zeros((ROWS, BLOCK), tl.float32)
+    acc_gx = tl.zeros((ROWS, BLOCK), tl.float32)
+    start = s * chunk
+    for off in range(0, chunk, BLOCK):
+        pos = (start + off + cols).to(tl.int64)
+        ok = row_ok[:, None] & (pos < L)[None, :]
+        g = tl.load(g_ptr + gbase[:, None] + pos[None, :] * sgl, mask=ok,
+                    other=0.0).to(tl.float32)
+        v = tl.load(x_ptr + xbase[:, None] + pos[None, :] * sxl, mask=ok,
+                    other=0.0).to(tl.float32)
+        acc_g += g
+        acc_gx += g * tl.where(ok, v - mean_in[:, None], 0.0)
+    idx = r * SPLIT + s
+    tl.store(bws_ptr + idx, tl.sum(acc_g, 1), mask=row_ok)
+    tl.store(bws_ptr + R * SPLIT + idx, tl.sum(acc_gx, 1), mask=row_ok)
+
+
+@triton.jit
+def _sample_grads(ws_ptr, bws_ptr, w_ptr, n, N, C, SPLIT: tl.constexpr,
+                  CB: tl.constexpr):
+    R = N * C
+    stats = 2 * R * SPLIT
+    out = 2 * R * SPLIT  # in bws: after the row sums
+    parts = bws_ptr + out + 2 * N + 2 * C + n * 5
+    idx = tl.arange(0, CB)
+    mean_ln = tl.load(ws_ptr + stats + 4 * R + n)
+    var_ln = tl.load(ws_ptr + stats + 4 * R + N + n)
+    acc_mu = tl.zeros((CB, ), tl.float32)
+    acc_var = tl.zeros((CB, ), tl.float32)
+    acc_m = tl.zeros((CB, ), tl.float32)
+    acc_v = tl.zeros((CB, ), tl.float32)
+    for c0 in range(0, C, CB):
+        cc = c0 + idx
+        ok = cc < C
+        w = tl.load(w_ptr + cc, mask=ok, other=0.0)
+        _, _, d_mu, d_var, mean_in, var_in, _ = _row_grads(
+            ws_ptr, bws_ptr, n * C + cc, ok, w, R, SPLIT)
+        acc_mu += tl.where(ok, d_mu, 0.0)
+        acc_var += tl.where(ok, d_var, 0.0)
+        # LN's mean less the row's: a shift common to every ratio term,
+        # which the softmax's gradient ignores, without cancellation.
+        acc_m += tl.where(ok, d_mu * (mean_ln - mean_in), 0.0)
+        acc_v += tl.where(ok, d_var * var_in, 0.0)
+    d_var_n = tl.sum(acc_var, 0)
+    tl.store(bws_ptr + out + n, tl.sum(acc_mu, 0))
+    tl.store(bws_ptr + out + N + n, d_var_n)
+    tl.store(parts, tl.sum(acc_m, 0))
+    tl.store(parts + 1, 0.0)
+    tl.store(parts + 2, tl.sum(acc_v, 0))
+    tl.store(parts + 3, d_var_n * var_ln)
+    tl.store(parts + 4, 0.0)
+
+
+@triton.jit
+def _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr, c, N,
+                   C, SPLIT: tl.constexpr, NB: tl.constexpr, K: tl.constexpr,
+                   BN_BATCH: tl.constexpr):
+    R = N * C
+    stats = 2 * R * SPLIT
+    out = 2 * R * SPLIT
+    parts = bws_ptr + out + 2 * N + 2 * C + (N + c) * 5
+    idx = tl.arange(0, NB)
+    w = tl.load(w_ptr + c)
+    if K == 3:
+        if BN_BATCH:
+            mean_bn = tl.load(ws_ptr + stats + 4 * R + 2 * N + c)
+            var_bn = tl.load(ws_ptr + stats + 4 * R + 2 * N + C + c)
+        else:
+            mean_bn = tl.load(rmean_ptr + c)
+            var_bn = tl.load(rvar_ptr + c)
+    acc_mu = tl.zeros((NB, ), tl.float32)
+    acc_var = tl.zeros((NB, ), tl.float32)
+    acc_w = tl.zeros((NB, ), tl.float32)
+    acc_b = tl.zeros((NB, ), tl.float32)
+    acc_m = tl.zeros((NB, ), tl.float32)
+    for n0 in range(0, N, NB):
+        ok = n0 + idx < N
+        s1, centred, d_mu, d_var, mean_in, _, rstd = _row_grads(
+            ws_ptr, bws_ptr, (n0 + idx) * C + c, ok, w, R, SPLIT)
+        acc_mu += tl.where(ok, d_mu, 0.0)
+        acc_var += tl.where(ok, d_var, 0.0)
+        acc_w += tl.where(ok, centred * rstd, 0.0)
+        acc_b += tl.where(ok, s1, 0.0)
+        if K == 3:
+            acc_m += tl.where(ok, d_mu * (mean_bn - mean_in), 0.0)
+    d_var_c = tl.sum(acc_var, 0)
+    tl.store(bws_ptr + out + 2 * N + c, tl.sum(acc_mu, 0))
+    tl.store(bws_ptr + out + 2 * N + C + c, d_var_c)
+    tl.store(pg_ptr + c, tl.sum(acc_w, 0))
+    tl.store(pg_ptr + C + c, tl.sum(acc_b, 0))
+    tl.store(parts, 0.0)
+    tl.store(parts + 1, tl.sum(acc_m, 0))
+    tl.store(parts + 2, 0.0)
+    tl.store(parts + 3, 0.0)
+    if K == 3:
+        tl.store(parts + 4, d_var_c * var_bn)
+    else:
+        tl.store(parts + 4, 0.0)
+
+
+@triton.jit(do_not_specialize=['N', 'C'])
+def _grad_stats_kernel(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
+                       N, C, SPLIT: tl.constexpr, CB: tl.constexpr,
+                       NB: tl.constexpr, K: tl.constexpr,
+                       BN_BATCH: tl.constexpr):
+    """Programs 0..N-1: sums over channels of sample n; programs N..: sums
+    over samples of channel c, grad_weight and grad_bias. Each also leaves
+    its share of the ratio gradients' dot products."""
+    pid = tl.program_id(0)
+    if pid < N:
+        _sample_grads(ws_ptr, bws_ptr, w_ptr, pid, N, C, SPLIT, CB)
+    else:
+        _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
+                       pid - N, N, C, SPLIT, NB, K, BN_BATCH)
+
+
+@triton.jit
+def _logit_grads(bws_ptr, pg_ptr, fixed_ptr, wm0, wm1, wm2, wv0, wv1, wv2, N,
+                 C, SPLIT: tl.constexpr, PB: tl.constexpr, K: tl.constexpr,
+                 HAS_IN: tl.constexpr, GIVEN: tl.constexpr,
+                 HAS_FIXED: tl.constexpr):
+    parts = bws_ptr + 2 * N * C * SPLIT + 2 * N + 2 * C
+    idx = tl.arange(0, PB)
+    a0 = tl.zeros((PB, ), tl.float32)
+    a1 = tl.zeros((PB, ), tl.float32)
+    a2 = tl.zeros((PB, ), tl.float32)
+    a3 = tl.zeros((PB, ), tl.float32)
+    a4 = tl.zeros((PB, ), tl.float32)
+    for p0 in range(0, N + C, PB):
+        ok = p0 + idx < N + C
+        at = parts + (p0 + idx) * 5
+        a0 += tl.load(at, mask=ok, other=0.0)
+        a1 += tl.load(at + 1, mask=ok, other=0.0)
+        a2 += tl.load(at + 2, mask=ok, other=0.0)
+        a3 += tl.load(at + 3, mask=ok, other=0.0)
+        a4 += tl.load(at + 4, mask=ok, other=0.0)
+    zero = tl.sum(a0, 0) * 0.0
+    _ratio_grads(pg_ptr + 2 * C, wm0, wm1, wm2, zero, tl.sum(a0, 0),
+                 tl.sum(a1, 0), fixed_ptr, 0, K, HAS_IN, GIVEN, HAS_FIXED)
+    _ratio_grads(pg_ptr + 2 * C + K, wv0, wv1, wv2, tl.sum(a2, 0),
+                 tl.sum(a3, 0), tl.sum(a4, 0), fixed_ptr, 1, K, HAS_IN,
+                 GIVEN, HAS_FIXED)
+
+
+@triton.jit(do_not_specialize=['N', 'C'])
+def _input_grad_kernel(g_ptr, x_ptr, dx_ptr, ws_ptr, bws_ptr, pg_ptr, w_ptr,
+                       mlog_ptr, vlog_ptr, fixed_ptr, fixed_ratio_ptr, N, C,
+                       L, chunk, two_over_divisor, sgn, sgc, sgl, sxn, sxc,
+                       sxl, SPLIT: tl.constexpr, ROWS: tl.constexpr,
+                       BLOCK: tl.constexpr, PB: tl.constexpr,
+                       K: tl.constexpr, HAS_IN: tl.constexpr,
+                       GIVEN: tl.constexpr, HAS_FIXED: tl.constexpr,
+                       BN_BATCH: tl.constexpr):
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)
+    s = tl.num_programs(1) - 1 - tl.program_id(1)
+    R = N * C
+    r = tile * ROWS + tl.arange(0, ROWS)
+    row_ok = r < R
+    n, c, xbase = _row_offsets(r, C, sxn, sxc)
+    _, _, gbase = _row_offsets(r, C, sgn, sgc)
+    wm0, wm1, wm2 = _ratios(mlog_ptr, fixed_ptr, fixed_ratio_ptr, 0, K,
+                            HAS_IN, GIVEN, HAS_FIXED)
+    wv0, wv1, wv2 = _ratios(vlog_ptr, fixed_ptr, fixed_ratio_ptr, 1, K,
+                            HAS_IN, GIVEN, HAS_FIXED)
+    w = tl.load(w_ptr + c, mask=row_ok, other=0.0)
+    _, _, d_mu, d_var, mean_in, _, rstd = _row_grads(ws_ptr, bws_ptr, r,
+                                                     row_ok, w, R, SPLIT)
+    stats = 2 * R * SPLIT
+    out = 2 * R * SPLIT
+    # Back through LN's (per sample) and BN's (per channel) statistics to
+    # each row's IN mean and variance (Eq. 5 reversed).
+    dvar_n = wv1 * tl.load(bws_ptr + out + N + n, mask=row_ok,
+                           other=0.0) / C
+    d_var_in = dvar_n + wv0 * d_var
+    d_mean_in = (wm1 * tl.load(bws_ptr + out + n, mask=row_ok, other=0.0) / C
+                 + wm0 * d_mu + 2.0 * dvar_n * (
+                     mean_in - tl.load(ws_ptr + stats + 4 * R + n,
+                                       mask=row_ok, other=0.0)))
+    if K == 3:
+        if BN_BATCH:
+            dvar_c = wv2 * tl.load(bws_ptr + out + 2 * N + C + c,
+                                   mask=row_ok, other=0.0) / N
+            d_var_in += dvar_c
+            d_mean_in += (wm2 * tl.load(bws_ptr + out + 2 * N + c,
+                                        mask=row_ok, other=0.0) / N
+                          + 2.0 * dvar_c * (mean_in - tl.load(
+                              ws_ptr + stats + 4 * R + 2 * N + c,
+                              mask=row_ok, other=0.0)))
+    coef = d_var_in * two_over_divisor
+    shift = d_mean_in / L
+    scale = w * rstd
+    cols = tl.arange(0, BLOCK)
+    start = s * chunk
+    for off in range(0, chunk, BLOCK):
+        pos = (start + off + cols).to(tl.int64)
+        ok = row_ok[:, None] & (pos < L)[None, :]
+        g = tl.load(g_ptr + gbase[:, None] + pos[None, :] * sgl, mask=ok,
+                    other=0.0).to(tl.float32)
+        at = xbase[:, None] + pos[None, :] * sxl
+        v = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
+        dx = (g * scale[:, None] + coef[:, None] * (v - mean_in[:, None])
+              + shift[:, None])
+        tl.store(dx_ptr + at, dx.to(dx_ptr.dtype.element_ty), mask=ok)
+    if (tile == 0) & (s == 0):  # one program: the ratio-logit gradients
+        _logit_grads(bws_ptr, pg_ptr, fixed_ptr, wm0, wm1, wm2, wv0, wv1, wv2,
+                     N, C, SPLIT, PB, K, HAS_IN, GIVEN, HAS_FIXED)
+
+
+# -- host side ------------------------------------------------------------
+
+def _pow2(v: int) -> int:
+    return 1 << max(int(v) - 1, 0).bit_length()
+
+
+_SM_COUNT = {}
+_PLANS = {}
+
+
+def _target_programs(device: torch.device) -> int:
+    """Programs that keep every multiprocessor busy (four per SM)."""
+    if device.type != 'cuda':
+        return 4  # Triton's interpreter: few programs, quick tests
+    index = device.index if device.index is not None else \
+        torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(
+            index).multi_processor_count
+    return 4 * _SM_COUNT[index]
+
+
+def _plan(n: int, c: int, length: int, stride_c: int, stride_l: int,
+          device: torch.device):
+    """Tile shape, chunks per row and launch grids for one shape and
+    layout; cached."""
+    key = (n, c, length, stride_c, stride_l, device)
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan
+    rows_total = n * c
+    if stride_c == 1 and stride_l != 1 and c > 1:
+        # channels_last: a tile spans channels, whose values are adjacent.
+        rows = min(_pow2(c), 64)
+        block = max(min(_TILE // rows, _pow2(length)), 1)
+    else:
+        block = min(max(_pow2(length), 16), 1024)
+        rows = max(1, _TILE // block)
+    tiles = triton.cdiv(rows_total, rows)
+    split, target = 1, _target_programs(device)
+    limit = min(triton.cdiv(length, block), _MAX_SPLIT)
+    while split * 2 <= limit and tiles * split < target:
+        split *= 2
+    chunk = triton.cdiv(triton.cdiv(length, split), block) * block
+    cb = min(_pow2(c), max(4096 // split, 16))
+    nb = min(_pow2(n), max(4096 // split, 16))
+    plan = dict(key=key, rows=rows, block=block, split=split, chunk=chunk,
+                cb=cb,
+                nb=nb, grid=(tiles, split), ws=2 * rows_total * split +
+                4 * rows_total + 2 * n + 2 * c,
+                bws=2 * rows_total * split + 2 * n + 2 * c +
+                _PARTS * (n + c))
+    _PLANS[key] = plan
+    return plan
+
+
+def _dense(x3: Tensor) -> Tensor:
+    """x3 itself when its elements are non-overlapping and dense
+    (contiguous or channels_last), else a contiguous copy: outputs take its
+    strides."""
+    n, c, length = x3.shape
+    sn, sc, sl = x3.stride()
+    if (sl == 1 and sc == length and sn == c * length) or (
+            sc == 1 and sl == c and sn == c * length) or length == 1 and (
+            sc == 1 and sn == c):
+        return x3
+    return x3.contiguous()
+
+
+# Launching: after a kernel's first launch through Triton (which compiles
+# it), later launches with the same specialisation call the compiled kernel
+# directly. Triton's own launch path re-derives the specialisation from every
+# argument on every call, which at small shapes costs more than the kernel.
+# The key holds what that specialisation depends on (the sizes, strides and
+# dtypes of the plan, the flags, every pointer's 16-byte alignment).
+_DIRECT = {'on': not _INTERPRET_AT_IMPORT}
+_COMPILED = {}
+
+
+def _launch(kernel, key, grid, args, device_index):
+    compiled = _COMPILED.get(key)
+    if compiled is not None:
+        try:
+            compiled.run(grid[0], grid[1], 1,
+                         torch._C._cuda_getCurrentRawStream(device_index),
+                         compiled.function, compiled.packed_metadata, None,
+                         None, None, *args)
+            return
+        except TypeError as err:  # another Triton's launcher: its own path
+            _DIRECT['on'] = False
+            _COMPILED.clear()
+            warnings.warn(f'sn_mm: launching Triton kernels directly failed '
+                          f'({err}); using Triton\'s launch path')
+    compiled = kernel[grid](*args)
+    if key is not None and _DIRECT['on'] and all(
+            hasattr(compiled, a) for a in ('run', 'function',
+                                           'packed_metadata')):
+        _COMPILED[key] = compiled
+
+
+def _aligned(*tensors) -> bool:
+    return all(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def _forward(x3, weight, bias, mean_logits, var_logits, running_mean,
+             running_var, nbt, ratio_fixed, fixed_ratios, training, momentum,
+             eps, unbiased, ratios_given):
+    n, c, length = x3.shape
+    sxn, sxc, sxl = x3.stride()
+    plan = _plan(n, c, length, sxc, sxl, x3.device)
+    split, chunk, grid = plan['split'], plan['chunk'], plan['grid']
+    rows, block = plan['rows'], plan['block']
+    has_in = length > 1
+    divisor = float(max(length - (1 if unbiased and has_in else 0), 1))
+    using_bn = running_mean is not None
+    bn_batch = using_bn and training
+    k = mean_logits.shape[0]
+    ws = torch.empty(plan['ws'], device=x3.device, dtype=torch.float32)
+    y = torch.empty_strided(x3.shape, x3.stride(), dtype=x3.dtype,
+                            device=x3.device)
+    cumulative = momentum is None
+    rmean = running_mean if using_bn else ws
+    rvar = running_var if using_bn else ws
+    count = nbt if bn_batch else ws
+    has_fixed = ratio_fixed is not None
+    fixed = ratio_fixed if has_fixed else ws
+    fixed_r = fixed_ratios if has_fixed else ws
+    key = None
+    device_index = -1
+    if _DIRECT['on'] and x3.is_cuda and _aligned(
+            x3, weight, bias, mean_logits, var_logits, rmean, rvar, count,
+            fixed, fixed_r):
+        device_index = x3.get_device()
+        key = (plan['key'], x3.dtype, k, has_in, ratios_given, has_fixed,
+               bn_batch, cumulative)
+    _launch(_moments_kernel, key and ('m', ) + key, grid,
+            (x3, ws, n * c, c, length, chunk, sxn, sxc, sxl, split, rows,
+             block, chunk == block), device_index)
+    _launch(_stats_kernel, key and ('s', ) + key, (n + c if bn_batch else n,
+                                                   1),
+            (ws, rmean, rvar, count, n, c, length, chunk, divisor,
+             0. if cumulative else float(momentum), split, plan['cb'],
+             plan['nb'], bn_batch, cumulative), device_index)
+    _launch(_normalize_kernel, key and ('n', ) + key, grid,
+            (x3, y, ws, weight, bias, mean_logits, var_logits, fixed,
+             fixed_r, rmean, rvar, count, n, c, length, chunk, divisor,
+             float(eps), sxn, sxc, sxl, split, rows, block, k, has_in,
+             ratios_given, has_fixed, bn_batch, bn_batch), device_index)
+    if bn_batch:
+        _bump(running_mean, running_var, nbt)
+    return y, ws, plan
+
+
+def _bump(*tensors):
+    # Written in place by a kernel: autograd's version counters must see it.
+    try:
+        torch.autograd.graph.increment_version(tensors)
+    except TypeError:  # a torch that takes one tensor at a time
+        for t in tensors:
+            torch.autograd.graph.increment_version(t)
+
+
+class TritonSwitchableNorm(torch.autograd.Function):
+    """SN's forward and backward on the six kernels of this module."""
+
+    @staticmethod
+    def forward(ctx, x3, weight, bias, mean_logits, var_logits, state):
+        (running_mean, running_var, nbt, ratio_fixed, fixed_ratios, training,
+         momentum, eps, unbiased, ratios_given) = state
+        y, ws, plan = _forward(x3, weight, bias, mean_logits, var_logits,
+                               running_mean, running_var, nbt, ratio_fixed,
+                               fixed_ratios, training, momentum, eps,
+                               unbiased, ratios_given)
+        ctx.state = state
+        ctx.plan = plan
+        # Eval's BN term reads the running statistics: saved, so that a
+        # change before backward is caught by autograd's version check.
+        bn_eval = running_mean is not None and not training
+        ctx.save_for_backward(x3, weight, bias, mean_logits, var_logits, ws,
+                              running_mean if bn_eval else None,
+                              running_var if bn_eval else None)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        if torch.is_grad_enabled():
+            return _recorded_backward(ctx, grad_y)
+        (x3, weight, _, mean_logits, var_logits, ws, rmean,
+         rvar) = ctx.saved_tensors
+        (running_mean, _, _, ratio_fixed, fixed_ratios, training, _, _,
+         unbiased, ratios_given) = ctx.state
+        plan = ctx.plan
+        n, c, length = x3.shape
+        split, chunk = plan['split'], plan['chunk']
+        has_in = length > 1
+        divisor = max(length - (1 if unbiased and has_in else 0), 1)
+        bn_batch = running_mean is not None and training
+        k = mean_logits.shape[0]
+        sgn, sgc, sgl = grad_y.stride()
+        sxn, sxc, sxl = x3.stride()
+        bws = torch.empty(plan['bws'], device=x3.device, dtype=torch.float32)
+        pg = torch.empty(2 * c + 2 * k, device=x3.device,
+                         dtype=torch.float32)
+        dx = torch.empty_strided(x3.shape, x3.stride(), dtype=x3.dtype,
+                                 device=x3.device)
+        if rmean is None:
+            rmean = rvar = ws
+        has_fixed = ratio_fixed is not None
+        fixed = ratio_fixed if has_fixed else ws
+        fixed_r = fixed_ratios if has_fixed else ws
+        grid, rows, block = plan['grid'], plan['rows'], plan['block']
+        key = None
+        device_index = -1
+        if _DIRECT['on'] and x3.is_cuda and _aligned(
+                grad_y, x3, weight, mean_logits, var_logits, rmean, rvar,
+                fixed, fixed_r):
+            device_index = x3.get_device()
+            key = (plan['key'], x3.dtype, grad_y.dtype, sgn, sgc, sgl, k,
+                   has_in, ratios_given, has_fixed, bn_batch)
+        _launch(_grad_sums_kernel, key and ('gs', ) + key, grid,
+                (grad_y, x3, ws, bws, n * c, c, length, chunk, sgn, sgc, sgl,
+                 sxn, sxc, sxl, split, rows, block), device_index)
+        _launch(_grad_stats_kernel, key and ('gt', ) + key, (n + c, 1),
+                (ws, bws, pg, weight, rmean, rvar, n, c, split, plan['cb'],
+                 plan['nb'], k, bn_batch), device_index)
+        _launch(_input_grad_kernel, key and ('ig', ) + key, grid,
+                (grad_y, x3, dx, ws, bws, pg, weight, mean_logits,
+                 var_logits, fixed, fixed_r, n, c, length, chunk,
+                 2.0 / divisor, sgn, sgc, sgl, sxn, sxc, sxl, split, rows,
+                 block, 256, k, has_in, ratios_given, has_fixed, bn_batch),
+                device_index)
+        return (dx, pg[:c], pg[c:2 * c], pg[2 * c:2 * c + k],
+                pg[2 * c + k:], None)
+
+
+def _recorded_backward(ctx, grad_y):
+    """create_graph=True: differentiate a recomputed differentiable forward
+    (PyTorch ops, float32), so that every higher derivative is exact."""
+    from .kernels import TORCH
+    from .sn_function import sn_forward
+    x3, weight, bias, mean_logits, var_logits = ctx.saved_tensors[:5]
+    (running_mean, running_var, _, ratio_fixed, fixed_ratios, training, _,
+     eps, unbiased, ratios_given) = ctx.state
+    has_in = x3.shape[2] > 1
+    inputs = (x3, weight, bias, mean_logits, var_logits)
+    wanted = [i for i, need in enumerate(ctx.needs_input_grad[:5]) if need]
+    y, _ = sn_forward(TORCH, x3.float(), weight, bias, mean_logits,
+                      var_logits, running_mean, running_var, training, has_in,
+                      1 if unbiased and has_in else 0, eps, None, ratio_fixed,
+                      fixed_ratios, ratios_given)
+    grads = torch.autograd.grad(y, [inputs[i] for i in wanted],
+                                grad_y.float(), create_graph=True,
+                                allow_unused=True)
+    result = [None] * 6
+    for i, g in zip(wanted, grads):
+        result[i] = torch.zeros_like(inputs[i]) if g is None else g
+    return tuple(result)
+
+
+def applies(x: Tensor, weight: Tensor, running_mean: Optional[Tensor]) -> bool:
+    """Whether these kernels take a call (the kernel choice aside): a
+    non-empty float32/bfloat16/float16 input on a GPU (or any device in
+    Triton's interpreter) with float32 parameters and statistics."""
+    return ((x.is_cuda or _INTERPRET) and x.dtype in FUSED_DTYPES
+            and weight.dtype is torch.float32 and x.numel() > 0
+            and (running_mean is None
+                 or running_mean.dtype is torch.float32))
+
+
+_INTERPRET = os.environ.get('TRITON_INTERPRET') == '1'
+
+
+def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
+                    mean_logits: Tensor, var_logits: Tensor,
+                    running_mean: Optional[Tensor],
+                    running_var: Optional[Tensor], nbt: Optional[Tensor],
+                    ratio_fixed: Optional[Tensor],
+                    fixed_ratios: Optional[Tensor], training: bool,
+                    momentum: Optional[float], eps: float, unbiased: bool,
+                    ratios_given: bool = False) -> Tensor:
+    """SN of ``x`` (N, C, *) on these kernels; in training with a BN branch
+    the running statistics and ``nbt`` are updated in place. Arguments as
+    :func:`sn_mm.ops.functional.switchable_norm`'s (``ratios_given``: the
+    logits are the ratio vectors, e.g. SparsestMax's)."""
+    shape = x.shape
+    n, c = shape[0], shape[1]
+    x3 = _dense(x.reshape(n, c, x.numel() // (n * c)))
+    state = (running_mean, running_var, nbt, ratio_fixed, fixed_ratios,
+             training, momentum, eps, unbiased, ratios_given)
+    if torch.is_grad_enabled() and (
+            x.requires_grad or weight.requires_grad or bias.requires_grad
+            or mean_logits.requires_grad or var_logits.requires_grad):
+        y = TritonSwitchableNorm.apply(x3, weight, bias, mean_logits,
+                                       var_logits, state)
+    else:
+        y = _forward(x3, weight, bias, mean_logits, var_logits,
+                     *state)[0]
+    return y.reshape(shape)

@@ -1,0 +1,73 @@
+"""Compiles the fused Triton SN kernels (sn_mm/ops/triton_fused.py) for
+NVIDIA GPUs without one: Triton lowers them to PTX and ptxas assembles a
+cubin, so type and lowering errors that the interpreter lets through show
+up here. Run as a script without TRITON_INTERPRET set (the tests do);
+prints one line per kernel and case."""
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from sn_mm.ops import triton_fused as tf
+
+FLOATS = ('divisor', 'eps', 'momentum', 'two_over_divisor')
+DATA = ('x_ptr', 'y_ptr', 'g_ptr', 'dx_ptr')
+
+
+def compile_kernel(kernel, constexprs, data_type, arch):
+    signature = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            signature[name] = 'constexpr'
+        elif name in DATA:
+            signature[name] = '*' + data_type
+        elif name == 'fixed_ptr':
+            signature[name] = '*i1'
+        elif name == 'nbt_ptr':
+            signature[name] = '*i64'
+        elif name.endswith('_ptr'):
+            signature[name] = '*fp32'
+        elif name in FLOATS:
+            signature[name] = 'fp32'
+        else:
+            signature[name] = 'i32'
+    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(src, target=GPUTarget('cuda', arch, 32))
+
+
+def main():
+    # (N, C, L, stride_c, stride_l): contiguous long rows (split), RoI
+    # rows, channels_last, one position.
+    shapes = [(2, 256, 60800, 60800, 1), (16, 256, 49, 49, 1),
+              (8, 256, 3136, 1, 256), (4, 64, 1, 1, 1)]
+    for n, c, length, sc, sl in shapes:
+        plan = tf._plan(n, c, length, sc, sl, tf.torch.device('cuda', 0)
+                        if False else tf.torch.device('cpu'))
+        tiles = dict(SPLIT=plan['split'], ROWS=plan['rows'],
+                     BLOCK=plan['block'])
+        flags = dict(K=3, HAS_IN=length > 1, GIVEN=False, HAS_FIXED=True,
+                     BN_BATCH=True)
+        cases = [
+            ('_moments_kernel', dict(tiles, ONE_STEP=plan['chunk'] ==
+                                     plan['block'])),
+            ('_stats_kernel', dict(SPLIT=plan['split'], CB=plan['cb'],
+                                   NB=plan['nb'], UPDATE=True,
+                                   CUMULATIVE=False)),
+            ('_normalize_kernel', dict(tiles, COUNT=True, **flags)),
+            ('_grad_sums_kernel', tiles),
+            ('_grad_stats_kernel', dict(SPLIT=plan['split'], CB=plan['cb'],
+                                        NB=plan['nb'], K=3, BN_BATCH=True)),
+            ('_input_grad_kernel', dict(tiles, PB=256, **flags)),
+        ]
+        for name, constexprs in cases:
+            for data_type in ('fp32', 'bf16'):
+                compiled = compile_kernel(getattr(tf, name), constexprs,
+                                          data_type, 90)
+                print(f'{name} {n}x{c}x{length} {data_type} sm_90 '
+                      f'cubin={len(compiled.asm["cubin"])}', flush=True)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
