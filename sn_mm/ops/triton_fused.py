@@ -751,7 +751,7 @@ def _forward(x3, weight, bias, mean_logits, var_logits, running_mean,
              ratios_given, has_fixed, bn_batch, bn_batch), device_index)
     if bn_batch:
         _bump(running_mean, running_var, nbt)
-    return y, ws, plan
+    return y, ws, plan, key
 
 
 def _bump(*tensors):
@@ -770,12 +770,13 @@ class TritonSwitchableNorm(torch.autograd.Function):
     def forward(ctx, x3, weight, bias, mean_logits, var_logits, state):
         (running_mean, running_var, nbt, ratio_fixed, fixed_ratios, training,
          momentum, eps, unbiased, ratios_given) = state
-        y, ws, plan = _forward(x3, weight, bias, mean_logits, var_logits,
-                               running_mean, running_var, nbt, ratio_fixed,
-                               fixed_ratios, training, momentum, eps,
-                               unbiased, ratios_given)
+        y, ws, plan, key = _forward(x3, weight, bias, mean_logits,
+                                    var_logits, running_mean, running_var,
+                                    nbt, ratio_fixed, fixed_ratios, training,
+                                    momentum, eps, unbiased, ratios_given)
         ctx.state = state
         ctx.plan = plan
+        ctx.key = key  # None: no direct launches (see _launch)
         # Eval's BN term reads the running statistics: saved, so that a
         # change before backward is caught by autograd's version check.
         bn_eval = running_mean is not None and not training
@@ -814,12 +815,10 @@ class TritonSwitchableNorm(torch.autograd.Function):
         grid, rows, block = plan['grid'], plan['rows'], plan['block']
         key = None
         device_index = -1
-        if _DIRECT['on'] and x3.is_cuda and _aligned(
-                grad_y, x3, weight, mean_logits, var_logits, rmean, rvar,
-                fixed, fixed_r):
+        # The forward's tensors were aligned if it launched directly.
+        if ctx.key is not None and grad_y.data_ptr() % 16 == 0:
             device_index = x3.get_device()
-            key = (plan['key'], x3.dtype, grad_y.dtype, sgn, sgc, sgl, k,
-                   has_in, ratios_given, has_fixed, bn_batch)
+            key = ctx.key + (grad_y.dtype, sgn, sgc, sgl)
         _launch(_grad_sums_kernel, key and ('gs', ) + key, grid,
                 (grad_y, x3, ws, bws, n * c, c, length, chunk, sgn, sgc, sgl,
                  sxn, sxc, sxl, split, rows, block), device_index)
@@ -896,6 +895,5 @@ def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
         y = TritonSwitchableNorm.apply(x3, weight, bias, mean_logits,
                                        var_logits, state)
     else:
-        y = _forward(x3, weight, bias, mean_logits, var_logits,
-                     *state)[0]
+        y = _forward(x3, weight, bias, mean_logits, var_logits, *state)[0]
     return y.reshape(shape)
