@@ -53,12 +53,12 @@ def main():
                                      plan['block'])),
             ('_stats_kernel', dict(SPLIT=plan['split'], CB=plan['cb'],
                                    NB=plan['nb'], UPDATE=True,
-                                   CUMULATIVE=False)),
+                                   CUMULATIVE=False, LOCAL=False)),
             ('_normalize_kernel', dict(tiles, COUNT=True, **flags)),
             ('_grad_sums_kernel', tiles),
             ('_grad_stats_kernel', dict(SPLIT=plan['split'], CB=plan['cb'],
-                                        NB=plan['nb'], K=3, BN_BATCH=True)),
-            ('_input_grad_kernel', dict(tiles, PB=256, **flags)),
+                                        NB=plan['nb'], **flags)),
+            ('_input_grad_kernel', dict(tiles, PB=256, SYNC=True, **flags)),
         ]
         for name, constexprs in cases:
             for data_type in ('fp32', 'bf16'):

@@ -164,7 +164,8 @@ class SwitchableNorm(nn.Module):
                 self.training, -1. if momentum is None else momentum,
                 self.eps, self.unbiased, False)
         # Likewise on GPUs: the fused Triton kernels, called directly.
-        if (x.is_cuda and self.ratio_fn == 'softmax' and x.dim() >= 2
+        if (isinstance(x, Tensor) and x.is_cuda
+                and self.ratio_fn == 'softmax' and x.dim() >= 2
                 and x.size(1) == self.num_features
                 and self._sync_group() is None
                 and triton_fused_applies(x, weight, buffers['running_mean'],

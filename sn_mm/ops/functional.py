@@ -180,8 +180,7 @@ def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
             running_var, num_batches_tracked, ratio_fixed, fixed_ratios,
             training, -1. if momentum is None else momentum, eps, unbiased,
             sparse)
-    if group is None and triton_fused_applies(x, weight, running_mean,
-                                              kernels):
+    if triton_fused_applies(x, weight, running_mean, kernels):
         if sparse:
             mean_weight, var_weight = _sparsest_ratios(
                 mean_weight, var_weight, radius, ratio_fixed, fixed_ratios,
@@ -189,7 +188,7 @@ def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
         return _triton_fused.switchable_norm(
             x, weight, bias, mean_weight, var_weight, running_mean,
             running_var, num_batches_tracked, ratio_fixed, fixed_ratios,
-            training, momentum, eps, unbiased, sparse)
+            training, momentum, eps, unbiased, sparse, group)
     args = (weight, bias, mean_weight, var_weight, running_mean, running_var,
             num_batches_tracked, training, momentum, eps, unbiased, kernels,
             group, ratio_fixed, fixed_ratios, sparse, radius)

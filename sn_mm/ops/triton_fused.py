@@ -272,7 +272,8 @@ def _ln_stats(ws_ptr, n, N, C, L, chunk, divisor, SPLIT: tl.constexpr,
 @triton.jit
 def _bn_stats(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr, c, N, C, L, chunk,
               divisor, momentum, SPLIT: tl.constexpr, NB: tl.constexpr,
-              UPDATE: tl.constexpr, CUMULATIVE: tl.constexpr):
+              UPDATE: tl.constexpr, CUMULATIVE: tl.constexpr,
+              LOCAL: tl.constexpr):
     R = N * C
     out = 2 * R * SPLIT + 4 * R
     idx = tl.arange(0, NB)
@@ -290,9 +291,12 @@ def _bn_stats(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr, c, N, C, L, chunk,
                                  chunk, divisor, SPLIT)
         dev = mean - mean_bn
         acc += tl.where(ok, var + dev * dev, 0.0)
-    var_bn = tl.sum(acc, 0) / N
     tl.store(ws_ptr + out + 2 * N + c, mean_bn)
-    tl.store(ws_ptr + out + 2 * N + C + c, var_bn)
+    if LOCAL:  # this rank's share: the centred second moment, not / N
+        tl.store(ws_ptr + out + 2 * N + C + c, tl.sum(acc, 0))
+    else:
+        var_bn = tl.sum(acc, 0) / N
+        tl.store(ws_ptr + out + 2 * N + C + c, var_bn)
     if UPDATE:
         if CUMULATIVE:  # the counter is incremented after this kernel
             m = 1.0 / (tl.load(nbt_ptr) + 1).to(tl.float32)
@@ -307,15 +311,18 @@ def _bn_stats(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr, c, N, C, L, chunk,
 def _stats_kernel(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr, N, C, L, chunk,
                   divisor, momentum, SPLIT: tl.constexpr, CB: tl.constexpr,
                   NB: tl.constexpr, UPDATE: tl.constexpr,
-                  CUMULATIVE: tl.constexpr):
+                  CUMULATIVE: tl.constexpr, LOCAL: tl.constexpr):
     """Programs 0..N-1: LN's mean and variance of sample n; programs N..:
-    BN's of channel c (and its running statistics)."""
+    BN's of channel c (and its running statistics), or with ``LOCAL`` this
+    rank's channel mean and centred second moment, for SyncSN to combine
+    across ranks."""
     pid = tl.program_id(0)
     if pid < N:
         _ln_stats(ws_ptr, pid, N, C, L, chunk, divisor, SPLIT, CB)
     else:
         _bn_stats(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr, pid - N, N, C, L,
-                  chunk, divisor, momentum, SPLIT, NB, UPDATE, CUMULATIVE)
+                  chunk, divisor, momentum, SPLIT, NB, UPDATE, CUMULATIVE,
+                  LOCAL)
 
 
 @triton.jit(do_not_specialize=['N', 'C'])
@@ -447,9 +454,11 @@ def _sample_grads(ws_ptr, bws_ptr, w_ptr, n, N, C, SPLIT: tl.constexpr,
 
 
 @triton.jit
-def _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr, c, N,
-                   C, SPLIT: tl.constexpr, NB: tl.constexpr, K: tl.constexpr,
-                   BN_BATCH: tl.constexpr):
+def _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
+                   mlog_ptr, vlog_ptr, fixed_ptr, fixed_ratio_ptr, c, N, C,
+                   SPLIT: tl.constexpr, NB: tl.constexpr, K: tl.constexpr,
+                   HAS_IN: tl.constexpr, GIVEN: tl.constexpr,
+                   HAS_FIXED: tl.constexpr, BN_BATCH: tl.constexpr):
     R = N * C
     stats = 2 * R * SPLIT
     out = 2 * R * SPLIT
@@ -479,8 +488,14 @@ def _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr, c, N,
         if K == 3:
             acc_m += tl.where(ok, d_mu * (mean_bn - mean_in), 0.0)
     d_var_c = tl.sum(acc_var, 0)
-    tl.store(bws_ptr + out + 2 * N + c, tl.sum(acc_mu, 0))
-    tl.store(bws_ptr + out + 2 * N + C + c, d_var_c)
+    # The gradients of the BN mean and variance, weighted by their ratios:
+    # what SyncSN all-reduces (as its chain of kernels does).
+    _, _, wm2 = _ratios(mlog_ptr, fixed_ptr, fixed_ratio_ptr, 0, K, HAS_IN,
+                        GIVEN, HAS_FIXED)
+    _, _, wv2 = _ratios(vlog_ptr, fixed_ptr, fixed_ratio_ptr, 1, K, HAS_IN,
+                        GIVEN, HAS_FIXED)
+    tl.store(bws_ptr + out + 2 * N + c, wm2 * tl.sum(acc_mu, 0))
+    tl.store(bws_ptr + out + 2 * N + C + c, wv2 * d_var_c)
     tl.store(pg_ptr + c, tl.sum(acc_w, 0))
     tl.store(pg_ptr + C + c, tl.sum(acc_b, 0))
     tl.store(parts, 0.0)
@@ -495,9 +510,11 @@ def _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr, c, N,
 
 @triton.jit(do_not_specialize=['N', 'C'])
 def _grad_stats_kernel(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
-                       N, C, SPLIT: tl.constexpr, CB: tl.constexpr,
+                       mlog_ptr, vlog_ptr, fixed_ptr, fixed_ratio_ptr, N, C,
+                       SPLIT: tl.constexpr, CB: tl.constexpr,
                        NB: tl.constexpr, K: tl.constexpr,
-                       BN_BATCH: tl.constexpr):
+                       HAS_IN: tl.constexpr, GIVEN: tl.constexpr,
+                       HAS_FIXED: tl.constexpr, BN_BATCH: tl.constexpr):
     """Programs 0..N-1: sums over channels of sample n; programs N..: sums
     over samples of channel c, grad_weight and grad_bias. Each also leaves
     its share of the ratio gradients' dot products."""
@@ -506,7 +523,9 @@ def _grad_stats_kernel(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
         _sample_grads(ws_ptr, bws_ptr, w_ptr, pid, N, C, SPLIT, CB)
     else:
         _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
-                       pid - N, N, C, SPLIT, NB, K, BN_BATCH)
+                       mlog_ptr, vlog_ptr, fixed_ptr, fixed_ratio_ptr,
+                       pid - N, N, C, SPLIT, NB, K, HAS_IN, GIVEN, HAS_FIXED,
+                       BN_BATCH)
 
 
 @triton.jit
@@ -545,7 +564,7 @@ def _input_grad_kernel(g_ptr, x_ptr, dx_ptr, ws_ptr, bws_ptr, pg_ptr, w_ptr,
                        BLOCK: tl.constexpr, PB: tl.constexpr,
                        K: tl.constexpr, HAS_IN: tl.constexpr,
                        GIVEN: tl.constexpr, HAS_FIXED: tl.constexpr,
-                       BN_BATCH: tl.constexpr):
+                       BN_BATCH: tl.constexpr, SYNC: tl.constexpr):
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
     s = tl.num_programs(1) - 1 - tl.program_id(1)
     R = N * C
@@ -573,11 +592,15 @@ def _input_grad_kernel(g_ptr, x_ptr, dx_ptr, ws_ptr, bws_ptr, pg_ptr, w_ptr,
                                        mask=row_ok, other=0.0)))
     if K == 3:
         if BN_BATCH:
-            dvar_c = wv2 * tl.load(bws_ptr + out + 2 * N + C + c,
-                                   mask=row_ok, other=0.0) / N
+            if SYNC:  # the batch over the group
+                count = tl.load(ws_ptr + stats + 4 * R + 2 * N + 2 * C)
+            else:
+                count = N * 1.0
+            dvar_c = tl.load(bws_ptr + out + 2 * N + C + c, mask=row_ok,
+                             other=0.0) / count
             d_var_in += dvar_c
-            d_mean_in += (wm2 * tl.load(bws_ptr + out + 2 * N + c,
-                                        mask=row_ok, other=0.0) / N
+            d_mean_in += (tl.load(bws_ptr + out + 2 * N + c, mask=row_ok,
+                                  other=0.0) / count
                           + 2.0 * dvar_c * (mean_in - tl.load(
                               ws_ptr + stats + 4 * R + 2 * N + c,
                               mask=row_ok, other=0.0)))
@@ -650,7 +673,7 @@ def _plan(n: int, c: int, length: int, stride_c: int, stride_l: int,
     plan = dict(key=key, rows=rows, block=block, split=split, chunk=chunk,
                 cb=cb,
                 nb=nb, grid=(tiles, split), ws=2 * rows_total * split +
-                4 * rows_total + 2 * n + 2 * c,
+                4 * rows_total + 2 * n + 2 * c + 1,
                 bws=2 * rows_total * split + 2 * n + 2 * c +
                 _PARTS * (n + c))
     _PLANS[key] = plan
@@ -707,7 +730,7 @@ def _aligned(*tensors) -> bool:
 
 def _forward(x3, weight, bias, mean_logits, var_logits, running_mean,
              running_var, nbt, ratio_fixed, fixed_ratios, training, momentum,
-             eps, unbiased, ratios_given):
+             eps, unbiased, ratios_given, group=None):
     n, c, length = x3.shape
     sxn, sxc, sxl = x3.stride()
     plan = _plan(n, c, length, sxc, sxl, x3.device)
@@ -717,6 +740,7 @@ def _forward(x3, weight, bias, mean_logits, var_logits, running_mean,
     divisor = float(max(length - (1 if unbiased and has_in else 0), 1))
     using_bn = running_mean is not None
     bn_batch = using_bn and training
+    sync = bn_batch and group is not None
     k = mean_logits.shape[0]
     ws = torch.empty(plan['ws'], device=x3.device, dtype=torch.float32)
     y = torch.empty_strided(x3.shape, x3.stride(), dtype=x3.dtype,
@@ -724,7 +748,8 @@ def _forward(x3, weight, bias, mean_logits, var_logits, running_mean,
     cumulative = momentum is None
     rmean = running_mean if using_bn else ws
     rvar = running_var if using_bn else ws
-    count = nbt if bn_batch else ws
+    update = bn_batch and not sync  # SyncSN updates after its all-gather
+    count = nbt if update else ws
     has_fixed = ratio_fixed is not None
     fixed = ratio_fixed if has_fixed else ws
     fixed_r = fixed_ratios if has_fixed else ws
@@ -735,7 +760,7 @@ def _forward(x3, weight, bias, mean_logits, var_logits, running_mean,
             fixed, fixed_r):
         device_index = x3.get_device()
         key = (plan['key'], x3.dtype, k, has_in, ratios_given, has_fixed,
-               bn_batch, cumulative)
+               bn_batch, cumulative, sync)
     _launch(_moments_kernel, key and ('m', ) + key, grid,
             (x3, ws, n * c, c, length, chunk, sxn, sxc, sxl, split, rows,
              block, chunk == block), device_index)
@@ -743,15 +768,42 @@ def _forward(x3, weight, bias, mean_logits, var_logits, running_mean,
                                                    1),
             (ws, rmean, rvar, count, n, c, length, chunk, divisor,
              0. if cumulative else float(momentum), split, plan['cb'],
-             plan['nb'], bn_batch, cumulative), device_index)
+             plan['nb'], update, cumulative, sync), device_index)
+    if sync:
+        _combine_over_group(ws, n, c, plan, running_mean, running_var, nbt,
+                            momentum, group)
     _launch(_normalize_kernel, key and ('n', ) + key, grid,
             (x3, y, ws, weight, bias, mean_logits, var_logits, fixed,
              fixed_r, rmean, rvar, count, n, c, length, chunk, divisor,
              float(eps), sxn, sxc, sxl, split, rows, block, k, has_in,
-             ratios_given, has_fixed, bn_batch, bn_batch), device_index)
-    if bn_batch:
+             ratios_given, has_fixed, bn_batch, update), device_index)
+    if update:
         _bump(running_mean, running_var, nbt)
     return y, ws, plan, key
+
+
+def _bn_slots(ws, n, c, plan):
+    """Views of the BN mean and variance (C each) and the group's sample
+    count (1) in the workspace."""
+    start = plan['ws'] - 1 - 2 * c
+    return ws[start:start + c], ws[start + c:start + 2 * c], ws[-1:]
+
+
+def _combine_over_group(ws, n, c, plan, running_mean, running_var, nbt,
+                        momentum, group):
+    """SyncSN: this rank's channel means and centred second moments,
+    combined with every rank's by one all-gather (as SyncSN's chain of
+    kernels does, so that ranks on either path interoperate); the running
+    statistics updated from the result."""
+    from .functional import update_running_stats
+    from .sn_function import _bn_statistics
+    mean_c, m2_c, count = _bn_slots(ws, n, c, plan)
+    total, mean_bn, var_bn = _bn_statistics(n, mean_c, m2_c, group)
+    mean_c.copy_(mean_bn)
+    m2_c.copy_(var_bn)
+    count.copy_(total.reshape(1))
+    update_running_stats(running_mean, running_var, nbt, momentum, mean_bn,
+                         var_bn, total > 0)
 
 
 def _bump(*tensors):
@@ -768,12 +820,9 @@ class TritonSwitchableNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x3, weight, bias, mean_logits, var_logits, state):
-        (running_mean, running_var, nbt, ratio_fixed, fixed_ratios, training,
-         momentum, eps, unbiased, ratios_given) = state
         y, ws, plan, key = _forward(x3, weight, bias, mean_logits,
-                                    var_logits, running_mean, running_var,
-                                    nbt, ratio_fixed, fixed_ratios, training,
-                                    momentum, eps, unbiased, ratios_given)
+                                    var_logits, *state)
+        running_mean, running_var, training = state[0], state[1], state[5]
         ctx.state = state
         ctx.plan = plan
         ctx.key = key  # None: no direct launches (see _launch)
@@ -792,13 +841,14 @@ class TritonSwitchableNorm(torch.autograd.Function):
         (x3, weight, _, mean_logits, var_logits, ws, rmean,
          rvar) = ctx.saved_tensors
         (running_mean, _, _, ratio_fixed, fixed_ratios, training, _, _,
-         unbiased, ratios_given) = ctx.state
+         unbiased, ratios_given, group) = ctx.state
         plan = ctx.plan
         n, c, length = x3.shape
         split, chunk = plan['split'], plan['chunk']
         has_in = length > 1
         divisor = max(length - (1 if unbiased and has_in else 0), 1)
         bn_batch = running_mean is not None and training
+        sync = bn_batch and group is not None
         k = mean_logits.shape[0]
         sgn, sgc, sgl = grad_y.stride()
         sxn, sxc, sxl = x3.stride()
@@ -823,14 +873,20 @@ class TritonSwitchableNorm(torch.autograd.Function):
                 (grad_y, x3, ws, bws, n * c, c, length, chunk, sgn, sgc, sgl,
                  sxn, sxc, sxl, split, rows, block), device_index)
         _launch(_grad_stats_kernel, key and ('gt', ) + key, (n + c, 1),
-                (ws, bws, pg, weight, rmean, rvar, n, c, split, plan['cb'],
-                 plan['nb'], k, bn_batch), device_index)
+                (ws, bws, pg, weight, rmean, rvar, mean_logits, var_logits,
+                 fixed, fixed_r, n, c, split, plan['cb'], plan['nb'], k,
+                 has_in, ratios_given, has_fixed, bn_batch), device_index)
+        if sync:
+            # The shared BN statistics collect gradient from every rank.
+            start = 2 * n * c * split + 2 * n
+            torch.distributed.all_reduce(bws[start:start + 2 * c],
+                                         group=group)
         _launch(_input_grad_kernel, key and ('ig', ) + key, grid,
                 (grad_y, x3, dx, ws, bws, pg, weight, mean_logits,
                  var_logits, fixed, fixed_r, n, c, length, chunk,
                  2.0 / divisor, sgn, sgc, sgl, sxn, sxc, sxl, split, rows,
-                 block, 256, k, has_in, ratios_given, has_fixed, bn_batch),
-                device_index)
+                 block, 256, k, has_in, ratios_given, has_fixed, bn_batch,
+                 sync), device_index)
         return (dx, pg[:c], pg[c:2 * c], pg[2 * c:2 * c + k],
                 pg[2 * c + k:], None)
 
@@ -842,7 +898,12 @@ def _recorded_backward(ctx, grad_y):
     from .sn_function import sn_forward
     x3, weight, bias, mean_logits, var_logits = ctx.saved_tensors[:5]
     (running_mean, running_var, _, ratio_fixed, fixed_ratios, training, _,
-     eps, unbiased, ratios_given) = ctx.state
+     eps, unbiased, ratios_given, group) = ctx.state
+    if group is not None:
+        raise RuntimeError(
+            'SyncSN: double backward (create_graph=True) across several '
+            'processes is not supported; on one process (or with SN) it '
+            'is exact')
     has_in = x3.shape[2] > 1
     inputs = (x3, weight, bias, mean_logits, var_logits)
     wanted = [i for i, need in enumerate(ctx.needs_input_grad[:5]) if need]
@@ -879,16 +940,17 @@ def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
                     ratio_fixed: Optional[Tensor],
                     fixed_ratios: Optional[Tensor], training: bool,
                     momentum: Optional[float], eps: float, unbiased: bool,
-                    ratios_given: bool = False) -> Tensor:
+                    ratios_given: bool = False, group=None) -> Tensor:
     """SN of ``x`` (N, C, *) on these kernels; in training with a BN branch
     the running statistics and ``nbt`` are updated in place. Arguments as
     :func:`sn_mm.ops.functional.switchable_norm`'s (``ratios_given``: the
-    logits are the ratio vectors, e.g. SparsestMax's)."""
+    logits are the ratio vectors, e.g. SparsestMax's; ``group``: SyncSN's
+    process group, whose ranks share the BN statistics)."""
     shape = x.shape
     n, c = shape[0], shape[1]
     x3 = _dense(x.reshape(n, c, x.numel() // (n * c)))
     state = (running_mean, running_var, nbt, ratio_fixed, fixed_ratios,
-             training, momentum, eps, unbiased, ratios_given)
+             training, momentum, eps, unbiased, ratios_given, group)
     if torch.is_grad_enabled() and (
             x.requires_grad or weight.requires_grad or bias.requires_grad
             or mean_logits.requires_grad or var_logits.requires_grad):

@@ -301,22 +301,26 @@ def one_rank_group_check(device):
         os.environ.setdefault('MASTER_PORT', str(29500 + os.getpid() % 1000))
         dist.init_process_group('nccl' if device == 'cuda' else 'gloo',
                                 rank=0, world_size=1)
-    results = []
-    for group in (None, dist.group.WORLD):
-        layer = make_layer(8, device)
-        x = sample((4, 8, 5, 5)).float().to(device).requires_grad_()
-        y = switchable_norm(
-            x, layer.weight, layer.bias, layer.mean_weight, layer.var_weight,
-            layer.running_mean, layer.running_var, layer.num_batches_tracked,
-            True, layer.momentum, layer.eps, True, 'torch', group)
-        y.square().sum().backward()
-        results.append((y.detach(), x.grad, layer.mean_weight.grad,
-                        layer.running_var.clone()))
-    for a, b in zip(*results):
-        torch.testing.assert_close(a, b)
+    paths = ['torch'] + (['triton'] if device == 'cuda' else [])
+    for kernels in paths:
+        results = []
+        for group in (None, dist.group.WORLD):
+            layer = make_layer(8, device)
+            x = sample((4, 8, 5, 5)).float().to(device).requires_grad_()
+            y = switchable_norm(
+                x, layer.weight, layer.bias, layer.mean_weight,
+                layer.var_weight, layer.running_mean, layer.running_var,
+                layer.num_batches_tracked, True, layer.momentum, layer.eps,
+                True, kernels, group)
+            y.square().sum().backward()
+            results.append((y.detach(), x.grad, layer.mean_weight.grad,
+                            layer.weight.grad, layer.running_var.clone()))
+        for a, b in zip(*results):
+            torch.testing.assert_close(a, b)
     backend = dist.get_backend()
     dist.destroy_process_group()
-    return f'{backend}: output, gradients, running statistics equal SN'
+    return (f'{backend}, kernels {"/".join(paths)}: output, gradients, '
+            'running statistics equal SN')
 
 
 # -- work for a pool of processes ----------------------------------------

@@ -1,0 +1,82 @@
+"""SyncSN on the fused Triton kernels (sn_mm/ops/triton_fused.py) in real
+gloo processes, against SN on the whole batch: the fused path's all-gather
+in forward and all-reduce in backward are the chain's, so a rank on either
+path (an empty batch takes the chain) interoperates. Without a GPU the
+kernels run in Triton's interpreter."""
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from helpers import free_port
+from sn_mm import SwitchableNorm, SyncSwitchableNorm
+from test_sync_switchable_norm import (CASES, PARAMS, case_data, init_layer,
+                                       run_layer)
+
+pytest.importorskip('triton')
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available()
+    and os.environ.get('TRITON_INTERPRET') != '1',
+    reason='needs a GPU or Triton\'s interpreter')
+WORLD = 2
+DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
+
+
+def worker(rank, port, result_file):
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}',
+                            rank=rank, world_size=WORLD)
+    from sn_mm.ops import triton_fused
+    calls = []
+    real = triton_fused._combine_over_group
+    triton_fused._combine_over_group = lambda *a: calls.append(1) or real(*a)
+    results = {}
+    for i, (name, shape, split) in enumerate(CASES):
+        x, grad_out = case_data(shape, seed=i)
+        start = sum(split[:rank])
+        sl = slice(start, start + split[rank])
+        layer = init_layer(SyncSwitchableNorm(shape[1], kernels='triton'),
+                           seed=100 + i).to(DEVICE)
+        results[name] = {k: v.cpu() for k, v in run_layer(
+            layer, x[sl].float().to(DEVICE),
+            grad_out[sl].float().to(DEVICE)).items()}
+    results['fused_calls'] = len(calls)
+    torch.save(results, f'{result_file}.{rank}')
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope='module')
+def sync_results(tmp_path_factory):
+    result_file = str(tmp_path_factory.mktemp('syncsn_triton') / 'result')
+    mp.spawn(worker, args=(free_port(), result_file), nprocs=WORLD, join=True)
+    return [torch.load(f'{result_file}.{r}') for r in range(WORLD)]
+
+
+def test_the_fused_path_ran(sync_results):
+    # Two training steps per case, on every rank with samples.
+    for rank, results in enumerate(sync_results):
+        expected = 2 * sum(1 for _, _, split in CASES if split[rank])
+        assert results['fused_calls'] == expected
+
+
+@pytest.mark.parametrize('case', range(len(CASES)), ids=[c[0] for c in CASES])
+def test_fused_sync_matches_sn_on_whole_batch(sync_results, case):
+    name, shape, split = CASES[case]
+    x, grad_out = case_data(shape, seed=case)
+    expected = run_layer(
+        init_layer(SwitchableNorm(shape[1], kernels='torch'), seed=100 + case),
+        x.float(), grad_out.float())
+    per_rank = [r[name] for r in sync_results]
+    tol = dict(rtol=1e-4, atol=1e-4)
+    for key in ('out', 'x_grad'):
+        torch.testing.assert_close(
+            torch.cat([r[key] for r in per_rank]), expected[key], **tol)
+    for key in PARAMS:
+        torch.testing.assert_close(
+            sum(r[key] for r in per_rank), expected[key], **tol)
+    for r in per_rank:
+        torch.testing.assert_close(r['running_mean'], expected['running_mean'],
+                                   **tol)
+        torch.testing.assert_close(r['running_var'], expected['running_var'],
+                                   **tol)

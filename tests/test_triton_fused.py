@@ -1,0 +1,130 @@
+"""SN's fused Triton kernels (sn_mm/ops/triton_fused.py), the GPU default:
+they compute what the PyTorch kernels compute (outputs, every gradient,
+running statistics, the batch counter), keep channels_last, take bf16
+without a float32 copy, give an exact double backward, and lower to GPU
+code. Without a GPU they run in Triton's interpreter (tests/conftest.py);
+``make gpu-check`` runs every case of sn_mm.testing.kernel_agreement on a
+GPU."""
+import os
+import os.path as osp
+
+import pytest
+import torch
+
+from sn_mm import SwitchableNorm
+from tool_runner import ROOT, run_python
+
+pytest.importorskip('triton')
+from sn_mm.ops import triton_fused  # noqa: E402
+from sn_mm.testing import kernel_agreement as agreement  # noqa: E402
+
+DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
+needs_interpreter_or_gpu = pytest.mark.skipif(
+    DEVICE == 'cpu' and os.environ.get('TRITON_INTERPRET') != '1',
+    reason='needs a GPU or Triton\'s interpreter')
+
+# A cross-section of the agreement cases (each takes about a second in the
+# interpreter): every shape and layout, with and without BN, train and
+# eval, each variant, bf16.
+CASES = [
+    ((4, 6, 5, 3), False, True, True, torch.float32, {}),
+    ((4, 6, 5, 3), True, True, True, torch.float32, {}),
+    ((4, 6, 5, 3), True, False, False, torch.bfloat16, {}),
+    ((3, 5), False, True, True, torch.float32, {'momentum': None}),
+    ((2, 5, 1, 1), False, True, True, torch.float32, {}),
+    ((2, 5, 1, 1), False, False, True, torch.float32, {'fixed': True}),
+    ((2, 3, 40, 50), False, True, True, torch.float32, {}),  # split rows
+    ((2, 3, 40, 50), False, True, False, torch.bfloat16, {}),
+    ((6, 8, 7, 7), False, True, True, torch.float32, {'fixed': True}),
+    ((6, 8, 7, 7), False, True, True, torch.float32,
+     {'ratio_fn': 'sparsestmax'}),
+    ((6, 8, 7, 7), False, False, False, torch.float32,
+     {'ratio_fn': 'sparsestmax'}),
+    ((2, 3, 2, 2, 3), False, True, True, torch.float32, {}),
+    ((2, 3, 2, 2, 3), False, True, False, torch.float32,
+     {'momentum': None}),
+]
+
+
+@needs_interpreter_or_gpu
+@pytest.mark.parametrize('case', CASES, ids=[
+    f'{"x".join(map(str, c[0]))}-cl{int(c[1])}-bn{int(c[2])}-'
+    f'train{int(c[3])}-{str(c[4])[6:]}-{"-".join(c[5]) or "plain"}'
+    for c in CASES])
+def test_fused_kernels_equal_pytorch_kernels(case):
+    assert agreement.compare_case(DEVICE, *case) < 3e-2
+
+
+@needs_interpreter_or_gpu
+def test_the_comparison_can_fail(monkeypatch):
+    # A wrong factor in the input gradient's variance term must be caught.
+    mutated = []
+    real = triton_fused._launch
+
+    def launch(kernel, key, grid, args, index):
+        if kernel is triton_fused._input_grad_kernel:
+            args = list(args)
+            args[15] = args[15] * 2  # two_over_divisor
+            mutated.append(1)
+        return real(kernel, None, grid, tuple(args), index)
+    monkeypatch.setattr(triton_fused, '_launch', launch)
+    with pytest.raises(AssertionError, match='input_grad'):
+        agreement.compare_case(DEVICE, (4, 6, 5, 3), False, True, True,
+                               torch.float32, {})
+    assert mutated
+
+
+@needs_interpreter_or_gpu
+def test_the_layer_takes_the_fused_path(monkeypatch):
+    calls = []
+    real = triton_fused._forward
+    monkeypatch.setattr(triton_fused, '_forward',
+                        lambda *a: calls.append(1) or real(*a))
+    x = torch.randn(2, 4, 3, 3, device=DEVICE)
+    SwitchableNorm(4, kernels='triton').to(DEVICE)(x)
+    assert calls == [1]
+    SwitchableNorm(4, kernels='torch').to(DEVICE)(x)
+    SwitchableNorm(4, kernels='triton').to(DEVICE).double()(x.double())
+    assert calls == [1]  # PyTorch ops, and float64 (not a fused dtype)
+
+
+@needs_interpreter_or_gpu
+def test_bfloat16_in_bfloat16_out_without_a_float32_copy():
+    x = torch.randn(2, 4, 6, 6, device=DEVICE).bfloat16().requires_grad_()
+    layer = SwitchableNorm(4, kernels='triton').to(DEVICE)
+    with torch.profiler.profile() as prof:
+        y = layer(x)
+        y.float().sum().backward()
+    assert y.dtype == x.grad.dtype == torch.bfloat16
+    copies = [e.name for e in prof.events() if e.name in (
+        'aten::_to_copy', 'aten::copy_') and e.input_shapes
+        and e.input_shapes[0] == list(x.shape)]
+    # One copy: the test's own y.float(); none inside SN.
+    assert len(copies) <= 2, copies
+
+
+@needs_interpreter_or_gpu
+@pytest.mark.parametrize('training', [True, False])
+def test_double_backward_equals_pytorch_kernels(training):
+    results = []
+    for kernels in ('triton', 'torch'):
+        torch.manual_seed(0)
+        layer = agreement._layer(5, True, kernels).to(DEVICE).train(training)
+        x = (torch.randn(3, 5, 4, 4) * 2 + 1).to(DEVICE).requires_grad_()
+        y = layer(x)
+        (gx, ) = torch.autograd.grad(y.square().sum(), x, create_graph=True)
+        gx.square().sum().backward()  # a gradient penalty
+        results.append([x.grad] + [p.grad for p in layer.parameters()])
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_fused_kernels_compile_for_nvidia_gpus():
+    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
+    result = run_python(
+        [osp.join(ROOT, 'tests', 'triton_fused_compile_check.py')], cwd=ROOT,
+        ok=False, timeout=600, base_env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if 'cubin=' in line]
+    assert len(lines) == 48, result.stdout
+    assert all(int(line.rsplit('=', 1)[1]) > 0 for line in lines)
