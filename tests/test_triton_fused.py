@@ -128,3 +128,32 @@ def test_fused_kernels_compile_for_nvidia_gpus():
     lines = [line for line in result.stdout.splitlines() if 'cubin=' in line]
     assert len(lines) == 48, result.stdout
     assert all(int(line.rsplit('=', 1)[1]) > 0 for line in lines)
+
+
+@needs_interpreter_or_gpu
+def test_the_probe_accepts_working_kernels():
+    x = torch.randn(2, 3, device=DEVICE)
+    assert triton_fused._probe(x.device)
+
+
+@needs_interpreter_or_gpu
+def test_the_probe_refuses_failing_kernels_with_a_warning(monkeypatch):
+    # 'auto' then runs on PyTorch ops: a Triton the kernels do not compile
+    # with must not stop a training run that PyTorch's ops can do.
+    def broken(*args, **kwargs):
+        raise RuntimeError('no such instruction')
+    monkeypatch.setattr(triton_fused, '_launch', broken)
+    with pytest.warns(UserWarning, match='no such instruction'):
+        assert not triton_fused._probe(torch.device(DEVICE))
+    wrong = []
+    real = triton_fused._forward
+
+    def off_by_one(*args):
+        y, *rest = real(*args)
+        wrong.append(1)
+        return (y + 1, *rest)
+    monkeypatch.undo()
+    monkeypatch.setattr(triton_fused, '_forward', off_by_one)
+    with pytest.warns(UserWarning, match='differ from the PyTorch kernels'):
+        assert not triton_fused._probe(torch.device(DEVICE))
+    assert wrong

@@ -96,15 +96,17 @@ def triton_fused_applies(x: Tensor, weight: Tensor,
     """Whether SN's fused Triton kernels (:mod:`sn_mm.ops.triton_fused`)
     compute a call on one device: an eager float32/bfloat16/float16 CUDA
     input (any device in Triton's interpreter) with 'triton' chosen, or
-    'auto' on a GPU where Triton is installed."""
+    'auto' on a GPU where Triton is installed and the kernels work there
+    (:func:`sn_mm.ops.triton_fused.works_on`)."""
     if not (x.is_cuda or _TRITON_INTERPRET):
         return False
     choice = kernels or default_kernels()
     if not (choice == 'triton' or (choice == 'auto' and x.is_cuda)):
         return False
     fused = _fused_triton()
-    return bool(fused) and fused.applies(x, weight,
-                                         running_mean) and not is_tracing()
+    return (bool(fused) and fused.applies(x, weight, running_mean)
+            and not is_tracing()
+            and (choice == 'triton' or fused.works_on(x)))
 
 
 def check_input(x: Tensor, num_features: int, layer: str) -> None:

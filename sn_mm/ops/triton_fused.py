@@ -931,6 +931,60 @@ def applies(x: Tensor, weight: Tensor, running_mean: Optional[Tensor]) -> bool:
 
 
 _INTERPRET = os.environ.get('TRITON_INTERPRET') == '1'
+_WORKS = {}
+
+
+def works_on(x: Tensor) -> bool:
+    """Whether these kernels compile and agree with the PyTorch kernels on
+    ``x``'s device: checked once per device, on a small layer (training
+    forward and backward, then eval). Where they do not (a Triton these
+    kernels do not compile with, say), SN's default ('auto') runs on
+    PyTorch ops there, with a warning saying why; ``kernels='triton'``
+    still runs them, so that the error shows."""
+    index = x.get_device()
+    works = _WORKS.get(index)
+    if works is None:
+        works = _WORKS[index] = _probe(x.device)
+    return works
+
+
+def _probe(device: torch.device) -> bool:
+    from .functional import switchable_norm as sn
+    gen = torch.Generator().manual_seed(0)
+    shape = (3, 4, 3, 5)
+    x = torch.randn(shape, generator=gen) * 2 + 1
+    grad = torch.randn(shape, generator=gen)
+    params = [torch.rand(4, generator=gen) + 0.5, torch.randn(4, generator=gen),
+              torch.randn(3, generator=gen), torch.randn(3, generator=gen)]
+    results = []
+    try:
+        with torch.inference_mode(False), torch.enable_grad(), \
+                torch.autocast(device.type, enabled=False):
+            for kernels in ('triton', 'torch'):
+                xs = x.to(device).requires_grad_()
+                ps = [p.to(device).requires_grad_() for p in params]
+                running = [torch.zeros(4, device=device),
+                           torch.ones(4, device=device),
+                           torch.zeros((), dtype=torch.long, device=device)]
+                y = sn(xs, *ps, *running, True, 0.1, 1e-5, True, kernels)
+                y.backward(grad.to(device))
+                with torch.no_grad():
+                    y_eval = sn(xs, *ps, *running, False, 0.1, 1e-5, True,
+                                kernels)
+                results.append([y, xs.grad, *(p.grad for p in ps),
+                                *running[:2], y_eval])
+        for got, want in zip(*results):
+            err = float((got.detach() - want.detach()).abs().max())
+            if not err <= 1e-3 * (1 + float(want.detach().abs().max())):
+                raise AssertionError(f'they differ from the PyTorch kernels '
+                                     f'by {err:.1e} on a small layer')
+    except Exception as err:  # any failure: the reason goes to the warning
+        warnings.warn(f'sn_mm: SN\'s fused Triton kernels do not work on '
+                      f'{device} ({type(err).__name__}: {err}); SN runs on '
+                      f'PyTorch ops there. kernels=\'triton\' runs them '
+                      f'anyway.', stacklevel=3)
+        return False
+    return True
 
 
 def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,

@@ -323,6 +323,16 @@ def one_rank_group_check(device):
             'running statistics equal SN')
 
 
+def default_is_fused():
+    """SN's default on this GPU ('auto') runs the fused Triton kernels:
+    their self-check on the device passed."""
+    import torch
+    from sn_mm.ops import triton_fused
+    assert triton_fused.works_on(torch.empty(1, device='cuda')), \
+        'the fused kernels failed their self-check (see the warning)'
+    return 'self-check passed'
+
+
 # -- work for a pool of processes ----------------------------------------
 # Triton compiles a kernel on its first call with each specialisation
 # (seconds each, hundreds of them here); processes compile in parallel into
@@ -720,6 +730,8 @@ def main(argv=None):
     if compare is not None:
         checks.run('fused Triton kernels vs PyTorch kernels',
                    collect_comparisons, compare)
+        checks.run('the default takes the fused Triton kernels',
+                   default_is_fused)
     report['checks'] = checks.results
     out = args.out or osp.join(os.environ.get('OUT') or
                                osp.join(ROOT, 'work_dirs'), 'gpu_check.json')
