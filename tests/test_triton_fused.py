@@ -109,7 +109,8 @@ def test_double_backward_equals_pytorch_kernels(training):
     results = []
     for kernels in ('triton', 'torch'):
         torch.manual_seed(0)
-        layer = agreement._layer(5, True, kernels).to(DEVICE).train(training)
+        layer = agreement.make_layer(5, True, kernels).to(DEVICE)
+        layer.train(training)
         x = (torch.randn(3, 5, 4, 4) * 2 + 1).to(DEVICE).requires_grad_()
         y = layer(x)
         (gx, ) = torch.autograd.grad(y.square().sum(), x, create_graph=True)

@@ -16,24 +16,37 @@ KERNELS = ('_moments_kernel', '_normalize_kernel', '_grad_sums_kernel',
 FLOATS = ('divisor', 'eps', 'two_over_divisor')
 
 
-def compile_kernel(kernel, length, arch):
-    rows, block = triton_kernels._config(length)
-    constexprs = {'ROWS': rows, 'BLOCK': block}
+def signature_of(kernel, constexprs, floats=FLOATS, pointer_types=None):
+    """Triton's signature for ``kernel``: constexprs as given, pointers
+    float32 unless ``pointer_types`` names them, ``floats`` as fp32 scalars,
+    other arguments int32."""
+    pointer_types = pointer_types or {}
     signature = {}
     for name in kernel.arg_names:
         if name in constexprs:
             signature[name] = 'constexpr'
         elif name.endswith('_ptr'):
-            signature[name] = '*fp32'
-        elif name in FLOATS:
+            signature[name] = pointer_types.get(name, '*fp32')
+        elif name in floats:
             signature[name] = 'fp32'
         else:
             signature[name] = 'i32'
+    return signature
+
+
+def compile_source(kernel, signature, constexprs, arch):
+    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(src, target=GPUTarget('cuda', arch, 32))
+
+
+def compile_kernel(kernel, length, arch):
+    rows, block = triton_kernels._config(length)
+    constexprs = {'ROWS': rows, 'BLOCK': block}
+    signature = signature_of(kernel, constexprs)
     if length == 1:  # Triton specialises an integer argument equal to 1
         signature['length'] = 'constexpr'
         constexprs['length'] = 1
-    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    return triton.compile(src, target=GPUTarget('cuda', arch, 32))
+    return compile_source(kernel, signature, constexprs, arch)
 
 
 def main():

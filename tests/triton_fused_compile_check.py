@@ -3,37 +3,23 @@ NVIDIA GPUs without one: Triton lowers them to PTX and ptxas assembles a
 cubin, so type and lowering errors that the interpreter lets through show
 up here. Run as a script without TRITON_INTERPRET set (the tests do);
 prints one line per kernel and case."""
+import os.path as osp
 import sys
 
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from triton_compile_check import compile_source, signature_of  # noqa: E402
 
-from sn_mm.ops import triton_fused as tf
+from sn_mm.ops import triton_fused as tf  # noqa: E402
 
 FLOATS = ('divisor', 'eps', 'momentum', 'two_over_divisor')
 DATA = ('x_ptr', 'y_ptr', 'g_ptr', 'dx_ptr')
 
 
 def compile_kernel(kernel, constexprs, data_type, arch):
-    signature = {}
-    for name in kernel.arg_names:
-        if name in constexprs:
-            signature[name] = 'constexpr'
-        elif name in DATA:
-            signature[name] = '*' + data_type
-        elif name == 'fixed_ptr':
-            signature[name] = '*i1'
-        elif name == 'nbt_ptr':
-            signature[name] = '*i64'
-        elif name.endswith('_ptr'):
-            signature[name] = '*fp32'
-        elif name in FLOATS:
-            signature[name] = 'fp32'
-        else:
-            signature[name] = 'i32'
-    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    return triton.compile(src, target=GPUTarget('cuda', arch, 32))
+    pointers = {name: '*' + data_type for name in DATA}
+    pointers.update(fixed_ptr='*i1', nbt_ptr='*i64')
+    return compile_source(kernel, signature_of(kernel, constexprs, FLOATS,
+                                               pointers), constexprs, arch)
 
 
 def main():
@@ -42,8 +28,8 @@ def main():
     shapes = [(2, 256, 60800, 60800, 1), (16, 256, 49, 49, 1),
               (8, 256, 3136, 1, 256), (4, 64, 1, 1, 1)]
     for n, c, length, sc, sl in shapes:
-        plan = tf._plan(n, c, length, sc, sl, tf.torch.device('cuda', 0)
-                        if False else tf.torch.device('cpu'))
+        # (The CPU's plan: fewer chunks per row than a GPU's, the same code.)
+        plan = tf._plan(n, c, length, sc, sl, tf.torch.device('cpu'))
         tiles = dict(SPLIT=plan['split'], ROWS=plan['rows'],
                      BLOCK=plan['block'])
         flags = dict(K=3, HAS_IN=length > 1, GIVEN=False, HAS_FIXED=True,

@@ -954,8 +954,9 @@ def _probe(device: torch.device) -> bool:
     shape = (3, 4, 3, 5)
     x = torch.randn(shape, generator=gen) * 2 + 1
     grad = torch.randn(shape, generator=gen)
-    params = [torch.rand(4, generator=gen) + 0.5, torch.randn(4, generator=gen),
-              torch.randn(3, generator=gen), torch.randn(3, generator=gen)]
+    params = [torch.rand(4, generator=gen) + 0.5,
+              torch.randn(4, generator=gen), torch.randn(3, generator=gen),
+              torch.randn(3, generator=gen)]
     results = []
     try:
         with torch.inference_mode(False), torch.enable_grad(), \

@@ -17,7 +17,10 @@ VARIANTS = [dict(), dict(momentum=None), dict(fixed=True),
             dict(ratio_fn='sparsestmax')]
 
 
-def _layer(c, using_bn, kernels, fixed=False, seed=0, **kwargs):
+def make_layer(c, using_bn=True, kernels=None, fixed=False, seed=0,
+               **kwargs):
+    """An SN layer with non-trivial parameters and running statistics
+    (``fixed``: its mean ratios fixed)."""
     from sn_mm import SwitchableNorm
     gen = torch.Generator().manual_seed(seed)
     layer = SwitchableNorm(c, using_bn=using_bn, kernels=kernels, **kwargs)
@@ -65,7 +68,7 @@ def compare_case(device, shape, channels_last, using_bn, training, dtype,
     x, grad = x.to(device, dtype), grad.to(device, dtype)
     runs = []
     for kernels in ('triton', 'torch'):
-        layer = _layer(shape[1], using_bn, kernels, **variant).to(device)
+        layer = make_layer(shape[1], using_bn, kernels, **variant).to(device)
         runs.append(_run(layer.train(training), x, grad))
     (fused, y_fused), (ref, _) = runs
     case = (f'shape={shape} channels_last={channels_last} '

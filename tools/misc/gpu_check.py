@@ -112,21 +112,8 @@ def kernel_paths(device):
 
 
 def make_layer(c, device, using_bn=True, seed=0, **kwargs):
-    import torch
-    from sn_mm import SwitchableNorm
-    gen = torch.Generator().manual_seed(seed)
-    layer = SwitchableNorm(c, using_bn=using_bn, **kwargs)
-    with torch.no_grad():
-        layer.weight.copy_(torch.rand(c, generator=gen) + 0.5)
-        layer.bias.copy_(torch.randn(c, generator=gen))
-        layer.mean_weight.copy_(torch.randn(layer.mean_weight.shape,
-                                            generator=gen))
-        layer.var_weight.copy_(torch.randn(layer.var_weight.shape,
-                                           generator=gen))
-        if using_bn:
-            layer.running_mean.copy_(torch.randn(c, generator=gen))
-            layer.running_var.copy_(torch.rand(c, generator=gen) + 0.5)
-    return layer.to(device)
+    from sn_mm.testing.kernel_agreement import make_layer as layer_with_state
+    return layer_with_state(c, using_bn, seed=seed, **kwargs).to(device)
 
 
 def sample(shape, seed=1):
@@ -558,7 +545,6 @@ def host_costs(device, repeats=300):
         # One kernel launch: through Triton's launch path, directly, and
         # an ATen op for scale.
         from sn_mm.ops import triton_fused as tf
-        sn = layers['SN'].eval()
         x3 = x.detach().reshape(1, 64, 64)
         plan = tf._plan(1, 64, 64, 64, 1, x3.device)
         ws = torch.empty(plan['ws'], device=device)
@@ -581,7 +567,6 @@ def host_costs(device, repeats=300):
                 for _ in range(repeats):
                     fn()
             rows[what] = round(bench.median_time(loop, 3) / repeats * 1e6, 1)
-        del sn
     print(f'  host us per call at {shape}: {rows}', flush=True)
     return rows
 
