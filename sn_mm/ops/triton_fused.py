@@ -34,7 +34,7 @@ from torch import Tensor
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _TILE = 2048  # elements per (rows x block) tile
-_INTERPRET_AT_IMPORT = os.environ.get('TRITON_INTERPRET') == '1'
+_INTERPRET = os.environ.get('TRITON_INTERPRET') == '1'
 _MAX_SPLIT = 64
 _PARTS = 5  # per (N + C) program: the ratio-gradient partial sums
 # Sizes take no part in a kernel's specialisation (each distinct
@@ -699,7 +699,7 @@ def _dense(x3: Tensor) -> Tensor:
 # argument on every call, which at small shapes costs more than the kernel.
 # The key holds what that specialisation depends on (the sizes, strides and
 # dtypes of the plan, the flags, every pointer's 16-byte alignment).
-_DIRECT = {'on': not _INTERPRET_AT_IMPORT}
+_DIRECT = {'on': not _INTERPRET}
 _COMPILED = {}
 
 
@@ -930,7 +930,6 @@ def applies(x: Tensor, weight: Tensor, running_mean: Optional[Tensor]) -> bool:
                  or running_mean.dtype is torch.float32))
 
 
-_INTERPRET = os.environ.get('TRITON_INTERPRET') == '1'
 _WORKS = {}
 
 

@@ -26,6 +26,7 @@ tested before GPU minutes are spent) and exits 0 if those checks pass.
 Meant to finish in under 6 minutes on an H100.
 """
 import argparse
+import functools
 import glob
 import json
 import math
@@ -383,6 +384,7 @@ def collect_comparisons(futures):
 
 # -- timing --------------------------------------------------------------
 
+@functools.lru_cache(maxsize=None)  # one module, however many sections
 def load_benchmark():
     import importlib.util
     path = osp.join(ROOT, 'tools', 'analysis_tools', 'benchmark_norm.py')
