@@ -54,8 +54,9 @@ int64_t grain(int64_t length) {
 // ------------------------------------------------------------ row sums --
 // Row sums run in `Lanes` independent partial sums, which the compiler turns
 // into SIMD adds (one accumulator would serialise on its latency). Short rows
-// (RoI features: 7 x 7) take one vector's worth, so that little time goes to
-// folding the lanes together; long rows take several vectors.
+// (RoI features: 7 x 7) take one vector's worth, several rows at a time, so
+// that little time goes to folding the lanes together; long rows take
+// several vectors.
 constexpr int64_t kShortRow = 128;
 
 template <int Lanes, typename T>
@@ -104,6 +105,111 @@ SN_INLINE T row_sq_dev(const T* __restrict__ x, int64_t n, T m) {
   return fold<Lanes>(acc) + tail;
 }
 
+// Lanes values as one SIMD register (GCC/Clang vector extension): the
+// sums below keep two accumulators each, which the auto-vectoriser does not
+// reliably map to registers. (Every function passing these by value is
+// inlined, so GCC's note that such an ABI differs between ISAs is moot.)
+#pragma GCC diagnostic ignored "-Wpsabi"
+template <typename T, int Lanes>
+struct Vec {
+  typedef T type __attribute__((vector_size(sizeof(T) * Lanes)));
+};
+
+template <int Lanes, typename T>
+SN_INLINE typename Vec<T, Lanes>::type load(const T* p) {
+  typename Vec<T, Lanes>::type v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+template <int Lanes, typename T>
+SN_INLINE void store(T* p, typename Vec<T, Lanes>::type v) {
+  __builtin_memcpy(p, &v, sizeof(v));
+}
+
+template <int Lanes, typename V>
+SN_INLINE auto hsum(V v) {
+  auto total = v[0];
+  for (int k = 1; k < Lanes; ++k) total += v[k];
+  return total;
+}
+
+// For Rows consecutive short rows of length n at x: sums of (x - shift)
+// and (x - shift)^2 in one pass, shift each row's first value. Several rows
+// at once keep several independent chains of additions in flight (one
+// short row's chain is mostly latency). Cancellation in s2 - s1^2 / n costs
+// at most a factor n <= kShortRow of relative precision, since (mean -
+// shift)^2 <= n * var.
+template <int Lanes, int Rows, typename T>
+SN_INLINE void rows_shifted_sums(const T* __restrict__ x, int64_t n,
+                                 T* __restrict__ s1, T* __restrict__ s2) {
+  using V = typename Vec<T, Lanes>::type;
+  V a1[Rows], a2[Rows];
+  T shift[Rows], t1[Rows], t2[Rows];
+#pragma GCC unroll 8
+  for (int r = 0; r < Rows; ++r) {
+    a1[r] = V{};
+    a2[r] = V{};
+    shift[r] = x[r * n];
+    t1[r] = t2[r] = 0;
+  }
+  int64_t i = 0;
+  for (; i + Lanes <= n; i += Lanes)
+#pragma GCC unroll 8
+    for (int r = 0; r < Rows; ++r) {
+      const V d = load<Lanes>(x + r * n + i) - shift[r];
+      a1[r] += d;
+      a2[r] += d * d;
+    }
+  for (; i < n; ++i)
+#pragma GCC unroll 8
+    for (int r = 0; r < Rows; ++r) {
+      const T d = x[r * n + i] - shift[r];
+      t1[r] += d;
+      t2[r] += d * d;
+    }
+#pragma GCC unroll 8
+  for (int r = 0; r < Rows; ++r) {
+    s1[r] = hsum<Lanes>(a1[r]) + t1[r];
+    s2[r] = hsum<Lanes>(a2[r]) + t2[r];
+  }
+}
+
+// Likewise per row sums of g and of g * (x - m[row]).
+template <int Lanes, int Rows, typename T>
+SN_INLINE void rows_grad_sums(const T* __restrict__ g, const T* __restrict__ x,
+                              int64_t n, const T* __restrict__ m,
+                              T* __restrict__ sg, T* __restrict__ sgx) {
+  using V = typename Vec<T, Lanes>::type;
+  V a1[Rows], a2[Rows];
+  T t1[Rows], t2[Rows];
+#pragma GCC unroll 8
+  for (int r = 0; r < Rows; ++r) {
+    a1[r] = V{};
+    a2[r] = V{};
+    t1[r] = t2[r] = 0;
+  }
+  int64_t i = 0;
+  for (; i + Lanes <= n; i += Lanes)
+#pragma GCC unroll 8
+    for (int r = 0; r < Rows; ++r) {
+      const V gv = load<Lanes>(g + r * n + i);
+      a1[r] += gv;
+      a2[r] += gv * (load<Lanes>(x + r * n + i) - m[r]);
+    }
+  for (; i < n; ++i)
+#pragma GCC unroll 8
+    for (int r = 0; r < Rows; ++r) {
+      t1[r] += g[r * n + i];
+      t2[r] += g[r * n + i] * (x[r * n + i] - m[r]);
+    }
+#pragma GCC unroll 8
+  for (int r = 0; r < Rows; ++r) {
+    sg[r] = hsum<Lanes>(a1[r]) + t1[r];
+    sgx[r] = hsum<Lanes>(a2[r]) + t2[r];
+  }
+}
+
 // sum of a * (b - m): centred on the row mean m, so that an input far from
 // zero (|mean| >> std) loses nothing to cancellation.
 template <int Lanes, typename T>
@@ -131,14 +237,13 @@ struct MomentsArgs {
   T divisor;
 };
 
-// Per row: mean, then the squared deviations from it while the row is still
-// in cache (exact centring, no full-size temporary).
+// Long rows: the mean, then the squared deviations from it while the row
+// is still in cache (exact centring, no full-size temporary).
 template <int Lanes, typename T>
 SN_INLINE void moments_rows(const MomentsArgs<T>& a, int64_t begin,
                             int64_t end) {
   // In blocks of rows: every mean of the block, then every variance, so
-  // that short rows' sums (each a chain of dependent additions) overlap
-  // instead of waiting on each other; the block stays in L1.
+  // that the rows' chains of dependent additions overlap.
   constexpr int64_t kBlock = 8;
   for (int64_t r0 = begin; r0 < end; r0 += kBlock) {
     const int64_t r1 = std::min(end, r0 + kBlock);
@@ -153,11 +258,34 @@ SN_INLINE void moments_rows(const MomentsArgs<T>& a, int64_t begin,
   }
 }
 
+// Short rows (RoI features: 7 x 7), kRows at a time in one pass each.
+template <typename T>
+SN_INLINE void moments_short_rows(const MomentsArgs<T>& a, int64_t begin,
+                                  int64_t end) {
+  constexpr int kRows = 4;
+  const T inv_n = T(1) / static_cast<T>(a.length);
+  T s1[kRows], s2[kRows];
+  for (int64_t r = begin; r < end; r += kRows) {
+    const T* x = a.x + r * a.length;
+    const int rows = static_cast<int>(std::min<int64_t>(kRows, end - r));
+    if (rows == kRows)
+      rows_shifted_sums<8, kRows>(x, a.length, s1, s2);
+    else
+      for (int j = 0; j < rows; ++j)
+        rows_shifted_sums<8, 1>(x + j * a.length, a.length, s1 + j, s2 + j);
+    for (int j = 0; j < rows; ++j) {
+      a.mean[r + j] = x[j * a.length] + s1[j] * inv_n;
+      a.var[r + j] =
+          std::max(s2[j] - s1[j] * s1[j] * inv_n, T(0)) / a.divisor;
+    }
+  }
+}
+
 template <typename T>
 SN_INLINE void moments_kernel(const MomentsArgs<T>& a, int64_t begin,
                               int64_t end) {
   if (a.length < kShortRow)
-    moments_rows<8>(a, begin, end);
+    moments_short_rows(a, begin, end);
   else
     moments_rows<32>(a, begin, end);
 }
@@ -175,17 +303,23 @@ struct GradSumsArgs {
 template <typename T>
 SN_INLINE void grad_sums_kernel(const GradSumsArgs<T>& a, int64_t begin,
                                 int64_t end) {
+  if (a.length < kShortRow) {  // kRows rows at a time, as in moments
+    constexpr int kRows = 4;
+    int64_t r = begin;
+    for (; r + kRows <= end; r += kRows)
+      rows_grad_sums<8, kRows>(a.g + r * a.length, a.x + r * a.length,
+                               a.length, a.mean_in + r, a.sum_g + r,
+                               a.sum_gxc + r);
+    for (; r < end; ++r)
+      rows_grad_sums<8, 1>(a.g + r * a.length, a.x + r * a.length, a.length,
+                           a.mean_in + r, a.sum_g + r, a.sum_gxc + r);
+    return;
+  }
   for (int64_t r = begin; r < end; ++r) {
     const T* g = a.g + r * a.length;
     const T* x = a.x + r * a.length;
-    const T m = a.mean_in[r];
-    if (a.length < kShortRow) {
-      a.sum_g[r] = row_sum<8>(g, a.length);
-      a.sum_gxc[r] = row_dot_centred<8>(g, x, a.length, m);
-    } else {
-      a.sum_g[r] = row_sum<32>(g, a.length);
-      a.sum_gxc[r] = row_dot_centred<32>(g, x, a.length, m);
-    }
+    a.sum_g[r] = row_sum<32>(g, a.length);
+    a.sum_gxc[r] = row_dot_centred<32>(g, x, a.length, a.mean_in[r]);
   }
 }
 
@@ -206,19 +340,31 @@ struct NormalizeArgs {
 template <typename T>
 SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
                                 int64_t end) {
+  // First every row's statistics (a loop over c that vectorises, the
+  // square roots included), then the rows: a short row's own loop then has
+  // no scalar latency in front of it.
+  for (int64_t r0 = begin; r0 < end;) {
+    const int64_t n = r0 / a.channels, c0 = r0 % a.channels;
+    const int64_t r1 = std::min(end, (n + 1) * a.channels);
+    const T* __restrict__ mean_in = a.mean_in + n * a.channels;
+    const T* __restrict__ var_in = a.var_in + n * a.channels;
+    T* __restrict__ mu = a.mu + n * a.channels;
+    T* __restrict__ rstd = a.rstd + n * a.channels;
+    const T mu_n = a.wm_n * a.mu_n[n], var_n = a.wv_n * a.var_n[n] + a.eps;
+    for (int64_t c = c0; c < r1 - n * a.channels; ++c) {
+      mu[c] = a.wm_in * mean_in[c] + mu_n + a.wm_c * a.mu_c[c];
+      rstd[c] = T(1) / std::sqrt(a.wv_in * var_in[c] + var_n +
+                                 a.wv_c * a.var_c[c]);
+    }
+    r0 = r1;
+  }
+  int64_t c = begin % a.channels;
   for (int64_t r = begin; r < end; ++r) {
-    const int64_t n = r / a.channels, c = r % a.channels;
-    const T mu = a.wm_in * a.mean_in[r] + a.wm_n * a.mu_n[n] +
-                 a.wm_c * a.mu_c[c];
-    const T var = a.wv_in * a.var_in[r] + a.wv_n * a.var_n[n] +
-                  a.wv_c * a.var_c[c];
-    const T rstd = T(1) / std::sqrt(var + a.eps);
-    const T s = a.weight[c] * rstd, b = a.bias[c];
-    a.mu[r] = mu;
-    a.rstd[r] = rstd;
+    const T mu = a.mu[r], s = a.weight[c] * a.rstd[r], b = a.bias[c];
     const T* __restrict__ row = a.x + r * a.length;
     T* __restrict__ out = a.y + r * a.length;
     for (int64_t i = 0; i < a.length; ++i) out[i] = (row[i] - mu) * s + b;
+    if (++c == a.channels) c = 0;
   }
 }
 
@@ -238,23 +384,192 @@ template <typename T>
 SN_INLINE void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin,
                                  int64_t end) {
   const T inv_length = T(1) / static_cast<T>(a.length);
-  for (int64_t r = begin; r < end; ++r) {
-    const int64_t n = r / a.channels, c = r % a.channels;
-    const T rstd = a.rstd[r], s = a.weight[c] * rstd, m = a.mean_in[r];
-    const T centred = a.sum_gxc[r] - (a.mu[r] - m) * a.sum_g[r];
-    const T d_mu = -s * a.sum_g[r];
-    const T d_var = T(-0.5) * s * rstd * rstd * centred;
-    const T d_var_in = a.dvar_n[n] + a.dvar_c[c] + a.wv_in * d_var;
-    const T d_mean_in = a.dmean_n[n] + a.dmean_c[c] + a.wm_in * d_mu +
-                        T(2) * (m - a.center_n[n]) * a.dvar_n[n] +
-                        T(2) * (m - a.center_c[c]) * a.dvar_c[c];
-    const T coef_x = d_var_in * a.two_over_divisor;
-    const T shift = d_mean_in * inv_length;
-    const T* __restrict__ xr = a.x + r * a.length;
-    const T* __restrict__ gr = a.g + r * a.length;
-    T* __restrict__ out = a.dx + r * a.length;
-    for (int64_t i = 0; i < a.length; ++i)
-      out[i] = gr[i] * s + coef_x * (xr[i] - m) + shift;
+  // In chunks of one sample's rows: first each row's three coefficients (a
+  // loop over c that vectorises), then the rows.
+  constexpr int64_t kChunk = 256;
+  T scale[kChunk], coef_x[kChunk], shift[kChunk];
+  for (int64_t r0 = begin; r0 < end;) {
+    const int64_t n = r0 / a.channels, c0 = r0 % a.channels;
+    const int64_t r1 = std::min({end, (n + 1) * a.channels, r0 + kChunk});
+    const int64_t rows = r1 - r0;
+    const T dvar_n = a.dvar_n[n], dmean_n = a.dmean_n[n],
+            center_n = a.center_n[n];
+    for (int64_t j = 0; j < rows; ++j) {
+      const int64_t r = r0 + j, c = c0 + j;
+      const T rstd = a.rstd[r], s = a.weight[c] * rstd, m = a.mean_in[r];
+      const T centred = a.sum_gxc[r] - (a.mu[r] - m) * a.sum_g[r];
+      const T d_mu = -s * a.sum_g[r];
+      const T d_var = T(-0.5) * s * rstd * rstd * centred;
+      const T d_var_in = dvar_n + a.dvar_c[c] + a.wv_in * d_var;
+      const T d_mean_in = dmean_n + a.dmean_c[c] + a.wm_in * d_mu +
+                          T(2) * (m - center_n) * dvar_n +
+                          T(2) * (m - a.center_c[c]) * a.dvar_c[c];
+      scale[j] = s;
+      coef_x[j] = d_var_in * a.two_over_divisor;
+      shift[j] = d_mean_in * inv_length;
+    }
+    for (int64_t j = 0; j < rows; ++j) {
+      const int64_t r = r0 + j;
+      const T s = scale[j], cx = coef_x[j], sh = shift[j], m = a.mean_in[r];
+      const T* __restrict__ xr = a.x + r * a.length;
+      const T* __restrict__ gr = a.g + r * a.length;
+      T* __restrict__ out = a.dx + r * a.length;
+      for (int64_t i = 0; i < a.length; ++i)
+        out[i] = gr[i] * s + cx * (xr[i] - m) + sh;
+    }
+    r0 = r1;
+  }
+}
+
+// ------------------------------------------------- (N, C) reductions --
+// Per sample, loops over its C statistics, summed in double 8 lanes at a
+// time: explicit vectors, as the auto-vectoriser keeps running sums scalar
+// (it may not reorder floating-point additions).
+using D8 = Vec<double, 8>::type;
+
+template <typename T>
+SN_INLINE D8 load_d(const T* p) {
+  return __builtin_convertvector(load<8>(p), D8);
+}
+
+SN_INLINE void add_to(double* p, D8 v) { store<8>(p, load<8>(p) + v); }
+
+template <typename T>
+struct LnStatsArgs {
+  const T *mean_in, *var_in;
+  int64_t channels;
+  T *ln_mean, *ln_var;
+  double* col;  // where given: += mean_in (first C) and var_in (next C)
+};
+
+// Per sample: LN's mean and its variance in the stable form mean_c(var_in)
+// + mean_c((mean_in - mean_ln)^2).
+template <typename T>
+SN_INLINE void ln_stats_kernel(const LnStatsArgs<T>& a, int64_t begin,
+                               int64_t end) {
+  const int64_t C = a.channels, C8 = C - C % 8;
+  double* col = a.col;
+  for (int64_t n = begin; n < end; ++n) {
+    const T* m = a.mean_in + n * C;
+    const T* v = a.var_in + n * C;
+    D8 sm = {}, sv = {};
+    double tm = 0, tv = 0;
+    for (int64_t c = 0; c < C8; c += 8) {
+      const D8 mv = load_d(m + c), vv = load_d(v + c);
+      sm += mv;
+      sv += vv;
+      if (col) {
+        add_to(col + c, mv);
+        add_to(col + C + c, vv);
+      }
+    }
+    for (int64_t c = C8; c < C; ++c) {
+      tm += m[c];
+      tv += v[c];
+      if (col) {
+        col[c] += m[c];
+        col[C + c] += v[c];
+      }
+    }
+    const double mean = (hsum<8>(sm) + tm) / C;
+    D8 sd = {};
+    double td = 0;
+    for (int64_t c = 0; c < C8; c += 8) {
+      const D8 d = load_d(m + c) - mean;
+      sd += d * d;
+    }
+    for (int64_t c = C8; c < C; ++c) td += (m[c] - mean) * (m[c] - mean);
+    a.ln_mean[n] = static_cast<T>(mean);
+    a.ln_var[n] = static_cast<T>((hsum<8>(sv) + tv + hsum<8>(sd) + td) / C);
+  }
+}
+
+template <typename T>
+struct BnDevArgs {
+  const T* mean_in;
+  const double* centre;
+  int64_t channels;
+  double* col;  // += (mean_in - centre)^2 per channel
+};
+
+template <typename T>
+SN_INLINE void bn_dev_kernel(const BnDevArgs<T>& a, int64_t begin,
+                             int64_t end) {
+  const int64_t C = a.channels, C8 = C - C % 8;
+  for (int64_t n = begin; n < end; ++n) {
+    const T* m = a.mean_in + n * C;
+    for (int64_t c = 0; c < C8; c += 8) {
+      const D8 d = load_d(m + c) - load<8>(a.centre + c);
+      add_to(a.col + c, d * d);
+    }
+    for (int64_t c = C8; c < C; ++c) {
+      const double d = m[c] - a.centre[c];
+      a.col[c] += d * d;
+    }
+  }
+}
+
+template <typename T>
+struct GradReduceArgs {
+  const T *s1, *s2, *mu, *rstd, *weight, *mean_in, *var_in, *mean_ln,
+      *mean_c;
+  int64_t channels;
+  T *d_mu_n, *d_var_n;
+  double* acc;  // += grad_weight, grad_bias, d_mu_c, d_var_c (C each), dots
+};
+
+// Per sample, from the row sums (see grad_reductions): the sums over c of
+// d_mu and d_var, and into acc the per-channel sums and the three dots.
+template <typename T>
+SN_INLINE void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
+                                  int64_t end) {
+  const int64_t C = a.channels, C8 = C - C % 8;
+  double* acc = a.acc;
+  for (int64_t n = begin; n < end; ++n) {
+    const int64_t o = n * C;
+    const double ml = a.mean_ln[n];
+    D8 row_mu = {}, row_var = {}, dot_ln = {}, dot_bn = {}, dot_var = {};
+    for (int64_t c = 0; c < C8; c += 8) {
+      const D8 s1 = load_d(a.s1 + o + c), r = load_d(a.rstd + o + c),
+               mi = load_d(a.mean_in + o + c);
+      const D8 centred =
+          load_d(a.s2 + o + c) - (load_d(a.mu + o + c) - mi) * s1;
+      const D8 scale = load_d(a.weight + c) * r;
+      const D8 d_mu = -scale * s1;
+      const D8 d_var = -0.5 * scale * r * r * centred;
+      add_to(acc + c, centred * r);
+      add_to(acc + C + c, s1);
+      add_to(acc + 2 * C + c, d_mu);
+      add_to(acc + 3 * C + c, d_var);
+      row_mu += d_mu;
+      row_var += d_var;
+      dot_ln += d_mu * (ml - mi);
+      dot_bn += d_mu * (load_d(a.mean_c + c) - mi);
+      dot_var += d_var * load_d(a.var_in + o + c);
+    }
+    double t_mu = 0, t_var = 0, t_ln = 0, t_bn = 0, t_v = 0;
+    for (int64_t c = C8; c < C; ++c) {
+      const int64_t r = o + c;
+      const double centred =
+          a.s2[r] - (double(a.mu[r]) - double(a.mean_in[r])) * a.s1[r];
+      const double scale = double(a.weight[c]) * a.rstd[r];
+      const double d_mu = -scale * a.s1[r];
+      const double d_var = -0.5 * scale * a.rstd[r] * a.rstd[r] * centred;
+      acc[c] += centred * a.rstd[r];
+      acc[C + c] += a.s1[r];
+      acc[2 * C + c] += d_mu;
+      acc[3 * C + c] += d_var;
+      t_mu += d_mu;
+      t_var += d_var;
+      t_ln += d_mu * (ml - double(a.mean_in[r]));
+      t_bn += d_mu * (double(a.mean_c[c]) - double(a.mean_in[r]));
+      t_v += d_var * a.var_in[r];
+    }
+    a.d_mu_n[n] = static_cast<T>(hsum<8>(row_mu) + t_mu);
+    a.d_var_n[n] = static_cast<T>(hsum<8>(row_var) + t_var);
+    acc[4 * C] += hsum<8>(dot_ln) + t_ln;
+    acc[4 * C + 1] += hsum<8>(dot_bn) + t_bn;
+    acc[4 * C + 2] += hsum<8>(dot_var) + t_v;
   }
 }
 
@@ -276,6 +591,12 @@ SN_CLONED(normalize, NormalizeArgs, float)
 SN_CLONED(normalize, NormalizeArgs, double)
 SN_CLONED(input_grad, InputGradArgs, float)
 SN_CLONED(input_grad, InputGradArgs, double)
+SN_CLONED(ln_stats, LnStatsArgs, float)
+SN_CLONED(ln_stats, LnStatsArgs, double)
+SN_CLONED(bn_dev, BnDevArgs, float)
+SN_CLONED(bn_dev, BnDevArgs, double)
+SN_CLONED(grad_reduce, GradReduceArgs, float)
+SN_CLONED(grad_reduce, GradReduceArgs, double)
 #undef SN_CLONED
 
 template <typename Args>
@@ -297,16 +618,14 @@ std::vector<double> sum_over_samples(int64_t samples, int64_t width,
                                      const Fn& fn) {
   const int64_t tasks = std::max<int64_t>(
       1, std::min<int64_t>(at::get_num_threads(), samples));
-  std::vector<double> partial(tasks * width, 0.0);
-  const int64_t per_task = (samples + tasks - 1) / tasks;
   if (tasks == 1 || samples * width < 16384) {
     // Small: a parallel region would cost more than the work.
-    for (int64_t n = 0; n < samples; ++n) fn(n, partial.data());
-    for (int64_t t = 1; t < tasks; ++t)
-      std::fill_n(partial.data() + t * width, width, 0.0);
-    std::vector<double> total(partial.begin(), partial.begin() + width);
+    std::vector<double> total(width, 0.0);
+    for (int64_t n = 0; n < samples; ++n) fn(n, total.data());
     return total;
   }
+  std::vector<double> partial(tasks * width, 0.0);
+  const int64_t per_task = (samples + tasks - 1) / tasks;
   at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t end = std::min(samples, (t + 1) * per_task);
@@ -340,23 +659,20 @@ std::vector<at::Tensor> row_moments(const at::Tensor& x, int64_t correction) {
 
 // The body of moment_reductions on raw pointers (the fused operator calls
 // it on its own buffers): LN statistics per sample into plm/plv, BN mean
-// and M2 per channel into pbm/pb2.
+// and M2 per channel into pbm/pb2 unless those are null (eval: the
+// running statistics stand in).
 template <typename scalar_t>
 void reductions_into(const scalar_t* pm, const scalar_t* pv, int64_t samples,
                      int64_t channels, scalar_t* plm, scalar_t* plv,
                      scalar_t* pbm, scalar_t* pb2) {
+  if (pbm == nullptr) {
+    run(LnStatsArgs<scalar_t>{pm, pv, channels, plm, plv, nullptr}, 0,
+        samples);
+    return;
+  }
   if (samples == 1) {
     // Batch-1 inference: BN's statistics are the sample's own IN ones.
-    double row_mean = 0, row_var = 0, dev = 0;
-    for (int64_t c = 0; c < channels; ++c) {
-      row_mean += pm[c];
-      row_var += pv[c];
-    }
-    row_mean /= channels;
-    for (int64_t c = 0; c < channels; ++c)
-      dev += (pm[c] - row_mean) * (pm[c] - row_mean);
-    plm[0] = static_cast<scalar_t>(row_mean);
-    plv[0] = static_cast<scalar_t>((row_var + dev) / channels);
+    run(LnStatsArgs<scalar_t>{pm, pv, channels, plm, plv, nullptr}, 0, 1);
     std::copy(pm, pm + channels, pbm);
     std::copy(pv, pv + channels, pb2);
     return;
@@ -365,21 +681,8 @@ void reductions_into(const scalar_t* pm, const scalar_t* pv, int64_t samples,
   // per channel the sums of mean_in and var_in.
   const auto cols = sum_over_samples(
       samples, 2 * channels, [&](int64_t n, double* col) {
-        const scalar_t* m = pm + n * channels;
-        const scalar_t* v = pv + n * channels;
-        double row_mean = 0, row_var = 0;
-        for (int64_t c = 0; c < channels; ++c) {
-          row_mean += m[c];
-          row_var += v[c];
-          col[c] += m[c];
-          col[channels + c] += v[c];
-        }
-        row_mean /= channels;
-        double dev = 0;
-        for (int64_t c = 0; c < channels; ++c)
-          dev += (m[c] - row_mean) * (m[c] - row_mean);
-        plm[n] = static_cast<scalar_t>(row_mean);
-        plv[n] = static_cast<scalar_t>((row_var + dev) / channels);
+        run(LnStatsArgs<scalar_t>{pm, pv, channels, plm, plv, col}, n,
+            n + 1);
       });
   std::vector<double> centre(channels, 0.0);
   if (samples > 0)
@@ -387,11 +690,7 @@ void reductions_into(const scalar_t* pm, const scalar_t* pv, int64_t samples,
   // Pass 2: squared deviations of mean_in about the channel means.
   const auto devs = sum_over_samples(
       samples, channels, [&](int64_t n, double* col) {
-        const scalar_t* m = pm + n * channels;
-        for (int64_t c = 0; c < channels; ++c) {
-          const double d = m[c] - centre[c];
-          col[c] += d * d;
-        }
+        run(BnDevArgs<scalar_t>{pm, centre.data(), channels, col}, n, n + 1);
       });
   for (int64_t c = 0; c < channels; ++c) {
     pbm[c] = static_cast<scalar_t>(centre[c]);
@@ -498,29 +797,9 @@ void grad_reductions_into(const scalar_t* s1, const scalar_t* s2,
   // channel, then the three dot products.
   const auto cols = sum_over_samples(
       samples, 4 * channels + 3, [&](int64_t n, double* acc) {
-        double row_mu = 0, row_var = 0, dot_ln = 0, dot_bn = 0, dot_var = 0;
-        for (int64_t c = 0; c < channels; ++c) {
-          const int64_t r = n * channels + c;
-          const double centred =
-              s2[r] - (double(pmu[r]) - double(pmi[r])) * s1[r];
-          const double scale = double(pw[c]) * pr[r];
-          const double d_mu = -scale * s1[r];
-          const double d_var = -0.5 * scale * pr[r] * pr[r] * centred;
-          acc[c] += centred * pr[r];
-          acc[channels + c] += s1[r];
-          acc[2 * channels + c] += d_mu;
-          acc[3 * channels + c] += d_var;
-          row_mu += d_mu;
-          row_var += d_var;
-          dot_ln += d_mu * (double(pml[n]) - double(pmi[r]));
-          dot_bn += d_mu * (double(pmc[c]) - double(pmi[r]));
-          dot_var += d_var * pvi[r];
-        }
-        pdmn[n] = static_cast<scalar_t>(row_mu);
-        pdvn[n] = static_cast<scalar_t>(row_var);
-        acc[4 * channels] += dot_ln;
-        acc[4 * channels + 1] += dot_bn;
-        acc[4 * channels + 2] += dot_var;
+        run(GradReduceArgs<scalar_t>{s1, s2, pmu, pr, pw, pmi, pvi, pml, pmc,
+                                     channels, pdmn, pdvn, acc},
+            n, n + 1);
       });
   for (int i = 0; i < 4; ++i) {
     scalar_t* out = per_c[i];
@@ -812,12 +1091,20 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
     } else {
       std::fill_n(mean_in, 2 * rows, T(0));
     }
-    // bn_var holds the M2 sums until divided by the count.
+    // The BN statistics in use: the batch's (bn_var holds the M2 sums
+    // until divided by the count; one sample's are its IN statistics, read
+    // where they are), the running ones, or none.
+    const bool bn_batch = using_bn && training && samples > 0;
+    const bool one_sample = bn_batch && samples == 1;
     reductions_into(mean_in, var_in, samples, channels, ln_mean, ln_var,
-                    bn_mean, bn_var);
-    if (using_bn && training && samples > 0) {
-      for (int64_t c = 0; c < channels; ++c)
-        bn_var[c] /= static_cast<T>(samples);
+                    bn_batch && !one_sample ? bn_mean : nullptr,
+                    bn_batch && !one_sample ? bn_var : nullptr);
+    const T* bn_m = one_sample ? mean_in : bn_mean;
+    const T* bn_v = one_sample ? var_in : bn_var;
+    if (bn_batch) {
+      if (!one_sample)
+        for (int64_t c = 0; c < channels; ++c)
+          bn_var[c] /= static_cast<T>(samples);
       auto* count = num_batches_tracked->data_ptr<int64_t>();
       count[0] += 1;
       const double mom = momentum < 0 ? 1.0 / count[0] : momentum;
@@ -830,14 +1117,19 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
             R* prv = running_var->data_ptr<R>();
             for (int64_t c = 0; c < channels; ++c) {
               prm[c] = static_cast<R>((1 - mom) * double(prm[c]) +
-                                      mom * double(bn_mean[c]));
+                                      mom * double(bn_m[c]));
               prv[c] = static_cast<R>((1 - mom) * double(prv[c]) +
-                                      mom * double(bn_var[c]));
+                                      mom * double(bn_v[c]));
             }
           });
+    } else if (using_bn && !for_backward &&
+               running_mean->scalar_type() == dtype) {
+      // Eval without backward: the running statistics, read in place.
+      bn_m = running_mean->data_ptr<T>();
+      bn_v = running_var->data_ptr<T>();
     } else if (using_bn) {
-      // Eval, or no sample: the running statistics stand in (copied: later
-      // steps update them in place).
+      // Eval, or no sample: the running statistics stand in (copied, as
+      // backward needs them and later steps update them in place).
       AT_DISPATCH_FLOATING_TYPES_AND2(
           at::kHalf, at::kBFloat16, running_mean->scalar_type(), "running",
           [&] {
@@ -857,8 +1149,8 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
                           var_in,
                           ln_mean,
                           ln_var,
-                          bn_mean,
-                          bn_var,
+                          bn_m,
+                          bn_v,
                           w_c.data_ptr<T>(),
                           b_c.data_ptr<T>(),
                           static_cast<T>(has_in ? w.mean[0] : 0.0),
@@ -914,8 +1206,10 @@ variable_list backward_impl(const at::Tensor& grad_y, const Forward& f,
     const T* rstd = base + 3 * rows;
     const T* ln_mean = base + 4 * rows;
     const T* ln_var = ln_mean + samples;
-    const T* bn_mean = ln_var + samples;
-    const T* bn_var = bn_mean + channels;
+    // One sample's batch statistics are its IN ones (see forward_impl).
+    const bool one_sample = f.bn_batch && samples == 1;
+    const T* bn_mean = one_sample ? mean_in : ln_var + samples;
+    const T* bn_var = one_sample ? var_in : ln_var + samples + channels;
     static thread_local std::vector<T> scratch;
     const int64_t need = 2 * rows + 2 * samples + 3 * channels + 3;
     if (static_cast<int64_t>(scratch.size()) < need) scratch.resize(need);
