@@ -129,9 +129,12 @@ SN_INLINE void store(T* p, typename Vec<T, Lanes>::type v) {
 
 template <int Lanes, typename V>
 SN_INLINE auto hsum(V v) {
-  auto total = v[0];
-  for (int k = 1; k < Lanes; ++k) total += v[k];
-  return total;
+  // A tree of halving adds (log2(Lanes) steps, not Lanes - 1 in a chain).
+  static_assert(Lanes == 8, "hsum folds 8 lanes");
+  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
+  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
+  return v[0];
 }
 
 // For Rows consecutive short rows of length n at x: sums of (x - shift)
