@@ -61,6 +61,11 @@ def test_gpu_check_runs_its_cpu_parts(tmp_path):
         assert {(layer, 'float32'), (layer, 'bfloat16')} <= layers
     assert all(r['eval_bw_fraction'] > 0 for r in report['layers']
                if r['layer'] == 'SN')
+    assert {r['dtype'] for r in report['two_read']} == {'float32',
+                                                        'bfloat16'}
+    assert all(r['bw_fraction'] > 0 for r in report['two_read'])
+    assert 'Ceiling of the eval-bandwidth column at 2x32x8x8' in \
+        result.stdout
     assert [r['norm'] for r in report['resnet50_step']['rows']] == [
         'BN', 'GN(32)', 'SN']
     assert '| ResNet-50 train step' in result.stdout

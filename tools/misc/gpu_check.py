@@ -459,6 +459,30 @@ def layer_times(device, shapes, repeats, dtype_name):
     return rows
 
 
+def two_read_pass(device, shape, repeats):
+    """What the bandwidth figure of an exact SN forward can reach at most.
+    SN reads its input twice (the statistics, then the normalisation), so
+    time a pass that reads two arrays of the input's size and writes one,
+    ten calls queued as for the layers' eval_x10; print_tables counts its
+    bytes as it counts SN's (input + output) to give the ceiling."""
+    import torch
+    bench = load_benchmark()
+    rows = []
+    for dtype_name in ('float32', 'bfloat16'):
+        dtype = getattr(torch, dtype_name)
+        a = torch.randn(shape, device=device, dtype=dtype)
+        b = torch.randn_like(a)
+        out = torch.empty_like(a)
+
+        def ten():
+            for _ in range(10):
+                torch.add(a, b, out=out)
+        ten()
+        rows.append(dict(shape='x'.join(map(str, shape)), dtype=dtype_name,
+                         ms=bench.median_time(ten, max(repeats, 3)) * 1e2))
+    return rows
+
+
 def kernel_launches(device, shapes):
     """What one train forward+backward and one eval forward launch, per
     layer, at the smallest and the largest shape: the number of GPU kernels
@@ -756,6 +780,10 @@ def main(argv=None):
             sections.append((f'layer times {dtype_name}', 'layers',
                              lambda d=dtype_name: layer_times(
                                  device, shapes, repeats, d)))
+        sections.append(('two-read ceiling', 'two_read',
+                         lambda: two_read_pass(device,
+                                               max(shapes, key=math.prod),
+                                               repeats)))
         batch, size = (32, 224) if cuda else (2, 64)
         sections.append(('ResNet-50 step', 'resnet50_step',
                          lambda: dict(batch=batch, size=size,
@@ -818,6 +846,17 @@ def print_tables(report):
                  f'{r["both_x10"] / gn["both_x10"]:.2f} | '
                  f'{r["eval"] / gn["eval"]:.2f} | {frac:.2f} |'
                  if sn_row else ' | | | |'))
+    for r in report.get('two_read', []):
+        numel = math.prod(int(s) for s in r['shape'].split('x'))
+        itemsize = 2 if r['dtype'] == 'bfloat16' else 4
+        r['bw_fraction'] = 2 * numel * itemsize / (r['ms'] * 1e-3) / 1e9 \
+            / copy_bw
+        sn = by_key.get((r['shape'], r['dtype'], 'SN'))
+        print(f'\nCeiling of the eval-bandwidth column at {r["shape"]} '
+              f'{r["dtype"]}: a pass reading two such arrays and writing '
+              f'one, counted as SN is (input + output bytes), reaches '
+              f'{r["bw_fraction"]:.2f} of copy bandwidth'
+              + (f'; SN {sn["eval_bw_fraction"]:.2f}' if sn else ''))
     step = report.get('resnet50_step')
     if step:
         print(f'\n| ResNet-50 train step, batch {step["batch"]}, '
