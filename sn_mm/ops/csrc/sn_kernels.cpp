@@ -662,8 +662,8 @@ std::vector<at::Tensor> row_moments(const at::Tensor& x, int64_t correction) {
 
 // The body of moment_reductions on raw pointers (the fused operator calls
 // it on its own buffers): LN statistics per sample into plm/plv, BN mean
-// and M2 per channel into pbm/pb2 unless those are null (eval: the
-// running statistics stand in).
+// and M2 per channel into pbm/pb2 unless those are null (eval, where the
+// running statistics stand in, and one sample, whose are its IN ones).
 template <typename scalar_t>
 void reductions_into(const scalar_t* pm, const scalar_t* pv, int64_t samples,
                      int64_t channels, scalar_t* plm, scalar_t* plv,
