@@ -1,15 +1,12 @@
 """SN importance ratios from a model or a checkpoint's state dict."""
 from collections import OrderedDict
-from typing import Dict, Mapping, Union
+from typing import Mapping, Union
 
 import torch
 import torch.nn as nn
 
 from .models import SwitchableNorm
-from .models.switchable_norm import TERMS
-from .ops.sparsestmax import sparsestmax
-
-Ratios = Dict[str, Dict[str, float]]  # {'mean': {'in': .., ...}, 'var': ..}
+from .ops.ratios import TERMS, Ratios, state_dict_ratios
 
 
 def sn_ratios(source: Union[nn.Module, Mapping[str, torch.Tensor]]
@@ -22,29 +19,7 @@ def sn_ratios(source: Union[nn.Module, Mapping[str, torch.Tensor]]
         return OrderedDict((name, m.ratios())
                            for name, m in source.named_modules()
                            if isinstance(m, SwitchableNorm))
-    result = OrderedDict()
-    for key, logits in source.items():
-        if not key.endswith('.mean_weight'):
-            continue
-        layer = key[:-len('.mean_weight')]
-        var_logits = source.get(f'{layer}.var_weight')
-        if var_logits is None:
-            continue
-        fixed = source.get(f'{layer}.ratio_fixed')
-        fixed_ratios = source.get(f'{layer}.fixed_ratios')
-        radius = source.get(f'{layer}.radius')
-        result[layer] = {}
-        for row, (stat, t) in enumerate((('mean', logits),
-                                         ('var', var_logits))):
-            if fixed is not None and bool(fixed[row]):
-                probs = fixed_ratios[row].float().tolist()
-            elif radius is not None:
-                probs = sparsestmax(t.double().flatten(),
-                                    radius.double().flatten()[0]).tolist()
-            else:
-                probs = torch.softmax(t.float().flatten(), 0).tolist()
-            result[layer][stat] = dict(zip(TERMS, probs))
-    return result
+    return OrderedDict(state_dict_ratios(source))
 
 
 def average_ratios(ratios: Mapping[str, Ratios]) -> Ratios:

@@ -9,7 +9,7 @@ import torch.nn as nn
 from helpers import free_port
 from sn_mm import SwitchableNorm
 from sn_mm.engine import sn_batch_average
-from sn_reference import reference_sn
+from sn_mm.testing import reference_sn
 
 
 def make_model(seed=0):

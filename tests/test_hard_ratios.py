@@ -16,7 +16,7 @@ from helpers import (free_port, load_tool, make_sn, random_input,
                      require_kernels, run_layer)
 from sn_mm import (SwitchableNorm, SyncSwitchableNorm, convert_sync_sn,
                    harden_sn, revert_sync_sn)
-from sn_reference import reference_sn
+from sn_mm.testing import reference_sn
 from tool_runner import ROOT, run_python, tool
 
 HARD_BN_IN = ([0., 0., 1.], [1., 0., 0.])  # mean from BN, variance from IN

@@ -1,15 +1,12 @@
-"""The native CPU kernels and the PyTorch fallback compute the same SN, and
-the kernel setting picks what it says."""
+"""The native CPU kernels and the reference compute the same SN, and the
+kernel setting picks what it says."""
 import os
-import warnings
 
 import pytest
 import torch
 
-from helpers import (assert_kernels_agree, make_sn, random_input,
-                     reference_of, run_layer)
+from helpers import make_sn, random_input, reference_of, run_layer
 from sn_mm import SwitchableNorm, ops
-from sn_mm.ops import kernels as kernel_sets
 from sn_mm.ops import native_available
 
 # 7x7 (RoI features) and 13x11 rows take the kernels' short- and long-row
@@ -32,11 +29,26 @@ def test_auto_picks_native_on_this_cpu_machine(monkeypatch):
     # different implementations and cannot pass vacuously.
     monkeypatch.delenv(ops.KERNELS_ENV, raising=False)
     x = torch.randn(2, 3, 4)
+    w = torch.ones(3)
     assert ops.default_kernels() == 'auto'
-    assert ops.select_kernels(None, x) is kernel_sets.NATIVE
-    assert ops.select_kernels('auto', x.double()) is kernel_sets.NATIVE
-    assert ops.select_kernels('torch', x) is kernel_sets.TORCH
-    assert kernel_sets.NATIVE.normalize is not kernel_sets.TORCH.normalize
+    assert ops.implementation(None, x, w, None) == 'native'
+    assert ops.implementation('auto', x.double(), w.double(), None) == \
+        'native'
+    assert ops.implementation('torch', x, w, None) == 'torch'
+    # Inputs the C++ kernels do not take: the reference.
+    assert ops.implementation(None, x.half(), w, None) == 'torch'
+    assert ops.implementation(None, x, w.double(), None) == 'torch'
+
+
+def test_dispatch_table():
+    """The operator's kernels are registered per dispatch key."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    for key in ('CUDA', 'AutogradCUDA', 'Meta'):
+        assert has('sn_mm::switchable_norm', key), key
+    assert has('sn_mm::switchable_norm_reference',
+               'CompositeImplicitAutograd')
+    for key in ('CPU', 'AutogradCPU'):
+        assert has('sn_mm::switchable_norm', key) == native_available(), key
 
 
 @pytest.mark.skipif(not native_available(), reason='extension not built')
@@ -79,25 +91,6 @@ def test_pytorch_fallback_gradcheck():
     assert torch.autograd.gradcheck(sn, (x, ))
 
 
-@pytest.mark.skipif(not native_available(), reason='extension not built')
-@pytest.mark.parametrize('length', [1, 7, 49, 127, 128, 200, 256])
-@pytest.mark.parametrize('dtype', [torch.float64, torch.float32])
-def test_each_kernel_native_equals_pytorch(length, dtype):
-    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(
-        rtol=2e-5, atol=2e-5)
-    assert_kernels_agree('native', length, dtype, tol)
-
-
-@pytest.mark.skipif(not native_available(), reason='extension not built')
-def test_kernels_refuse_mismatched_statistics():
-    x = torch.randn(2, 3, 4)
-    with torch.no_grad(), pytest.raises(RuntimeError, match='mu_c'):
-        kernel_sets.NATIVE.normalize(x, torch.zeros(2, 3), torch.ones(2, 3),
-                      torch.tensor(0.3), torch.tensor(0.3), torch.zeros(2, 1),
-                      torch.ones(2, 1), torch.zeros(4), torch.ones(3),
-                      torch.ones(3), torch.zeros(3), 1e-5)
-
-
 def test_unknown_kernel_choices_are_refused(monkeypatch):
     x = random_input((2, 3, 4, 4))
     with pytest.raises(ValueError, match="kernels='Triton'"):
@@ -114,11 +107,6 @@ def test_unknown_kernel_choices_are_refused(monkeypatch):
     with pytest.raises(ValueError, match="SN_MM_KERNELS='cuda'"):
         sn(x)
     monkeypatch.delenv(ops.KERNELS_ENV)
-    # The variable of earlier versions names its successor.
-    monkeypatch.setenv('SN_MM_GPU_KERNELS', 'triton')
-    with pytest.raises(ValueError, match='SN_MM_KERNELS=triton'):
-        sn(x)
-    monkeypatch.delenv('SN_MM_GPU_KERNELS')
     assert torch.equal(running, sn.running_mean)  # refused before touching
     sn(x)
     assert not torch.equal(running, sn.running_mean)
@@ -144,21 +132,9 @@ def test_global_default_and_per_layer_setting(monkeypatch):
 
 @pytest.mark.skipif(not native_available(), reason='extension not built')
 def test_native_refuses_what_it_cannot_run():
+    x = torch.zeros(2, 3, 4, dtype=torch.half)
     with pytest.raises(ValueError, match="kernels='native' runs on"):
-        ops.select_kernels('native', torch.zeros(2, 3, 4, dtype=torch.half))
-
-
-def test_use_native_kernels_still_works_with_a_warning():
-    x = random_input((2, 3, 4, 4))
-    expected = run_layer(make_sn(3), x, 'torch')
-    sn = make_sn(3)
-    sn.use_native_kernels = False  # the attribute of earlier versions
-    with pytest.warns(DeprecationWarning, match='kernels='):
-        result = run_layer(sn, x, None)
-    for key in expected:
-        torch.testing.assert_close(result[key], expected[key], rtol=0, atol=0,
-                                   msg=key)
-    sn.use_native_kernels = 'yes'
-    with warnings.catch_warnings(), pytest.raises(ValueError,
-                                                  match='replaced by kernels'):
+        ops.implementation('native', x, torch.ones(3), None)
+    sn = make_sn(3, dtype=torch.float32, kernels='native')
+    with pytest.raises(ValueError, match="kernels='native' runs on"):
         sn(x)

@@ -6,7 +6,7 @@ from torch.func import functional_call
 from helpers import make_sn, random_input, reference_of
 from sn_mm import SwitchableNorm
 from sn_mm.models.switchable_norm import TERMS
-from sn_reference import reference_sn
+from sn_mm.testing import reference_sn
 
 SHAPES = {
     '2d': (6, 5),

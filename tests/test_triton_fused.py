@@ -158,6 +158,6 @@ def test_the_probe_refuses_failing_kernels_with_a_warning(monkeypatch):
         return (y + 1, *rest)
     monkeypatch.undo()
     monkeypatch.setattr(triton_fused, '_forward', off_by_one)
-    with pytest.warns(UserWarning, match='differ from the PyTorch kernels'):
+    with pytest.warns(UserWarning, match='differ from the reference'):
         assert not triton_fused._probe(torch.device(DEVICE))
     assert wrong

@@ -3,16 +3,38 @@ NVIDIA GPUs without one: Triton lowers them to PTX and ptxas assembles a
 cubin, so type and lowering errors that the interpreter lets through show
 up here. Run as a script without TRITON_INTERPRET set (the tests do);
 prints one line per kernel and case."""
-import os.path as osp
 import sys
 
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from triton_compile_check import compile_source, signature_of  # noqa: E402
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
-from sn_mm.ops import triton_fused as tf  # noqa: E402
+from sn_mm.ops import triton_fused as tf
 
 FLOATS = ('divisor', 'eps', 'momentum', 'two_over_divisor')
 DATA = ('x_ptr', 'y_ptr', 'g_ptr', 'dx_ptr')
+
+
+def signature_of(kernel, constexprs, floats, pointer_types):
+    """Triton's signature for ``kernel``: constexprs as given, pointers
+    float32 unless ``pointer_types`` names them, ``floats`` as fp32 scalars,
+    other arguments int32."""
+    signature = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            signature[name] = 'constexpr'
+        elif name.endswith('_ptr'):
+            signature[name] = pointer_types.get(name, '*fp32')
+        elif name in floats:
+            signature[name] = 'fp32'
+        else:
+            signature[name] = 'i32'
+    return signature
+
+
+def compile_source(kernel, signature, constexprs, arch):
+    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(src, target=GPUTarget('cuda', arch, 32))
 
 
 def compile_kernel(kernel, constexprs, data_type, arch):

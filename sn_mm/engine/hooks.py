@@ -7,7 +7,7 @@ from mmengine.registry import HOOKS
 from mmengine.runner import IterBasedTrainLoop
 
 from ..analysis import average_ratios, sn_ratios
-from ..models import fuse_conv_sn
+from ..models import SwitchableNorm, fuse_conv_sn
 from .batch_average import sn_batch_average
 
 
@@ -167,7 +167,6 @@ class SSNRadiusHook(Hook):
         self.start, self.end = start, end
 
     def _layers(self, runner):
-        from ..models import SwitchableNorm
         return [m for m in _unwrap(runner.model).modules()
                 if isinstance(m, SwitchableNorm) and m.radius is not None]
 

@@ -6,8 +6,9 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from ..ops.functional import switchable_norm
-from .switchable_norm import TERMS, SwitchableNorm
+from ..ops import switchable_norm
+from ..ops.ratios import TERMS
+from .switchable_norm import SwitchableNorm
 
 
 def hard_ratio_terms(layer: SwitchableNorm) -> Optional[Tuple[str, str]]:

@@ -7,6 +7,7 @@ from typing import Mapping, MutableMapping
 import torch
 import torch.nn as nn
 
+from ..ops.ratios import state_dict_ratios
 from .switchable_norm import SwitchableNorm
 
 
@@ -43,9 +44,8 @@ def harden_state_dict(state: MutableMapping[str, torch.Tensor]) -> int:
     converted backbone's, any key prefix): for every SN layer (a key ending
     in ``.mean_weight`` with its ``.var_weight``) it writes ``ratio_fixed``
     and ``fixed_ratios`` entries. Returns how many layers changed."""
-    from ..analysis import sn_ratios
     changed = 0
-    for layer, ratios in sn_ratios(state).items():
+    for layer, ratios in state_dict_ratios(state).items():
         hard = torch.stack([
             _one_hot_argmax(torch.tensor(list(ratios[stat].values())))
             for stat in ('mean', 'var')

@@ -1,28 +1,17 @@
 """Switchable Normalization (Luo et al., TPAMI), registered as ``'SN'``."""
-import warnings
 from typing import Dict, Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmengine.registry import MODELS
-
 from torch import Tensor
 
-from ..ops import check_kernels
-from ..ops import functional as sn_functional
-from ..ops.functional import (RATIO_FNS, fused_applies, is_tracing,
-                              switchable_norm, triton_fused_applies)
-from ..ops.native_kernels import switchable_norm_op
-from ..ops.sparsestmax import sparsestmax
+from ..ops import check_kernels, switchable_norm
+from ..ops.ratios import RATIO_FNS, TERMS, layer_ratios
 
 # torch.fx records the whole layer as one call (its shape checks and
 # branches would otherwise stop symbolic tracing).
 torch.fx.wrap('switchable_norm')
-
-# Order of the logits in ``mean_weight``/``var_weight``; it is the order of the
-# authors' released code, so their checkpoints load as they are.
-TERMS = ('in', 'ln', 'bn')
 
 
 @MODELS.register_module('SN')
@@ -55,7 +44,7 @@ class SwitchableNorm(nn.Module):
             Default: True.
         kernels (str, optional): Which implementation computes the layer:
             ``'auto'``, ``'native'``, ``'triton'`` or ``'torch'`` (see
-            :mod:`sn_mm.ops.kernels`). None follows the global default
+            :mod:`sn_mm.ops.operator`). None follows the global default
             (:func:`sn_mm.ops.set_default_kernels`, ``$SN_MM_KERNELS``,
             else ``'auto'``). Default: None.
         ratio_fn (str): How the ratios come from the logits: ``'softmax'``
@@ -117,8 +106,8 @@ class SwitchableNorm(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata,
                               strict, missing_keys, unexpected_keys,
                               error_msgs):
-        # Checkpoints from the released code and from earlier sn_mm versions
-        # have no batch counter; as nn.BatchNorm does, start it at 0.
+        # The released checkpoints have no batch counter; as nn.BatchNorm
+        # does, start it at 0.
         key = prefix + 'num_batches_tracked'
         if self.using_bn and key not in state_dict:
             state_dict[key] = torch.tensor(0, dtype=torch.long)
@@ -145,45 +134,17 @@ class SwitchableNorm(nn.Module):
         return None
 
     def forward(self, x: Tensor) -> Tensor:
-        # The common case, one native operator call, kept lean: at small
-        # shapes (batch-1 inference, RoI heads) Python's own cost per call is
-        # what SN pays over GroupNorm. (x.size(1), not x.shape: that builds
-        # a new object; wrong shapes take the checked path below.)
+        # The dicts, not attribute lookups through nn.Module.__getattr__: at
+        # small shapes Python's cost per call is what SN pays over GN.
         params, buffers = self._parameters, self._buffers
-        weight = params['weight']
-        if (self.ratio_fn == 'softmax'
-                and fused_applies(x, weight, self._kernel_choice())
-                and x.dim() >= 2 and x.size(1) == self.num_features
-                and self._sync_group() is None):
-            momentum = self.momentum
-            return switchable_norm_op(
-                x, weight, params['bias'], params['mean_weight'],
-                params['var_weight'], buffers['running_mean'],
-                buffers['running_var'], buffers['num_batches_tracked'],
-                buffers['ratio_fixed'], buffers['fixed_ratios'],
-                self.training, -1. if momentum is None else momentum,
-                self.eps, self.unbiased, False)
-        # Likewise on GPUs: the fused Triton kernels, called directly.
-        if (isinstance(x, Tensor) and x.is_cuda
-                and self.ratio_fn == 'softmax' and x.dim() >= 2
-                and x.size(1) == self.num_features
-                and self._sync_group() is None
-                and triton_fused_applies(x, weight, buffers['running_mean'],
-                                         self._kernel_choice())):
-            return sn_functional._triton_fused.switchable_norm(
-                x, weight, params['bias'], params['mean_weight'],
-                params['var_weight'], buffers['running_mean'],
-                buffers['running_var'], buffers['num_batches_tracked'],
-                buffers['ratio_fixed'], buffers['fixed_ratios'],
-                self.training, self.momentum, self.eps, self.unbiased)
-        # Under torch.compile/export the kernel setting plays no part.
-        kernels = None if is_tracing() else self._kernel_choice()
         return switchable_norm(
-            x, self.weight, self.bias, self.mean_weight, self.var_weight,
-            self.running_mean, self.running_var, self.num_batches_tracked,
-            self.training, self.momentum, self.eps, self.unbiased, kernels,
-            self._sync_group(), type(self).__name__, self.ratio_fixed,
-            self.fixed_ratios, self.ratio_fn, self.radius)
+            x, params['weight'], params['bias'], params['mean_weight'],
+            params['var_weight'], buffers['running_mean'],
+            buffers['running_var'], buffers['num_batches_tracked'],
+            self.training, self.momentum, self.eps, self.unbiased,
+            self.kernels, self._sync_group(), type(self).__name__,
+            buffers['ratio_fixed'], buffers['fixed_ratios'], self.ratio_fn,
+            buffers['radius'])
 
     # -- fixed ratios -------------------------------------------------------
     def _check_ratio(self, ratio, stat: str) -> Tensor:
@@ -227,26 +188,6 @@ class SwitchableNorm(nn.Module):
         """Back to learned (softmax) ratios for the mean and the variance."""
         self.ratio_fixed.zero_()
 
-    def _kernel_choice(self) -> Optional[str]:
-        # Looked up without nn.Module.__getattr__, whose AttributeError on
-        # every forward would cost more than the lookup.
-        legacy = self.__dict__.get('use_native_kernels',
-                                   getattr(type(self), 'use_native_kernels',
-                                           None))
-        if legacy is None:
-            return self.kernels
-        # The attribute of sn_mm < 0.2, still honoured.
-        mapping = {True: self.kernels, False: 'torch', 'triton': 'triton'}
-        if not any(legacy is k or legacy == k for k in mapping):
-            raise ValueError(
-                f'use_native_kernels={legacy!r} (replaced by kernels=\'auto\''
-                f' | \'native\' | \'triton\' | \'torch\')')
-        warnings.warn('SwitchableNorm.use_native_kernels is deprecated: use '
-                      'kernels=\'auto\' | \'native\' | \'triton\' | '
-                      '\'torch\' (norm_cfg, the attribute, or '
-                      'sn_mm.ops.set_default_kernels)', DeprecationWarning)
-        return mapping[legacy if isinstance(legacy, str) else bool(legacy)]
-
     # -- introspection ------------------------------------------------------
     def ratios(self) -> Dict[str, Dict[str, float]]:
         """The ratios the layer mixes with, e.g. ``{'mean': {'in': ..,
@@ -254,18 +195,8 @@ class SwitchableNorm(nn.Module):
         the current radius) of the learned logits, or the fixed ratios where
         fixed. Inputs without IN (see the class docstring) renormalise the
         remaining terms at run time."""
-        result = {}
-        for row, (key, logits) in enumerate((('mean', self.mean_weight),
-                                             ('var', self.var_weight))):
-            if bool(self.ratio_fixed[row]):
-                probs = self.fixed_ratios[row].tolist()
-            elif self.radius is not None:
-                probs = sparsestmax(logits.detach().double(),
-                                    self.radius.double()).tolist()
-            else:
-                probs = F.softmax(logits.detach().float(), 0).tolist()
-            result[key] = dict(zip(TERMS, probs))
-        return result
+        return layer_ratios(self.mean_weight, self.var_weight,
+                            self.ratio_fixed, self.fixed_ratios, self.radius)
 
     def fixed(self) -> Dict[str, bool]:
         """Which of the mean and variance ratios are fixed."""

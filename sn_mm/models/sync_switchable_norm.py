@@ -12,12 +12,15 @@ from .switchable_norm import SwitchableNorm
 class SyncSwitchableNorm(SwitchableNorm):
     """Switchable Normalization whose BN term is computed over all ranks.
 
-    Each rank sends one vector (per-channel sums of the IN means and second
-    moments, and its sample count) through a single all-reduce in forward and
-    one in backward, so BN statistics are weighted by every rank's number of
-    samples, ranks may hold different numbers of samples (zero included), and
-    gradients equal those of :class:`SwitchableNorm` on the concatenated
-    batch. Without an initialised process group, or with a group of one
+    SN's computation split at its collective boundary: one all-gather in
+    forward between the statistics and the normalisation (each rank's
+    sample count, channel means and centred second moments, combined with
+    Chan et al.'s parallel formula) and one all-reduce in backward (the
+    gradients of the shared BN statistics). The ratio logits' gradients are
+    reduced by DDP, as every parameter's. So BN statistics are weighted by
+    every rank's number of samples, ranks may hold different numbers of
+    samples (zero included), and gradients equal those of
+    :class:`SwitchableNorm` on the concatenated batch. Without an initialised process group, or with a group of one
     rank, it computes exactly what :class:`SwitchableNorm` does.
 
     Args:

@@ -1,18 +1,21 @@
-"""SN's kernels and the autograd Function built on them.
+"""SN's operator and its implementations.
 
-Three implementations of the same six kernels sit side by side:
-``torch_kernels.py`` (PyTorch ops, the reference), ``csrc/sn_kernels.cpp``
-(native CPU, wrapped by ``native_kernels.py``) and ``triton_kernels.py``
-(GPUs). ``kernels.py`` picks one per forward; ``sn_function.py`` composes
-them into SN's forward and backward.
+``operator.py`` holds the one entry point (:func:`switchable_norm`), the
+``torch.library`` operator ``sn_mm::switchable_norm`` and the one place
+that picks an implementation; ``reference.py`` is SN in PyTorch ops;
+``csrc/sn_kernels.cpp`` the C++ CPU kernels; ``triton_fused.py`` the fused
+Triton GPU kernels; ``ratios.py`` the rule from logits to ratio vectors.
 """
-from .kernels import (KERNEL_CHOICES, KERNELS_ENV, check_kernels,
-                      default_kernels, native_available, select_kernels,
-                      set_default_kernels)
-from .sn_function import SwitchableNormFunction
+from .operator import (KERNEL_CHOICES, KERNELS_ENV, check_kernels,
+                       default_kernels, implementation, native_available,
+                       set_default_kernels, switchable_norm)
+from .ratios import (RATIO_FNS, TERMS, layer_ratios, mixing_ratio,
+                     ratio_without_in)
+from .sparsestmax import sparsemax, sparsestmax
 
 __all__ = [
     'KERNEL_CHOICES', 'KERNELS_ENV', 'check_kernels', 'default_kernels',
-    'native_available', 'select_kernels', 'set_default_kernels',
-    'SwitchableNormFunction'
+    'implementation', 'native_available', 'set_default_kernels',
+    'switchable_norm', 'RATIO_FNS', 'TERMS', 'layer_ratios', 'mixing_ratio',
+    'ratio_without_in', 'sparsemax', 'sparsestmax'
 ]

@@ -18,9 +18,10 @@ input gradient keep the input's layout). Parameters and running statistics
 are float32. A double backward (``create_graph=True``) recomputes the
 forward from differentiable PyTorch ops, as on the other kernel paths.
 
-The same formulas as ``torch_kernels.py`` (stable LN/BN variances from IN's
-moments by Chan et al.'s combination, gradients about the row mean); the
-tests check every output, running statistic and gradient against that path,
+The same formulas as the reference (:mod:`sn_mm.ops.reference`: stable LN/BN
+variances from IN's moments by Chan et al.'s combination, gradients about the
+row mean); the tests check every output, running statistic and gradient
+against it,
 and under ``TRITON_INTERPRET=1`` the kernels run on CPU tensors.
 """
 import os
@@ -31,6 +32,10 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from . import _compat
+from .reference import (combine_statistics, reference_forward,
+                        update_running_stats)
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _TILE = 2048  # elements per (rows x block) tile
@@ -707,10 +712,7 @@ def _launch(kernel, key, grid, args, device_index):
     compiled = _COMPILED.get(key)
     if compiled is not None:
         try:
-            compiled.run(grid[0], grid[1], 1,
-                         torch._C._cuda_getCurrentRawStream(device_index),
-                         compiled.function, compiled.packed_metadata, None,
-                         None, None, *args)
+            _compat.launch_directly(compiled, grid, device_index, args)
             return
         except TypeError as err:  # another Triton's launcher: its own path
             _DIRECT['on'] = False
@@ -718,9 +720,8 @@ def _launch(kernel, key, grid, args, device_index):
             warnings.warn(f'sn_mm: launching Triton kernels directly failed '
                           f'({err}); using Triton\'s launch path')
     compiled = kernel[grid](*args)
-    if key is not None and _DIRECT['on'] and all(
-            hasattr(compiled, a) for a in ('run', 'function',
-                                           'packed_metadata')):
+    if key is not None and _DIRECT['on'] and _compat.can_launch_directly(
+            compiled):
         _COMPILED[key] = compiled
 
 
@@ -795,10 +796,8 @@ def _combine_over_group(ws, n, c, plan, running_mean, running_var, nbt,
     combined with every rank's by one all-gather (as SyncSN's chain of
     kernels does, so that ranks on either path interoperate); the running
     statistics updated from the result."""
-    from .functional import update_running_stats
-    from .sn_function import _bn_statistics
     mean_c, m2_c, count = _bn_slots(ws, n, c, plan)
-    total, mean_bn, var_bn = _bn_statistics(n, mean_c, m2_c, group)
+    total, mean_bn, var_bn = combine_statistics(n, mean_c, m2_c, group)
     mean_c.copy_(mean_bn)
     m2_c.copy_(var_bn)
     count.copy_(total.reshape(1))
@@ -892,10 +891,9 @@ class TritonSwitchableNorm(torch.autograd.Function):
 
 
 def _recorded_backward(ctx, grad_y):
-    """create_graph=True: differentiate a recomputed differentiable forward
-    (PyTorch ops, float32), so that every higher derivative is exact."""
-    from .kernels import TORCH
-    from .sn_function import sn_forward
+    """create_graph=True: differentiate a recomputed forward of the
+    reference (PyTorch ops, float32), so that every higher derivative is
+    exact."""
     x3, weight, bias, mean_logits, var_logits = ctx.saved_tensors[:5]
     (running_mean, running_var, _, ratio_fixed, fixed_ratios, training, _,
      eps, unbiased, ratios_given, group) = ctx.state
@@ -904,13 +902,11 @@ def _recorded_backward(ctx, grad_y):
             'SyncSN: double backward (create_graph=True) across several '
             'processes is not supported; on one process (or with SN) it '
             'is exact')
-    has_in = x3.shape[2] > 1
     inputs = (x3, weight, bias, mean_logits, var_logits)
     wanted = [i for i, need in enumerate(ctx.needs_input_grad[:5]) if need]
-    y, _ = sn_forward(TORCH, x3.float(), weight, bias, mean_logits,
-                      var_logits, running_mean, running_var, training, has_in,
-                      1 if unbiased and has_in else 0, eps, None, ratio_fixed,
-                      fixed_ratios, ratios_given)
+    y = reference_forward(x3.float(), weight, bias, mean_logits, var_logits,
+                          running_mean, running_var, training, eps, unbiased,
+                          ratio_fixed, fixed_ratios, ratios_given)[0]
     grads = torch.autograd.grad(y, [inputs[i] for i in wanted],
                                 grad_y.float(), create_graph=True,
                                 allow_unused=True)
@@ -934,7 +930,7 @@ _WORKS = {}
 
 
 def works_on(x: Tensor) -> bool:
-    """Whether these kernels compile and agree with the PyTorch kernels on
+    """Whether these kernels compile and agree with the reference on
     ``x``'s device: checked once per device, on a small layer (training
     forward and backward, then eval). Where they do not (a Triton these
     kernels do not compile with, say), SN's default ('auto') runs on
@@ -947,8 +943,19 @@ def works_on(x: Tensor) -> bool:
     return works
 
 
+def _reference_call(x, weight, bias, mean_logits, var_logits,
+                    running_mean, running_var, nbt, training):
+    n, c = x.shape[:2]
+    y, mean_bn, var_bn, has = reference_forward(
+        x.reshape(n, c, -1), weight, bias, mean_logits, var_logits,
+        running_mean, running_var, training, 1e-5, True)
+    if mean_bn is not None:
+        update_running_stats(running_mean, running_var, nbt, 0.1,
+                             mean_bn.detach(), var_bn.detach(), has)
+    return y.reshape(x.shape)
+
+
 def _probe(device: torch.device) -> bool:
-    from .functional import switchable_norm as sn
     gen = torch.Generator().manual_seed(0)
     shape = (3, 4, 3, 5)
     x = torch.randn(shape, generator=gen) * 2 + 1
@@ -960,24 +967,23 @@ def _probe(device: torch.device) -> bool:
     try:
         with torch.inference_mode(False), torch.enable_grad(), \
                 torch.autocast(device.type, enabled=False):
-            for kernels in ('triton', 'torch'):
+            for fn in (_fused_call, _reference_call):
                 xs = x.to(device).requires_grad_()
                 ps = [p.to(device).requires_grad_() for p in params]
                 running = [torch.zeros(4, device=device),
                            torch.ones(4, device=device),
                            torch.zeros((), dtype=torch.long, device=device)]
-                y = sn(xs, *ps, *running, True, 0.1, 1e-5, True, kernels)
+                y = fn(xs, *ps, *running, True)
                 y.backward(grad.to(device))
                 with torch.no_grad():
-                    y_eval = sn(xs, *ps, *running, False, 0.1, 1e-5, True,
-                                kernels)
+                    y_eval = fn(xs, *ps, *running, False)
                 results.append([y, xs.grad, *(p.grad for p in ps),
                                 *running[:2], y_eval])
         for got, want in zip(*results):
             err = float((got.detach() - want.detach()).abs().max())
             if not err <= 1e-3 * (1 + float(want.detach().abs().max())):
-                raise AssertionError(f'they differ from the PyTorch kernels '
-                                     f'by {err:.1e} on a small layer')
+                raise AssertionError(f'they differ from the reference by '
+                                     f'{err:.1e} on a small layer')
     except Exception as err:  # any failure: the reason goes to the warning
         warnings.warn(f'sn_mm: SN\'s fused Triton kernels do not work on '
                       f'{device} ({type(err).__name__}: {err}); SN runs on '
@@ -985,6 +991,13 @@ def _probe(device: torch.device) -> bool:
                       f'anyway.', stacklevel=3)
         return False
     return True
+
+
+def _fused_call(x, weight, bias, mean_logits, var_logits, running_mean,
+                running_var, nbt, training):
+    return switchable_norm(x, weight, bias, mean_logits, var_logits,
+                           running_mean, running_var, nbt, None, None,
+                           training, 0.1, 1e-5, True)
 
 
 def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
@@ -997,7 +1010,7 @@ def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
                     ratios_given: bool = False, group=None) -> Tensor:
     """SN of ``x`` (N, C, *) on these kernels; in training with a BN branch
     the running statistics and ``nbt`` are updated in place. Arguments as
-    :func:`sn_mm.ops.functional.switchable_norm`'s (``ratios_given``: the
+    :func:`sn_mm.ops.switchable_norm`'s (``ratios_given``: the
     logits are the ratio vectors, e.g. SparsestMax's; ``group``: SyncSN's
     process group, whose ranks share the BN statistics)."""
     shape = x.shape

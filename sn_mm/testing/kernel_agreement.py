@@ -7,6 +7,8 @@ import itertools
 
 import torch
 
+from ..models import SwitchableNorm
+
 # (shape, channels_last): contiguous and channels_last maps, RoI-sized rows,
 # long rows (split across programs), one position, 2D, 5D.
 SHAPES = [((4, 6, 5, 3), False), ((4, 6, 5, 3), True), ((3, 5), False),
@@ -21,7 +23,6 @@ def make_layer(c, using_bn=True, kernels=None, fixed=False, seed=0,
                **kwargs):
     """An SN layer with non-trivial parameters and running statistics
     (``fixed``: its mean ratios fixed)."""
-    from sn_mm import SwitchableNorm
     gen = torch.Generator().manual_seed(seed)
     layer = SwitchableNorm(c, using_bn=using_bn, kernels=kernels, **kwargs)
     with torch.no_grad():

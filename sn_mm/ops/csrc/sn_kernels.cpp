@@ -1,13 +1,11 @@
-// SN's CPU kernels: the full-size passes over a contiguous (N, C, L) input,
-// one pass each and parallel over its N x C rows, and the reductions of the
-// (N, C) statistics between them; sn_mm/ops/torch_kernels.py holds the
-// PyTorch version of every kernel here. Two ways in:
-// - the kernels one by one (pybind11), for SyncSN across processes, whose
-//   all-reduces come between them (the glue is sn_mm/ops/sn_function.py);
-// - the operator sn_mm::switchable_norm (torch.library, end of this file):
-//   a whole forward, a whole backward, or an eval forward in one call each,
-//   the softmax mixing, BN statistics, running-statistics update and ratio
-//   gradients included, with its autograd here in C++.
+// SN's CPU kernels, registered as the CPU and AutogradCPU kernels of the
+// operator sn_mm::switchable_norm (end of this file): the full-size passes
+// over a contiguous (N, C, L) input, one pass each and parallel over its
+// N x C rows, and the reductions of the (N, C) statistics between them; a
+// whole forward, a whole backward, or an eval forward in one call each, the
+// softmax mixing, BN statistics, running-statistics update and ratio
+// gradients included, with its autograd here in C++. The reference, in
+// PyTorch ops, is sn_mm/ops/reference.py.
 #include <torch/extension.h>
 #include <torch/library.h>
 #include <ATen/Parallel.h>
@@ -381,8 +379,8 @@ struct InputGradArgs {
 };
 
 // dx = g * scale + a * (x - mean_in) + b per row, a and b from the gradients
-// of the row's IN mean and variance (the formulas of input_grad in
-// sn_mm/ops/torch_kernels.py).
+// of the row's IN mean and variance (what autograd derives from the
+// reference's formulas).
 template <typename T>
 SN_INLINE void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin,
                                  int64_t end) {
@@ -644,26 +642,29 @@ std::vector<double> sum_over_samples(int64_t samples, int64_t width,
 
 }  // namespace
 
-// Per-row mean and variance, the variance's divisor L - correction.
-std::vector<at::Tensor> row_moments(const at::Tensor& x, int64_t correction) {
-  check_rows(x, "row_moments");
-  const int64_t rows = x.size(0) * x.size(1), length = x.size(2);
-  auto mean = at::empty({x.size(0), x.size(1)}, x.options());
-  auto var = at::empty_like(mean);
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "row_moments", [&] {
-    MomentsArgs<scalar_t> args{
-        x.data_ptr<scalar_t>(), mean.data_ptr<scalar_t>(),
-        var.data_ptr<scalar_t>(), length,
-        static_cast<scalar_t>(std::max<int64_t>(length - correction, 1))};
-    run_rows(args, rows, length);
-  });
-  return {mean, var};
-}
+// --------------------------------------------------------- the operator --
+// sn_mm::switchable_norm (its schema is in sn_mm/ops/operator.py): SN on the
+// CPU in one call per pass. The CPU kernel is the forward without autograd
+// (eval, no_grad); the AutogradCPU kernel saves what the backward needs, and
+// the backward is one call too. Semantics: those of the reference,
+// sn_mm/ops/reference.py, which the tests hold this to. The glue between the
+// passes works on raw pointers: at small shapes (batch-1 inference, RoI
+// heads) each ATen call on a (C,) vector would cost as much as the data's
+// passes.
+namespace {
 
-// The body of moment_reductions on raw pointers (the fused operator calls
-// it on its own buffers): LN statistics per sample into plm/plv, BN mean
-// and M2 per channel into pbm/pb2 unless those are null (eval, where the
-// running statistics stand in, and one sample, whose are its IN ones).
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using OptTensor = c10::optional<at::Tensor>;
+
+bool defined(const OptTensor& t) { return t.has_value() && t->defined(); }
+
+// LN and BN statistics from the IN moments (Eq. 5) in the stable form,
+// e.g. var_ln = mean_c(var_in) + mean_c((mean_in - mean_ln)^2): the released
+// mean(var_in + mean_in^2) - mean^2 without its cancellation. LN statistics
+// per sample into plm/plv, BN mean and M2 per channel into pbm/pb2 unless
+// those are null (eval, where the running statistics stand in, and one
+// sample, whose are its IN ones).
 template <typename scalar_t>
 void reductions_into(const scalar_t* pm, const scalar_t* pv, int64_t samples,
                      int64_t channels, scalar_t* plm, scalar_t* plv,
@@ -701,93 +702,15 @@ void reductions_into(const scalar_t* pm, const scalar_t* pv, int64_t samples,
   }
 }
 
-// LN and BN statistics from the IN moments (Eq. 5), in the stable form:
-// per sample n, mean_ln = mean_c(mean_in) and var_ln = mean_c(var_in) +
-// mean_c((mean_in - mean_ln)^2); per channel c, mean_c = mean_n(mean_in) and
-// m2_c = sum_n(var_in) + sum_n((mean_in - mean_c)^2), the BN variance times
-// the number of samples. Algebraically the released mean(var_in +
-// mean_in^2) - mean^2, without its cancellation when |mean| >> std.
-std::vector<at::Tensor> moment_reductions(const at::Tensor& mean_in,
-                                          const at::Tensor& var_in) {
-  TORCH_CHECK(mean_in.dim() == 2, "moment_reductions: expected (N, C)");
-  const int64_t samples = mean_in.size(0), channels = mean_in.size(1);
-  check_vector(mean_in, samples * channels, mean_in.scalar_type(),
-               "moment_reductions", "mean_in");
-  check_vector(var_in, samples * channels, mean_in.scalar_type(),
-               "moment_reductions", "var_in");
-  auto ln_mean = at::empty({samples, 1}, mean_in.options());
-  auto ln_var = at::empty_like(ln_mean);
-  auto bn_mean = at::empty({channels}, mean_in.options());
-  auto bn_m2 = at::empty_like(bn_mean);
-  AT_DISPATCH_FLOATING_TYPES(mean_in.scalar_type(), "moment_reductions", [&] {
-    reductions_into(mean_in.data_ptr<scalar_t>(), var_in.data_ptr<scalar_t>(),
-                    samples, channels, ln_mean.data_ptr<scalar_t>(),
-                    ln_var.data_ptr<scalar_t>(), bn_mean.data_ptr<scalar_t>(),
-                    bn_m2.data_ptr<scalar_t>());
-  });
-  return {ln_mean, ln_var, bn_mean, bn_m2};
-}
-
-// Mixes the statistics and normalises: see normalize_kernel.
-std::vector<at::Tensor> normalize(
-    const at::Tensor& x, const at::Tensor& mean_in, const at::Tensor& var_in,
-    double wm_in, double wv_in, const at::Tensor& mu_n,
-    const at::Tensor& var_n, const at::Tensor& mu_c, const at::Tensor& var_c,
-    const at::Tensor& weight, const at::Tensor& bias, double eps) {
-  check_rows(x, "normalize");
-  const int64_t samples = x.size(0), channels = x.size(1),
-                length = x.size(2), rows = samples * channels;
-  const auto dtype = x.scalar_type();
-  check_vector(mean_in, rows, dtype, "normalize", "mean_in");
-  check_vector(var_in, rows, dtype, "normalize", "var_in");
-  check_vector(mu_n, samples, dtype, "normalize", "mu_n");
-  check_vector(var_n, samples, dtype, "normalize", "var_n");
-  check_vector(mu_c, channels, dtype, "normalize", "mu_c");
-  check_vector(var_c, channels, dtype, "normalize", "var_c");
-  check_vector(weight, channels, dtype, "normalize", "weight");
-  check_vector(bias, channels, dtype, "normalize", "bias");
-  auto y = at::empty_like(x);
-  auto mu = at::empty({samples, channels}, x.options());
-  auto rstd = at::empty_like(mu);
-  AT_DISPATCH_FLOATING_TYPES(dtype, "normalize", [&] {
-    NormalizeArgs<scalar_t> args{
-        x.data_ptr<scalar_t>(),      mean_in.data_ptr<scalar_t>(),
-        var_in.data_ptr<scalar_t>(), mu_n.data_ptr<scalar_t>(),
-        var_n.data_ptr<scalar_t>(),  mu_c.data_ptr<scalar_t>(),
-        var_c.data_ptr<scalar_t>(),  weight.data_ptr<scalar_t>(),
-        bias.data_ptr<scalar_t>(),   static_cast<scalar_t>(wm_in),
-        static_cast<scalar_t>(wv_in), static_cast<scalar_t>(eps),
-        y.data_ptr<scalar_t>(),      mu.data_ptr<scalar_t>(),
-        rstd.data_ptr<scalar_t>(),   channels,
-        length};
-    run_rows(args, rows, length);
-  });
-  return {y, mu, rstd};
-}
-
-// Per-row sum of g and of g * (x - mean_in).
-std::vector<at::Tensor> row_grad_sums(const at::Tensor& g, const at::Tensor& x,
-                                      const at::Tensor& mean_in) {
-  check_rows(x, "row_grad_sums");
-  check_rows(g, "row_grad_sums");
-  TORCH_CHECK(g.sizes() == x.sizes() && g.scalar_type() == x.scalar_type(),
-              "row_grad_sums: the gradient does not match the input");
-  const int64_t rows = x.size(0) * x.size(1), length = x.size(2);
-  check_vector(mean_in, rows, x.scalar_type(), "row_grad_sums", "mean_in");
-  auto sum_g = at::empty({x.size(0), x.size(1)}, x.options());
-  auto sum_gxc = at::empty_like(sum_g);
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "row_grad_sums", [&] {
-    GradSumsArgs<scalar_t> args{
-        g.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
-        mean_in.data_ptr<scalar_t>(), sum_g.data_ptr<scalar_t>(),
-        sum_gxc.data_ptr<scalar_t>(), length};
-    run_rows(args, rows, length);
-  });
-  return {sum_g, sum_gxc};
-}
-
-// The body of grad_reductions on raw pointers (the fused operator calls it
-// on its own buffers); per_c: grad_weight, grad_bias, d_mu_c, d_var_c.
+// From the row sums of the output gradient (sum_gxc = sum g * (x - mean_in)):
+// the gradients of weight and bias, and the sums over c (per n) and over n
+// (per c) of the gradients of the mixed mean and variance, d_mu = -scale *
+// sum_g and d_var = -scale * rstd^2 / 2 * sum g * (x - mu), plus three dot
+// products for the ratio gradients: d_mu with the LN and the BN mean, each
+// less the row's IN mean (a shift common to all terms, which the softmax
+// gradient ignores, and which keeps large offsets from cancelling), and
+// d_var with the IN variance. per_c: grad_weight, grad_bias, d_mu_c,
+// d_var_c.
 template <typename scalar_t>
 void grad_reductions_into(const scalar_t* s1, const scalar_t* s2,
                           const scalar_t* pmu, const scalar_t* pr,
@@ -812,113 +735,6 @@ void grad_reductions_into(const scalar_t* s1, const scalar_t* s2,
   for (int i = 0; i < 3; ++i)
     pd[i] = static_cast<scalar_t>(cols[4 * channels + i]);
 }
-
-// From the row sums of the output gradient (sum_gxc = sum g * (x - mean_in)):
-// the gradients of weight and bias, and the sums over c (per n) and over n
-// (per c) of the gradients of the mixed mean and variance, d_mu = -scale *
-// sum_g and d_var = -scale * rstd^2 / 2 * sum g * (x - mu), plus three dot
-// products for the ratio gradients: d_mu with the LN and the BN mean, each
-// less the row's IN mean (a shift common to all terms, which the softmax
-// gradient ignores, and which keeps large offsets from cancelling), and
-// d_var with the IN variance.
-std::vector<at::Tensor> grad_reductions(
-    const at::Tensor& sum_g, const at::Tensor& sum_gxc, const at::Tensor& mu,
-    const at::Tensor& rstd, const at::Tensor& weight,
-    const at::Tensor& mean_in, const at::Tensor& var_in,
-    const at::Tensor& mean_ln, const at::Tensor& mean_c) {
-  TORCH_CHECK(sum_g.dim() == 2, "grad_reductions: expected (N, C)");
-  const int64_t samples = sum_g.size(0), channels = sum_g.size(1),
-                rows = samples * channels;
-  const auto dtype = sum_g.scalar_type();
-  for (const auto* t : {&sum_g, &sum_gxc, &mu, &rstd, &mean_in, &var_in})
-    check_vector(*t, rows, dtype, "grad_reductions", "an (N, C) statistic");
-  check_vector(weight, channels, dtype, "grad_reductions", "weight");
-  check_vector(mean_ln, samples, dtype, "grad_reductions", "mean_ln");
-  check_vector(mean_c, channels, dtype, "grad_reductions", "mean_c");
-  auto opts = sum_g.options();
-  auto d_mu_n = at::empty({samples, 1}, opts);
-  auto d_var_n = at::empty_like(d_mu_n);
-  std::vector<at::Tensor> per_c;
-  for (int i = 0; i < 4; ++i) per_c.push_back(at::empty({channels}, opts));
-  auto dots = at::empty({3}, opts);
-  AT_DISPATCH_FLOATING_TYPES(dtype, "grad_reductions", [&] {
-    scalar_t* outs[4] = {per_c[0].data_ptr<scalar_t>(),
-                         per_c[1].data_ptr<scalar_t>(),
-                         per_c[2].data_ptr<scalar_t>(),
-                         per_c[3].data_ptr<scalar_t>()};
-    grad_reductions_into(
-        sum_g.data_ptr<scalar_t>(), sum_gxc.data_ptr<scalar_t>(),
-        mu.data_ptr<scalar_t>(), rstd.data_ptr<scalar_t>(),
-        weight.data_ptr<scalar_t>(), mean_in.data_ptr<scalar_t>(),
-        var_in.data_ptr<scalar_t>(), mean_ln.data_ptr<scalar_t>(),
-        mean_c.data_ptr<scalar_t>(), samples, channels,
-        d_mu_n.data_ptr<scalar_t>(), d_var_n.data_ptr<scalar_t>(), outs,
-        dots.data_ptr<scalar_t>());
-  });
-  // grad_weight, grad_bias, d_mu_n, d_var_n, d_mu_c, d_var_c, the dots
-  return {per_c[0], per_c[1], d_mu_n, d_var_n, per_c[2], per_c[3], dots};
-}
-
-// Input gradient: see input_grad_kernel. dvar_* and dmean_* are the
-// gradients reaching each row's IN variance and mean through the LN (per n)
-// and BN (per c) statistics, before the deviation terms 2 * (mean_in -
-// center) * dvar that input_grad_kernel adds.
-at::Tensor input_grad(const at::Tensor& g, const at::Tensor& x,
-                      const at::Tensor& sum_g, const at::Tensor& sum_gxc,
-                      const at::Tensor& mu, const at::Tensor& rstd,
-                      const at::Tensor& weight, const at::Tensor& mean_in,
-                      double wm_in, double wv_in, const at::Tensor& dvar_n,
-                      const at::Tensor& dmean_n, const at::Tensor& center_n,
-                      const at::Tensor& dvar_c, const at::Tensor& dmean_c,
-                      const at::Tensor& center_c, int64_t correction) {
-  check_rows(x, "input_grad");
-  check_rows(g, "input_grad");
-  TORCH_CHECK(g.sizes() == x.sizes() && g.scalar_type() == x.scalar_type(),
-              "input_grad: the gradient does not match the input");
-  const int64_t samples = x.size(0), channels = x.size(1),
-                length = x.size(2), rows = samples * channels;
-  const auto dtype = x.scalar_type();
-  for (const auto* t : {&sum_g, &sum_gxc, &mu, &rstd, &mean_in})
-    check_vector(*t, rows, dtype, "input_grad", "an (N, C) statistic");
-  check_vector(weight, channels, dtype, "input_grad", "weight");
-  check_vector(dvar_n, samples, dtype, "input_grad", "dvar_n");
-  check_vector(dmean_n, samples, dtype, "input_grad", "dmean_n");
-  check_vector(center_n, samples, dtype, "input_grad", "center_n");
-  check_vector(dvar_c, channels, dtype, "input_grad", "dvar_c");
-  check_vector(dmean_c, channels, dtype, "input_grad", "dmean_c");
-  check_vector(center_c, channels, dtype, "input_grad", "center_c");
-  auto dx = at::empty_like(x);
-  AT_DISPATCH_FLOATING_TYPES(dtype, "input_grad", [&] {
-    InputGradArgs<scalar_t> args{
-        g.data_ptr<scalar_t>(),        x.data_ptr<scalar_t>(),
-        sum_g.data_ptr<scalar_t>(),    sum_gxc.data_ptr<scalar_t>(),
-        mu.data_ptr<scalar_t>(),       rstd.data_ptr<scalar_t>(),
-        weight.data_ptr<scalar_t>(),   mean_in.data_ptr<scalar_t>(),
-        dvar_n.data_ptr<scalar_t>(),   dmean_n.data_ptr<scalar_t>(),
-        center_n.data_ptr<scalar_t>(), dvar_c.data_ptr<scalar_t>(),
-        dmean_c.data_ptr<scalar_t>(),  center_c.data_ptr<scalar_t>(),
-        static_cast<scalar_t>(wm_in),  static_cast<scalar_t>(wv_in),
-        static_cast<scalar_t>(2.0 / std::max<int64_t>(length - correction, 1)),
-        dx.data_ptr<scalar_t>(),       channels,
-        length};
-    run_rows(args, rows, length);
-  });
-  return dx;
-}
-
-// ------------------------------------------------- the fused operator --
-// sn_mm::switchable_norm: SN on one device in one call per pass. Its CPU
-// kernel is the forward without autograd (eval, no_grad); its Autograd
-// kernel saves what the backward needs, and the backward is one call too.
-// Semantics: those of sn_mm/ops/sn_function.py's sn_forward and
-// SwitchableNormFunction, which the tests hold this to. The glue between
-// the passes works on raw pointers: at small shapes (batch-1 inference,
-// RoI heads) each ATen call on a (C,) vector would cost as much as the
-// data's passes.
-namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 // The ratio vectors in use: IN first where IN is defined (K entries, else
 // K - 1, LN first), and where LN sits (BN follows it).
@@ -948,7 +764,7 @@ std::array<bool, 2> read_fixed(const c10::optional<at::Tensor>& fixed) {
 }
 
 // Where IN is undefined: the other terms renormalised, or LN alone if the
-// vector selected IN alone (sn_function.ratio_without_in).
+// vector selected IN alone (sn_mm/ops/ratios.py's ratio_without_in).
 std::vector<double> without_in(const std::vector<double>& r) {
   std::vector<double> rest(r.begin() + 1, r.end());
   double total = 0;
@@ -994,9 +810,30 @@ Ratios mixing_ratios(const at::Tensor& mean_logits,
   return out;
 }
 
-// Every (N, C), (N,) and (C,) statistic lives in one buffer, ws: mean_in,
+// Every (N, C), (N,) and (C,) statistic lives in one buffer: mean_in,
 // var_in, mu, rstd (N x C each), then LN's mean and variance (N each), then
 // the BN mean and variance used (C each).
+template <typename T>
+struct Stats {
+  T *mean_in, *var_in, *mu, *rstd, *ln_mean, *ln_var, *bn_mean, *bn_var;
+  Stats(T* base, int64_t samples, int64_t channels) {
+    const int64_t rows = samples * channels;
+    mean_in = base;
+    var_in = base + rows;
+    mu = base + 2 * rows;
+    rstd = base + 3 * rows;
+    ln_mean = base + 4 * rows;
+    ln_var = ln_mean + samples;
+    bn_mean = ln_var + samples;
+    bn_var = bn_mean + channels;
+  }
+  static int64_t size(int64_t samples, int64_t channels) {
+    return 4 * samples * channels + 2 * samples + 2 * channels;
+  }
+};
+
+// What backward needs of a forward: the (N, C, L) input, the statistics
+// buffer, the ratios mixed with.
 struct Forward {
   at::Tensor y, x3, ws;
   Ratios ratios;
@@ -1021,366 +858,418 @@ void check_params(const at::Tensor& x, const at::Tensor& weight,
                 " CPU values of the input's dtype");
 }
 
+void check_running(const at::Tensor& mean, const at::Tensor& var,
+                   int64_t channels) {
+  TORCH_CHECK(mean.numel() == channels && var.numel() == channels &&
+                  mean.is_contiguous() && var.is_contiguous() &&
+                  mean.scalar_type() == var.scalar_type(),
+              "switchable_norm: running statistics must be ", channels,
+              " contiguous values each");
+}
+
+// x as (N, C, L) contiguous rows.
+at::Tensor rows_of(const at::Tensor& x) {
+  int64_t spatial = 1;
+  for (int64_t d = 2; d < x.dim(); ++d) spatial *= x.size(d);
+  auto x3 = x.reshape({x.size(0), x.size(1), spatial});
+  return x3.is_contiguous() ? x3 : x3.contiguous();
+}
+
+// The running statistics: moving average, or cumulative (momentum < 0).
+template <typename T>
+void update_running(const at::Tensor& running_mean,
+                    const at::Tensor& running_var, const at::Tensor& count,
+                    double momentum, const T* bn_m, const T* bn_v,
+                    int64_t channels) {
+  auto* n = count.data_ptr<int64_t>();
+  n[0] += 1;
+  const double mom = momentum < 0 ? 1.0 / n[0] : momentum;
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, running_mean.scalar_type(), "running", [&] {
+        using R = scalar_t;
+        R* prm = running_mean.data_ptr<R>();
+        R* prv = running_var.data_ptr<R>();
+        for (int64_t c = 0; c < channels; ++c) {
+          prm[c] = static_cast<R>((1 - mom) * double(prm[c]) +
+                                  mom * double(bn_m[c]));
+          prv[c] = static_cast<R>((1 - mom) * double(prv[c]) +
+                                  mom * double(bn_v[c]));
+        }
+      });
+}
+
+// The running statistics copied into bn_m and bn_v (backward needs them as
+// they were; later steps update the running ones in place).
+template <typename T>
+void copy_running(const at::Tensor& running_mean,
+                  const at::Tensor& running_var, T* bn_m, T* bn_v,
+                  int64_t channels) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, running_mean.scalar_type(), "running", [&] {
+        const scalar_t* prm = running_mean.data_ptr<scalar_t>();
+        const scalar_t* prv = running_var.data_ptr<scalar_t>();
+        for (int64_t c = 0; c < channels; ++c) {
+          bn_m[c] = static_cast<T>(prm[c]);
+          bn_v[c] = static_cast<T>(prv[c]);
+        }
+      });
+}
+
+// The statistics buffer: a tensor whose views backward keeps, or, without
+// backward, this thread's scratch memory (no allocation).
+template <typename T>
+T* stats_buffer(Forward& f, bool for_backward) {
+  const int64_t need = Stats<T>::size(f.x3.size(0), f.x3.size(1));
+  if (for_backward) {
+    f.ws = at::empty({need}, f.x3.options());
+    return f.ws.data_ptr<T>();
+  }
+  static thread_local std::vector<T> scratch;
+  if (static_cast<int64_t>(scratch.size()) < need) scratch.resize(need);
+  return scratch.data();
+}
+
+// The running statistics and what a forward does with them.
+struct Running {
+  const OptTensor &mean, &var, &count;
+  bool using_bn, training;
+  double momentum;
+};
+
+// IN's moments, then LN's and the BN statistics in use: the batch's (one
+// sample's are its IN statistics, read where they are), the running ones
+// (in eval without backward read in place), or none. Returns where the BN
+// mean and variance are.
+template <typename T>
+std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
+                                         const Running& run_stats,
+                                         bool for_backward) {
+  const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
+                spatial = f.x3.size(2), rows = samples * channels;
+  if (f.x3.numel()) {
+    MomentsArgs<T> margs{
+        f.x3.data_ptr<T>(), s.mean_in, s.var_in, spatial,
+        static_cast<T>(std::max<int64_t>(spatial - f.correction, 1))};
+    run_rows(margs, rows, spatial);
+  } else {
+    std::fill_n(s.mean_in, 2 * rows, T(0));
+  }
+  const bool bn_batch = run_stats.using_bn && run_stats.training &&
+                        samples > 0;
+  const bool one_sample = bn_batch && samples == 1;
+  const bool bn_sums = bn_batch && !one_sample;
+  reductions_into(s.mean_in, s.var_in, samples, channels, s.ln_mean,
+                  s.ln_var, bn_sums ? s.bn_mean : nullptr,
+                  bn_sums ? s.bn_var : nullptr);
+  if (bn_batch) {
+    if (bn_sums)  // bn_var holds the M2 sums until divided by the count
+      for (int64_t c = 0; c < channels; ++c)
+        s.bn_var[c] /= static_cast<T>(samples);
+    const T* bn_m = one_sample ? s.mean_in : s.bn_mean;
+    const T* bn_v = one_sample ? s.var_in : s.bn_var;
+    update_running(*run_stats.mean, *run_stats.var, *run_stats.count,
+                   run_stats.momentum, bn_m, bn_v, channels);
+    return {bn_m, bn_v};
+  }
+  if (!run_stats.using_bn) {
+    std::fill_n(s.bn_mean, 2 * channels, T(0));  // no BN term
+  } else if (!for_backward &&
+             run_stats.mean->scalar_type() == f.x3.scalar_type()) {
+    return {run_stats.mean->data_ptr<T>(), run_stats.var->data_ptr<T>()};
+  } else {
+    copy_running(*run_stats.mean, *run_stats.var, s.bn_mean, s.bn_var,
+                 channels);
+  }
+  return {s.bn_mean, s.bn_var};
+}
+
+template <typename T>
+void forward_pass(Forward& f, at::Tensor& y, const at::Tensor& weight,
+                  const at::Tensor& bias, const Running& run_stats,
+                  double eps, bool for_backward) {
+  const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
+                spatial = f.x3.size(2);
+  const Stats<T> s(stats_buffer<T>(f, for_backward), samples, channels);
+  const auto bn = statistics<T>(f, s, run_stats, for_backward);
+  const Ratios& w = f.ratios;
+  const int64_t k = w.k_ln;
+  const bool using_bn = run_stats.using_bn;
+  NormalizeArgs<T> args{f.x3.data_ptr<T>(),
+                        s.mean_in,
+                        s.var_in,
+                        s.ln_mean,
+                        s.ln_var,
+                        bn.first,
+                        bn.second,
+                        weight.data_ptr<T>(),
+                        bias.data_ptr<T>(),
+                        static_cast<T>(w.has_in ? w.mean[0] : 0.0),
+                        static_cast<T>(w.has_in ? w.var[0] : 0.0),
+                        static_cast<T>(eps),
+                        y.data_ptr<T>(),
+                        s.mu,
+                        s.rstd,
+                        channels,
+                        spatial,
+                        static_cast<T>(w.mean[k]),
+                        static_cast<T>(w.var[k]),
+                        static_cast<T>(using_bn ? w.mean[k + 1] : 0.0),
+                        static_cast<T>(using_bn ? w.var[k + 1] : 0.0)};
+  run_rows(args, samples * channels, spatial);
+}
+
 // The forward pass; with BN in training it also updates the running
 // statistics (momentum < 0: the cumulative average) unless the batch is
 // empty.
 Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
                      const at::Tensor& bias, const at::Tensor& mean_logits,
                      const at::Tensor& var_logits,
-                     const c10::optional<at::Tensor>& running_mean,
-                     const c10::optional<at::Tensor>& running_var,
-                     const c10::optional<at::Tensor>& num_batches_tracked,
-                     const c10::optional<at::Tensor>& fixed,
-                     const c10::optional<at::Tensor>& fixed_ratios,
+                     const OptTensor& running_mean,
+                     const OptTensor& running_var,
+                     const OptTensor& num_batches_tracked,
+                     const OptTensor& fixed, const OptTensor& fixed_ratios,
                      bool training, double momentum, double eps,
                      bool unbiased, bool ratios_given, bool for_backward) {
   check_params(x, weight, bias);
-  const int64_t samples = x.size(0), channels = x.size(1);
-  int64_t spatial = 1;
-  for (int64_t d = 2; d < x.dim(); ++d) spatial *= x.size(d);
-  const auto dtype = x.scalar_type();
   Forward f;
-  f.x3 = x.reshape({samples, channels, spatial});
-  if (!f.x3.is_contiguous()) f.x3 = f.x3.contiguous();
-  const bool has_in = spatial > 1;
+  f.x3 = rows_of(x);
+  const bool has_in = f.x3.size(2) > 1;
   f.correction = (unbiased && has_in) ? 1 : 0;
   f.ratios = mixing_ratios(mean_logits, var_logits, read_fixed(fixed),
                            fixed_ratios, has_in, ratios_given);
-  const bool using_bn = running_mean.has_value() && running_mean->defined();
+  const bool using_bn = defined(running_mean);
   f.bn_batch = using_bn && training;
-  f.total = static_cast<double>(samples);
-  if (using_bn) {
-    TORCH_CHECK(running_mean->numel() == channels &&
-                    running_var->numel() == channels &&
-                    running_mean->is_contiguous() &&
-                    running_var->is_contiguous() &&
-                    running_mean->scalar_type() == running_var->scalar_type(),
-                "switchable_norm: running statistics must be ", channels,
-                " contiguous values each");
-  }
-  const Ratios& w = f.ratios;
-  const int64_t k = w.k_ln;
-  const int64_t rows = samples * channels;
+  f.total = static_cast<double>(x.size(0));
+  if (using_bn) check_running(*running_mean, *running_var, x.size(1));
+  const Running run_stats{running_mean, running_var, num_batches_tracked,
+                          using_bn,     training,    momentum};
   auto y = at::empty_like(f.x3);
   const auto w_c = weight.contiguous(), b_c = bias.contiguous();
-  AT_DISPATCH_FLOATING_TYPES(dtype, "switchable_norm", [&] {
-    using T = scalar_t;
-    // Every statistic in one buffer: a tensor whose views backward keeps,
-    // or, without backward, this thread's scratch memory (no allocation).
-    const int64_t need = 4 * rows + 2 * samples + 2 * channels;
-    at::Tensor ws;
-    T* base;
-    static thread_local std::vector<T> scratch;
-    if (for_backward) {
-      ws = at::empty({need}, x.options());
-      base = ws.data_ptr<T>();
-    } else {
-      if (static_cast<int64_t>(scratch.size()) < need) scratch.resize(need);
-      base = scratch.data();
-    }
-    T* mean_in = base;
-    T* var_in = base + rows;
-    T* mu = base + 2 * rows;
-    T* rstd = base + 3 * rows;
-    T* ln_mean = base + 4 * rows;
-    T* ln_var = ln_mean + samples;
-    T* bn_mean = ln_var + samples;
-    T* bn_var = bn_mean + channels;
-    if (f.x3.numel()) {
-      MomentsArgs<T> margs{
-          f.x3.data_ptr<T>(), mean_in, var_in, spatial,
-          static_cast<T>(std::max<int64_t>(spatial - f.correction, 1))};
-      run_rows(margs, rows, spatial);
-    } else {
-      std::fill_n(mean_in, 2 * rows, T(0));
-    }
-    // The BN statistics in use: the batch's (bn_var holds the M2 sums
-    // until divided by the count; one sample's are its IN statistics, read
-    // where they are), the running ones, or none.
-    const bool bn_batch = using_bn && training && samples > 0;
-    const bool one_sample = bn_batch && samples == 1;
-    reductions_into(mean_in, var_in, samples, channels, ln_mean, ln_var,
-                    bn_batch && !one_sample ? bn_mean : nullptr,
-                    bn_batch && !one_sample ? bn_var : nullptr);
-    const T* bn_m = one_sample ? mean_in : bn_mean;
-    const T* bn_v = one_sample ? var_in : bn_var;
-    if (bn_batch) {
-      if (!one_sample)
-        for (int64_t c = 0; c < channels; ++c)
-          bn_var[c] /= static_cast<T>(samples);
-      auto* count = num_batches_tracked->data_ptr<int64_t>();
-      count[0] += 1;
-      const double mom = momentum < 0 ? 1.0 / count[0] : momentum;
-      // The running statistics: moving or cumulative average.
-      AT_DISPATCH_FLOATING_TYPES_AND2(
-          at::kHalf, at::kBFloat16, running_mean->scalar_type(), "running",
-          [&] {
-            using R = scalar_t;
-            R* prm = running_mean->data_ptr<R>();
-            R* prv = running_var->data_ptr<R>();
-            for (int64_t c = 0; c < channels; ++c) {
-              prm[c] = static_cast<R>((1 - mom) * double(prm[c]) +
-                                      mom * double(bn_m[c]));
-              prv[c] = static_cast<R>((1 - mom) * double(prv[c]) +
-                                      mom * double(bn_v[c]));
-            }
-          });
-    } else if (using_bn && !for_backward &&
-               running_mean->scalar_type() == dtype) {
-      // Eval without backward: the running statistics, read in place.
-      bn_m = running_mean->data_ptr<T>();
-      bn_v = running_var->data_ptr<T>();
-    } else if (using_bn) {
-      // Eval, or no sample: the running statistics stand in (copied, as
-      // backward needs them and later steps update them in place).
-      AT_DISPATCH_FLOATING_TYPES_AND2(
-          at::kHalf, at::kBFloat16, running_mean->scalar_type(), "running",
-          [&] {
-            using R = scalar_t;
-            const R* prm = running_mean->data_ptr<R>();
-            const R* prv = running_var->data_ptr<R>();
-            for (int64_t c = 0; c < channels; ++c) {
-              bn_mean[c] = static_cast<T>(prm[c]);
-              bn_var[c] = static_cast<T>(prv[c]);
-            }
-          });
-    } else {
-      std::fill_n(bn_mean, 2 * channels, T(0));  // no BN term
-    }
-    NormalizeArgs<T> args{f.x3.data_ptr<T>(),
-                          mean_in,
-                          var_in,
-                          ln_mean,
-                          ln_var,
-                          bn_m,
-                          bn_v,
-                          w_c.data_ptr<T>(),
-                          b_c.data_ptr<T>(),
-                          static_cast<T>(has_in ? w.mean[0] : 0.0),
-                          static_cast<T>(has_in ? w.var[0] : 0.0),
-                          static_cast<T>(eps),
-                          y.data_ptr<T>(),
-                          mu,
-                          rstd,
-                          channels,
-                          spatial,
-                          static_cast<T>(w.mean[k]),
-                          static_cast<T>(w.var[k]),
-                          static_cast<T>(using_bn ? w.mean[k + 1] : 0.0),
-                          static_cast<T>(using_bn ? w.var[k + 1] : 0.0)};
-    run_rows(args, rows, spatial);
-    if (for_backward) f.ws = ws;
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "switchable_norm", [&] {
+    forward_pass<scalar_t>(f, y, w_c, b_c, run_stats, eps, for_backward);
   });
   f.y = y.view(x.sizes());
   return f;
 }
 
+// Backward's intermediate sums, in this thread's scratch memory: per row
+// the sums of g and g * (x - mean_in), per sample and per channel the sums
+// of the mixed statistics' gradients, zeros, and three dot products.
+template <typename T>
+struct GradSums {
+  T *s1, *s2, *d_mu_n, *d_var_n, *d_mu_c, *d_var_c, *zeros_c, *dots;
+  GradSums(int64_t samples, int64_t channels) {
+    static thread_local std::vector<T> scratch;
+    const int64_t rows = samples * channels;
+    const int64_t need = 2 * rows + 2 * samples + 3 * channels + 3;
+    if (static_cast<int64_t>(scratch.size()) < need) scratch.resize(need);
+    s1 = scratch.data();
+    s2 = s1 + rows;
+    d_mu_n = s2 + rows;
+    d_var_n = d_mu_n + samples;
+    d_mu_c = d_var_n + samples;
+    d_var_c = d_mu_c + channels;
+    zeros_c = d_var_c + channels;
+    dots = zeros_c + channels;
+    std::fill_n(zeros_c, channels, T(0));
+  }
+};
+
+// d loss / d ratio, term by term (the mean terms less a per-row shift
+// common to all, which gradients on the simplex ignore), IN first where
+// IN is defined.
+template <typename T>
+void ratio_grads(const GradSums<T>& gs, const T* ln_var, const T* bn_var,
+                 int64_t samples, int64_t channels, bool using_bn,
+                 bool has_in, std::vector<double>& d_wm,
+                 std::vector<double>& d_wv) {
+  double var_ln_dot = 0, var_bn_dot = 0;
+  for (int64_t n = 0; n < samples; ++n)
+    var_ln_dot += double(gs.d_var_n[n]) * ln_var[n];
+  d_wm.push_back(gs.dots[0]);
+  d_wv.push_back(var_ln_dot);
+  if (using_bn) {
+    for (int64_t c = 0; c < channels; ++c)
+      var_bn_dot += double(gs.d_var_c[c]) * bn_var[c];
+    d_wm.push_back(gs.dots[1]);
+    d_wv.push_back(var_bn_dot);
+  }
+  if (has_in) {
+    d_wm.insert(d_wm.begin(), 0.0);
+    d_wv.insert(d_wv.begin(), gs.dots[2]);
+  }
+}
+
+// Back through the LN (N, 1) and BN (C,) statistics to each row's IN mean
+// and variance (Eq. 5 reversed), in place; a batch without samples sends
+// nothing to BN's.
+template <typename T>
+void through_shared_stats(const GradSums<T>& gs, const Forward& f,
+                          int64_t samples, int64_t channels, bool bn_grad) {
+  const Ratios& w = f.ratios;
+  const int64_t k = w.k_ln;
+  const double s_vn = w.var[k] / channels, s_mn = w.mean[k] / channels;
+  for (int64_t n = 0; n < samples; ++n) {
+    gs.d_var_n[n] = static_cast<T>(gs.d_var_n[n] * s_vn);
+    gs.d_mu_n[n] = static_cast<T>(gs.d_mu_n[n] * s_mn);
+  }
+  const double s_mc = bn_grad ? w.mean[k + 1] / f.total : 0.0;
+  const double s_vc = bn_grad ? w.var[k + 1] / f.total : 0.0;
+  for (int64_t c = 0; c < channels; ++c) {
+    gs.d_mu_c[c] = static_cast<T>(gs.d_mu_c[c] * s_mc);
+    gs.d_var_c[c] = static_cast<T>(gs.d_var_c[c] * s_vc);
+  }
+}
+
+// The gradients of an SN forward: of x, weight and bias into the given
+// tensors, of the ratios into d_wm and d_wv.
+template <typename T>
+void backward_pass(const at::Tensor& g, const Forward& f,
+                   const at::Tensor& weight, bool using_bn,
+                   at::Tensor& grad_x, at::Tensor& grad_weight,
+                   at::Tensor& grad_bias, std::vector<double>& d_wm,
+                   std::vector<double>& d_wv) {
+  const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
+                spatial = f.x3.size(2), rows = samples * channels;
+  const Stats<T> s(f.ws.data_ptr<T>(), samples, channels);
+  // One sample's batch statistics are its IN ones (see statistics()).
+  const bool one_sample = f.bn_batch && samples == 1;
+  const T* bn_mean = one_sample ? s.mean_in : s.bn_mean;
+  const T* bn_var = one_sample ? s.var_in : s.bn_var;
+  const bool bn_grad = f.bn_batch && samples > 0;
+  const Ratios& w = f.ratios;
+  GradSums<T> gs(samples, channels);
+  if (f.x3.numel()) {
+    GradSumsArgs<T> sargs{g.data_ptr<T>(), f.x3.data_ptr<T>(), s.mean_in,
+                          gs.s1, gs.s2, spatial};
+    run_rows(sargs, rows, spatial);
+  } else {
+    std::fill_n(gs.s1, 2 * rows, T(0));
+  }
+  T* const per_c[4] = {grad_weight.data_ptr<T>(), grad_bias.data_ptr<T>(),
+                       gs.d_mu_c, gs.d_var_c};
+  grad_reductions_into(gs.s1, gs.s2, s.mu, s.rstd, weight.data_ptr<T>(),
+                       s.mean_in, s.var_in, s.ln_mean,
+                       using_bn ? bn_mean : gs.zeros_c, samples, channels,
+                       gs.d_mu_n, gs.d_var_n, per_c, gs.dots);
+  ratio_grads(gs, s.ln_var, bn_var, samples, channels, using_bn, w.has_in,
+              d_wm, d_wv);
+  through_shared_stats(gs, f, samples, channels, bn_grad);
+  if (!f.x3.numel()) return;
+  InputGradArgs<T> iargs{
+      g.data_ptr<T>(), f.x3.data_ptr<T>(), gs.s1, gs.s2, s.mu, s.rstd,
+      weight.data_ptr<T>(), s.mean_in, gs.d_var_n, gs.d_mu_n, s.ln_mean,
+      gs.d_var_c, gs.d_mu_c, bn_grad ? bn_mean : gs.zeros_c,
+      static_cast<T>(w.has_in ? w.mean[0] : 0.0),
+      static_cast<T>(w.has_in ? w.var[0] : 0.0),
+      static_cast<T>(2.0 / std::max<int64_t>(spatial - f.correction, 1)),
+      grad_x.data_ptr<T>(), channels, spatial};
+  run_rows(iargs, rows, spatial);
+}
+
+// From d loss / d ratio to the logits' gradient (through the softmax; as it
+// is for given ratios); fixed ratios and an IN logit that took no part get
+// zeros.
+at::Tensor logit_grad(const std::vector<double>& r,
+                      const std::vector<double>& d, const at::Tensor& logits,
+                      bool is_fixed, bool has_in, bool ratios_given) {
+  auto out = at::zeros({logits.numel()}, logits.options());
+  if (is_fixed) return out;
+  double mean_d = 0;
+  for (size_t i = 0; i < r.size(); ++i) mean_d += r[i] * d[i];
+  const size_t off = has_in ? 0 : 1;
+  AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "logit_grad", [&] {
+    scalar_t* p = out.data_ptr<scalar_t>();
+    for (size_t i = 0; i < r.size(); ++i)
+      p[i + off] = static_cast<scalar_t>(ratios_given ? d[i]
+                                                      : r[i] * (d[i] - mean_d));
+  });
+  return out;
+}
+
 // The backward pass: gradients of x, weight, bias and the two logit (or,
-// with ratios_given, ratio) vectors; intermediate sums in this thread's
-// scratch memory.
+// with ratios_given, ratio) vectors.
 variable_list backward_impl(const at::Tensor& grad_y, const Forward& f,
                             const at::Tensor& weight,
                             const at::Tensor& mean_logits,
                             const std::array<bool, 2>& is_fixed,
                             bool using_bn, bool ratios_given) {
-  const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
-                spatial = f.x3.size(2), rows = samples * channels;
   const auto dtype = f.x3.scalar_type();
   auto g = grad_y.reshape(f.x3.sizes());
   if (g.scalar_type() != dtype) g = g.to(dtype);
   if (!g.is_contiguous()) g = g.contiguous();
   const auto w_c = weight.contiguous();
   auto grad_x = at::empty_like(f.x3);
-  auto grad_weight = at::empty({channels}, f.x3.options());
-  auto grad_bias = at::empty({channels}, f.x3.options());
-  const int64_t k_all = mean_logits.numel();
-  at::Tensor grad_logits[2] = {at::empty({k_all}, mean_logits.options()),
-                               at::empty({k_all}, mean_logits.options())};
-  const Ratios& w = f.ratios;
-  const int64_t k = w.k_ln;
-  const bool bn_grad = f.bn_batch && samples > 0;
+  auto grad_weight = at::empty({f.x3.size(1)}, f.x3.options());
+  auto grad_bias = at::empty_like(grad_weight);
   std::vector<double> d_wm, d_wv;
   AT_DISPATCH_FLOATING_TYPES(dtype, "switchable_norm_backward", [&] {
-    using T = scalar_t;
-    const T* base = f.ws.data_ptr<T>();
-    const T* mean_in = base;
-    const T* var_in = base + rows;
-    const T* mu = base + 2 * rows;
-    const T* rstd = base + 3 * rows;
-    const T* ln_mean = base + 4 * rows;
-    const T* ln_var = ln_mean + samples;
-    // One sample's batch statistics are its IN ones (see forward_impl).
-    const bool one_sample = f.bn_batch && samples == 1;
-    const T* bn_mean = one_sample ? mean_in : ln_var + samples;
-    const T* bn_var = one_sample ? var_in : ln_var + samples + channels;
-    static thread_local std::vector<T> scratch;
-    const int64_t need = 2 * rows + 2 * samples + 3 * channels + 3;
-    if (static_cast<int64_t>(scratch.size()) < need) scratch.resize(need);
-    T* s1 = scratch.data();
-    T* s2 = s1 + rows;
-    T* d_mu_n = s2 + rows;
-    T* d_var_n = d_mu_n + samples;
-    T* d_mu_c = d_var_n + samples;
-    T* d_var_c = d_mu_c + channels;
-    T* zeros_c = d_var_c + channels;
-    T* dots = zeros_c + channels;
-    std::fill_n(zeros_c, channels, T(0));
-    if (f.x3.numel()) {
-      GradSumsArgs<T> sargs{g.data_ptr<T>(), f.x3.data_ptr<T>(), mean_in,
-                            s1, s2, spatial};
-      run_rows(sargs, rows, spatial);
-    } else {
-      std::fill_n(s1, 2 * rows, T(0));
-    }
-    T* const per_c[4] = {grad_weight.data_ptr<T>(), grad_bias.data_ptr<T>(),
-                         d_mu_c, d_var_c};
-    grad_reductions_into(s1, s2, mu, rstd, w_c.data_ptr<T>(), mean_in,
-                         var_in, ln_mean, using_bn ? bn_mean : zeros_c,
-                         samples, channels, d_mu_n, d_var_n, per_c, dots);
-    // d loss / d ratio, term by term (the mean terms less a per-row shift
-    // common to all, which gradients on the simplex ignore).
-    double var_ln_dot = 0, var_bn_dot = 0;
-    for (int64_t n = 0; n < samples; ++n)
-      var_ln_dot += double(d_var_n[n]) * ln_var[n];
-    d_wm.push_back(dots[0]);
-    d_wv.push_back(var_ln_dot);
-    if (using_bn) {
-      for (int64_t c = 0; c < channels; ++c)
-        var_bn_dot += double(d_var_c[c]) * bn_var[c];
-      d_wm.push_back(dots[1]);
-      d_wv.push_back(var_bn_dot);
-    }
-    if (w.has_in) {
-      d_wm.insert(d_wm.begin(), 0.0);
-      d_wv.insert(d_wv.begin(), dots[2]);
-    }
-    // Back through the LN (N, 1) and BN (C,) statistics to each row's IN
-    // mean and variance (Eq. 5 reversed), in place.
-    const double s_vn = w.var[k] / channels, s_mn = w.mean[k] / channels;
-    for (int64_t n = 0; n < samples; ++n) {
-      d_var_n[n] = static_cast<T>(d_var_n[n] * s_vn);
-      d_mu_n[n] = static_cast<T>(d_mu_n[n] * s_mn);
-    }
-    const double s_mc = bn_grad ? w.mean[k + 1] / f.total : 0.0;
-    const double s_vc = bn_grad ? w.var[k + 1] / f.total : 0.0;
-    for (int64_t c = 0; c < channels; ++c) {
-      d_mu_c[c] = static_cast<T>(d_mu_c[c] * s_mc);
-      d_var_c[c] = static_cast<T>(d_var_c[c] * s_vc);
-    }
-    if (f.x3.numel()) {
-      InputGradArgs<T> iargs{
-          g.data_ptr<T>(),
-          f.x3.data_ptr<T>(),
-          s1,
-          s2,
-          mu,
-          rstd,
-          w_c.data_ptr<T>(),
-          mean_in,
-          d_var_n,
-          d_mu_n,
-          ln_mean,
-          d_var_c,
-          d_mu_c,
-          bn_grad ? bn_mean : zeros_c,
-          static_cast<T>(w.has_in ? w.mean[0] : 0.0),
-          static_cast<T>(w.has_in ? w.var[0] : 0.0),
-          static_cast<T>(2.0 /
-                         std::max<int64_t>(spatial - f.correction, 1)),
-          grad_x.data_ptr<T>(),
-          channels,
-          spatial};
-      run_rows(iargs, rows, spatial);
-    }
+    backward_pass<scalar_t>(g, f, w_c, using_bn, grad_x, grad_weight,
+                            grad_bias, d_wm, d_wv);
   });
-  const std::vector<double>* ratio[2] = {&w.mean, &w.var};
-  const std::vector<double>* d_w[2] = {&d_wm, &d_wv};
-  for (int row = 0; row < 2; ++row) {
-    const auto& r = *ratio[row];
-    const auto& d = *d_w[row];
-    double mean_d = 0;
-    for (size_t i = 0; i < r.size(); ++i) mean_d += r[i] * d[i];
-    const size_t off = w.has_in ? 0 : 1;  // no IN: its logit takes none
-    AT_DISPATCH_FLOATING_TYPES(mean_logits.scalar_type(), "logit_grad", [&] {
-      scalar_t* p = grad_logits[row].data_ptr<scalar_t>();
-      std::fill_n(p, k_all, scalar_t(0));
-      if (is_fixed[row]) return;  // fixed ratios do not depend on them
-      for (size_t i = 0; i < r.size(); ++i)
-        p[i + off] = static_cast<scalar_t>(
-            ratios_given ? d[i] : r[i] * (d[i] - mean_d));
-    });
-  }
+  const Ratios& w = f.ratios;
   return {grad_x.view(grad_y.sizes()), grad_weight, grad_bias,
-          grad_logits[0], grad_logits[1]};
+          logit_grad(w.mean, d_wm, mean_logits, is_fixed[0], w.has_in,
+                     ratios_given),
+          logit_grad(w.var, d_wv, mean_logits, is_fixed[1], w.has_in,
+                     ratios_given)};
 }
 
-// SN from differentiable ATen ops, for a backward that records a graph
+// The reference's output (sn_mm::switchable_norm_reference, PyTorch ops
+// registered from Python), for a backward that records a graph
 // (create_graph=True): differentiating it gives exact higher derivatives.
-at::Tensor composite_forward(const at::Tensor& x, const at::Tensor& weight,
-                             const at::Tensor& bias,
-                             const at::Tensor& mean_logits,
-                             const at::Tensor& var_logits,
-                             const at::Tensor& running_mean,
-                             const at::Tensor& running_var,
-                             const at::Tensor& fixed,
-                             const at::Tensor& fixed_ratios, bool training,
-                             double eps, bool unbiased, bool ratios_given) {
-  const int64_t samples = x.size(0), channels = x.size(1);
-  int64_t spatial = 1;
-  for (int64_t d = 2; d < x.dim(); ++d) spatial *= x.size(d);
-  auto x3 = x.reshape({samples, channels, spatial});
-  const bool has_in = spatial > 1;
-  const int64_t corr = (unbiased && has_in) ? 1 : 0;
-  auto in_stats = at::var_mean(x3, {2}, at::Scalar(corr), false);
-  auto var_in = std::get<0>(in_stats), mean_in = std::get<1>(in_stats);
-  auto ln_stats = at::var_mean(mean_in, {1}, at::Scalar(0), true);
-  auto mean_ln = std::get<1>(ln_stats);
-  auto var_ln = var_in.mean({1}, true) + std::get<0>(ln_stats);
-  const bool using_bn = running_mean.defined();
-  at::Tensor mean_bn, var_bn;
-  if (using_bn) {
-    if (training && samples > 0) {
-      auto bn_stats = at::var_mean(mean_in, {0}, at::Scalar(0), false);
-      mean_bn = std::get<1>(bn_stats);
-      var_bn = var_in.mean({0}) + std::get<0>(bn_stats);
-    } else {
-      mean_bn = running_mean.to(x.scalar_type());
-      var_bn = running_var.to(x.scalar_type());
-    }
-  }
-  auto ratio = [&](const at::Tensor& logits, int64_t row) {
-    auto z = has_in ? logits : logits.slice(0, 1);
-    auto soft = ratios_given ? z : at::softmax(z, 0);
-    if (!fixed.defined()) return soft;
-    auto given = fixed_ratios[row].to(x.scalar_type());
-    if (!has_in) {
-      auto rest = given.slice(0, 1);
-      auto total = rest.sum();
-      auto ln_only = at::zeros_like(rest);
-      ln_only[0] = 1;
-      given = at::where(total > 0, rest / total.clamp_min(1e-30), ln_only);
-    }
-    return at::where(fixed[row], given, soft);
-  };
-  auto wm = ratio(mean_logits, 0), wv = ratio(var_logits, 1);
-  const int64_t k = has_in ? 1 : 0;
-  auto mu = wm[k] * mean_ln;
-  auto var = wv[k] * var_ln;
-  if (has_in) {
-    mu = mu + wm[0] * mean_in;
-    var = var + wv[0] * var_in;
-  }
-  if (using_bn) {
-    mu = mu + wm[k + 1] * mean_bn;
-    var = var + wv[k + 1] * var_bn;
-  }
-  auto scale = weight * (var + eps).rsqrt();
-  auto y = (x3 - mu.unsqueeze(-1)) * scale.unsqueeze(-1) + bias.unsqueeze(-1);
-  return y.view(x.sizes());
+at::Tensor reference_output(const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias,
+                            const at::Tensor& mean_logits,
+                            const at::Tensor& var_logits,
+                            const OptTensor& bn_mean, const OptTensor& bn_var,
+                            const OptTensor& fixed,
+                            const OptTensor& fixed_ratios, bool batch_stats,
+                            double eps, bool unbiased, bool ratios_given) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("sn_mm::switchable_norm_reference", "")
+          .typed<at::Tensor(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              const at::Tensor&, const at::Tensor&, const OptTensor&,
+              const OptTensor&, const OptTensor&, const OptTensor&, bool,
+              double, bool, bool)>();
+  return op.call(x, weight, bias, mean_logits, var_logits, bn_mean, bn_var,
+                 fixed, fixed_ratios, batch_stats, eps, unbiased,
+                 ratios_given);
 }
 
-at::Tensor opt_or_undefined(const c10::optional<at::Tensor>& t) {
-  return t.has_value() ? *t : at::Tensor();
+OptTensor optional_of(const at::Tensor& t) {
+  return t.defined() ? OptTensor(t) : c10::nullopt;
+}
+
+// A forward's flags and ratios as one list of doubles (ctx->saved_data),
+// and back.
+std::vector<double> pack_meta(const Forward& f, bool training, bool unbiased,
+                              bool ratios_given, bool using_bn, double eps) {
+  std::vector<double> meta = {
+      double(training), double(unbiased), double(ratios_given),
+      double(using_bn), double(f.bn_batch), double(f.ratios.has_in), eps,
+      double(f.correction), f.total, double(f.ratios.mean.size())};
+  meta.insert(meta.end(), f.ratios.mean.begin(), f.ratios.mean.end());
+  meta.insert(meta.end(), f.ratios.var.begin(), f.ratios.var.end());
+  return meta;
+}
+
+Forward unpack_meta(const std::vector<double>& meta, const at::Tensor& x,
+                    const at::Tensor& ws) {
+  Forward f;
+  f.x3 = rows_of(x);
+  f.ws = ws;
+  f.bn_batch = meta[4] != 0;
+  f.ratios.has_in = meta[5] != 0;
+  f.ratios.k_ln = f.ratios.has_in ? 1 : 0;
+  f.correction = static_cast<int64_t>(meta[7]);
+  f.total = meta[8];
+  const size_t k_mean = static_cast<size_t>(meta[9]);
+  f.ratios.mean.assign(meta.begin() + 10, meta.begin() + 10 + k_mean);
+  f.ratios.var.assign(meta.begin() + 10 + k_mean, meta.end());
+  return f;
 }
 
 class SwitchableNormOp : public torch::autograd::Function<SwitchableNormOp> {
@@ -1388,31 +1277,20 @@ class SwitchableNormOp : public torch::autograd::Function<SwitchableNormOp> {
   static variable_list forward(
       AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
       const at::Tensor& bias, const at::Tensor& mean_logits,
-      const at::Tensor& var_logits,
-      const c10::optional<at::Tensor>& running_mean,
-      const c10::optional<at::Tensor>& running_var,
-      const c10::optional<at::Tensor>& num_batches_tracked,
-      const c10::optional<at::Tensor>& fixed,
-      const c10::optional<at::Tensor>& fixed_ratios, bool training,
+      const at::Tensor& var_logits, const OptTensor& running_mean,
+      const OptTensor& running_var, const OptTensor& num_batches_tracked,
+      const OptTensor& fixed, const OptTensor& fixed_ratios, bool training,
       double momentum, double eps, bool unbiased, bool ratios_given) {
     at::AutoDispatchBelowADInplaceOrView guard;
     Forward f = forward_impl(x, weight, bias, mean_logits, var_logits,
                              running_mean, running_var, num_batches_tracked,
                              fixed, fixed_ratios, training, momentum, eps,
                              unbiased, ratios_given, true);
-    const bool using_bn = running_mean.has_value() && running_mean->defined();
-    ctx->save_for_backward({x, weight, bias, mean_logits, var_logits, f.ws,
-                            opt_or_undefined(fixed),
-                            opt_or_undefined(fixed_ratios)});
-    // Everything else in one list: flags, eps, correction, sample count,
-    // then the mean and the variance ratio vectors.
-    std::vector<double> meta = {
-        double(training), double(unbiased), double(ratios_given),
-        double(using_bn), double(f.bn_batch), double(f.ratios.has_in), eps,
-        double(f.correction), f.total, double(f.ratios.mean.size())};
-    meta.insert(meta.end(), f.ratios.mean.begin(), f.ratios.mean.end());
-    meta.insert(meta.end(), f.ratios.var.begin(), f.ratios.var.end());
-    ctx->saved_data["meta"] = meta;
+    ctx->save_for_backward(
+        {x, weight, bias, mean_logits, var_logits, f.ws,
+         fixed.value_or(at::Tensor()), fixed_ratios.value_or(at::Tensor())});
+    ctx->saved_data["meta"] = pack_meta(f, training, unbiased, ratios_given,
+                                        defined(running_mean), eps);
     return {f.y};
   }
 
@@ -1420,66 +1298,55 @@ class SwitchableNormOp : public torch::autograd::Function<SwitchableNormOp> {
                                 variable_list grad_outputs) {
     auto saved = ctx->get_saved_variables();
     const auto meta = ctx->saved_data["meta"].toDoubleList().vec();
-    const bool training = meta[0] != 0, unbiased = meta[1] != 0,
-               ratios_given = meta[2] != 0, using_bn = meta[3] != 0;
-    const double eps = meta[6];
-    const at::Tensor& fixed = saved[6];
-    const at::Tensor& fixed_ratios = saved[7];
+    const bool ratios_given = meta[2] != 0, using_bn = meta[3] != 0;
     variable_list result(15);
-    auto grad_y = grad_outputs[0];
+    const auto& grad_y = grad_outputs[0];
     if (!grad_y.defined()) return result;
-    int64_t spatial = 1;
-    for (int64_t d = 2; d < saved[0].dim(); ++d) spatial *= saved[0].size(d);
-    const int64_t samples = saved[0].size(0), channels = saved[0].size(1);
-    if (at::GradMode::is_enabled()) {
-      // A graph of the gradient is wanted: differentiate a recomputed
-      // differentiable forward, so that every higher derivative is exact.
-      // (The BN statistics kept are constants to the output where the
-      // running ones stood in; elsewhere the recomputation ignores them.)
-      variable_list wanted;
-      std::vector<int> where;
-      for (int i = 0; i < 5; ++i)
-        if (ctx->needs_input_grad(i)) {
-          wanted.push_back(saved[i]);
-          where.push_back(i);
-        }
-      const int64_t bn_at = 4 * samples * channels + 2 * samples;
-      at::Tensor rm, rv;
-      if (using_bn) {
-        rm = saved[5].narrow(0, bn_at, channels);
-        rv = saved[5].narrow(0, bn_at + channels, channels);
-      }
-      auto y = composite_forward(saved[0], saved[1], saved[2], saved[3],
-                                 saved[4], rm, rv, fixed, fixed_ratios,
-                                 training, eps, unbiased, ratios_given);
-      auto grads = torch::autograd::grad({y}, wanted, {grad_y},
-                                         /*retain_graph=*/true,
-                                         /*create_graph=*/true,
-                                         /*allow_unused=*/true);
-      for (size_t j = 0; j < where.size(); ++j)
-        result[where[j]] = grads[j].defined() ? grads[j]
-                                              : at::zeros_like(wanted[j]);
-      return result;
-    }
-    Forward f;
-    f.x3 = saved[0].reshape({samples, channels, spatial});
-    if (!f.x3.is_contiguous()) f.x3 = f.x3.contiguous();
-    f.ws = saved[5];
-    f.bn_batch = meta[4] != 0;
-    f.ratios.has_in = meta[5] != 0;
-    f.ratios.k_ln = f.ratios.has_in ? 1 : 0;
-    f.correction = static_cast<int64_t>(meta[7]);
-    f.total = meta[8];
-    const size_t k_mean = static_cast<size_t>(meta[9]);
-    f.ratios.mean.assign(meta.begin() + 10, meta.begin() + 10 + k_mean);
-    f.ratios.var.assign(meta.begin() + 10 + k_mean, meta.end());
-    auto grads = backward_impl(
-        grad_y, f, saved[1], saved[3],
-        read_fixed(fixed.defined() ? c10::optional<at::Tensor>(fixed)
-                                   : c10::nullopt),
-        using_bn, ratios_given);
+    if (at::GradMode::is_enabled()) return recorded_backward(ctx, grad_y);
+    const Forward f = unpack_meta(meta, saved[0], saved[5]);
+    auto grads = backward_impl(grad_y, f, saved[1], saved[3],
+                               read_fixed(optional_of(saved[6])), using_bn,
+                               ratios_given);
     for (int i = 0; i < 5; ++i)
       if (ctx->needs_input_grad(i)) result[i] = grads[i];
+    return result;
+  }
+
+  // A graph of the gradient is wanted: differentiate a recomputed forward of
+  // the reference. (The BN statistics kept are constants to the output where
+  // the running ones stood in; elsewhere the reference recomputes them.)
+  static variable_list recorded_backward(AutogradContext* ctx,
+                                         const at::Tensor& grad_y) {
+    auto saved = ctx->get_saved_variables();
+    const auto meta = ctx->saved_data["meta"].toDoubleList().vec();
+    const bool training = meta[0] != 0, unbiased = meta[1] != 0,
+               ratios_given = meta[2] != 0, using_bn = meta[3] != 0;
+    const int64_t samples = saved[0].size(0), channels = saved[0].size(1);
+    OptTensor bn_mean, bn_var;
+    if (using_bn) {
+      const int64_t at = Stats<float>::size(samples, channels) - 2 * channels;
+      bn_mean = saved[5].narrow(0, at, channels);
+      bn_var = saved[5].narrow(0, at + channels, channels);
+    }
+    auto y = reference_output(saved[0], saved[1], saved[2], saved[3],
+                              saved[4], bn_mean, bn_var,
+                              optional_of(saved[6]), optional_of(saved[7]),
+                              training && samples > 0, meta[6], unbiased,
+                              ratios_given);
+    variable_list wanted, result(15);
+    std::vector<int> where;
+    for (int i = 0; i < 5; ++i)
+      if (ctx->needs_input_grad(i)) {
+        wanted.push_back(saved[i]);
+        where.push_back(i);
+      }
+    auto grads = torch::autograd::grad({y}, wanted, {grad_y},
+                                       /*retain_graph=*/true,
+                                       /*create_graph=*/true,
+                                       /*allow_unused=*/true);
+    for (size_t j = 0; j < where.size(); ++j)
+      result[where[j]] =
+          grads[j].defined() ? grads[j] : at::zeros_like(wanted[j]);
     return result;
   }
 };
@@ -1487,12 +1354,10 @@ class SwitchableNormOp : public torch::autograd::Function<SwitchableNormOp> {
 at::Tensor switchable_norm_cpu(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
     const at::Tensor& mean_logits, const at::Tensor& var_logits,
-    const c10::optional<at::Tensor>& running_mean,
-    const c10::optional<at::Tensor>& running_var,
-    const c10::optional<at::Tensor>& num_batches_tracked,
-    const c10::optional<at::Tensor>& fixed,
-    const c10::optional<at::Tensor>& fixed_ratios, bool training,
-    double momentum, double eps, bool unbiased, bool ratios_given) {
+    const OptTensor& running_mean, const OptTensor& running_var,
+    const OptTensor& num_batches_tracked, const OptTensor& fixed,
+    const OptTensor& fixed_ratios, bool training, double momentum,
+    double eps, bool unbiased, bool ratios_given) {
   return forward_impl(x, weight, bias, mean_logits, var_logits, running_mean,
                       running_var, num_batches_tracked, fixed, fixed_ratios,
                       training, momentum, eps, unbiased, ratios_given, false)
@@ -1502,12 +1367,10 @@ at::Tensor switchable_norm_cpu(
 at::Tensor switchable_norm_autograd(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
     const at::Tensor& mean_logits, const at::Tensor& var_logits,
-    const c10::optional<at::Tensor>& running_mean,
-    const c10::optional<at::Tensor>& running_var,
-    const c10::optional<at::Tensor>& num_batches_tracked,
-    const c10::optional<at::Tensor>& fixed,
-    const c10::optional<at::Tensor>& fixed_ratios, bool training,
-    double momentum, double eps, bool unbiased, bool ratios_given) {
+    const OptTensor& running_mean, const OptTensor& running_var,
+    const OptTensor& num_batches_tracked, const OptTensor& fixed,
+    const OptTensor& fixed_ratios, bool training, double momentum,
+    double eps, bool unbiased, bool ratios_given) {
   const bool any_grad = x.requires_grad() || weight.requires_grad() ||
                         bias.requires_grad() || mean_logits.requires_grad() ||
                         var_logits.requires_grad();
@@ -1528,33 +1391,15 @@ at::Tensor switchable_norm_autograd(
 
 }  // namespace
 
-TORCH_LIBRARY(sn_mm, m) {
-  m.def(
-      "switchable_norm(Tensor x, Tensor weight, Tensor bias, "
-      "Tensor mean_logits, Tensor var_logits, Tensor(a!)? running_mean, "
-      "Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked, "
-      "Tensor? ratio_fixed, Tensor? fixed_ratios, bool training, "
-      "float momentum, float eps, bool unbiased, bool ratios_given) "
-      "-> Tensor");
-}
-
 TORCH_LIBRARY_IMPL(sn_mm, CPU, m) {
   m.impl("switchable_norm", &switchable_norm_cpu);
 }
 
-TORCH_LIBRARY_IMPL(sn_mm, Autograd, m) {
+TORCH_LIBRARY_IMPL(sn_mm, AutogradCPU, m) {
   m.impl("switchable_norm", &switchable_norm_autograd);
 }
 
+// Importing the module (sn_mm._ext) is what registers the kernels above.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "SN kernels (CPU)";
-  m.def("row_moments", &row_moments, "per-row mean and variance");
-  m.def("moment_reductions", &moment_reductions,
-        "LN and BN statistics from the IN moments");
-  m.def("normalize", &normalize, "mix the statistics and normalise");
-  m.def("row_grad_sums", &row_grad_sums,
-        "per-row sums of g and g * (x - mean_in)");
-  m.def("grad_reductions", &grad_reductions,
-        "affine gradients and sums of the statistics' gradients");
-  m.def("input_grad", &input_grad, "the input gradient");
+  m.doc() = "SN's CPU kernels, registered as sn_mm::switchable_norm";
 }

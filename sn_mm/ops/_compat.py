@@ -1,0 +1,74 @@
+"""Every private API of another package that sn_mm uses, each behind a
+function with a public fallback (the fallback is slower, never different).
+
+They exist for one reason: SN's per-call host cost. At small shapes
+(batch-1 inference, RoI heads) a layer call costs a few microseconds of
+arithmetic, and the public routes below cost as much again.
+"""
+import os
+
+import torch
+
+# -- the environment ------------------------------------------------------
+# os.environ.get encodes the name and decodes the value on every call; the
+# kernel setting is read on every layer call. os.environ keeps its private
+# dict of bytes current (monkeypatch.setenv included).
+_ENV_BYTES = (os.environ._data if os.name == 'posix'
+              and isinstance(getattr(os.environ, '_data', None), dict)
+              else None)
+
+
+def getenv(name: str):
+    """``os.environ.get(name)``."""
+    if _ENV_BYTES is None:
+        return os.environ.get(name)
+    value = _ENV_BYTES.get(name.encode())
+    return None if value is None else os.fsdecode(value)
+
+
+# -- ONNX export ----------------------------------------------------------
+def _onnx_export_flags():
+    """The two flags behind ``torch.onnx.is_in_onnx_export``, found once:
+    that function imports them on every call. None where torch keeps them
+    elsewhere."""
+    try:
+        from torch.onnx._internal.exporter import _flags
+        from torch.onnx._internal.torchscript_exporter._globals import \
+            GLOBALS
+    except ImportError:
+        return None
+    if not (hasattr(_flags, '_is_onnx_exporting')
+            and hasattr(GLOBALS, 'in_onnx_export')):
+        return None
+    return _flags, GLOBALS
+
+
+_ONNX_FLAGS = _onnx_export_flags()
+
+
+def in_onnx_export() -> bool:
+    """``torch.onnx.is_in_onnx_export()``."""
+    if _ONNX_FLAGS is None:
+        return torch.onnx.is_in_onnx_export()
+    flags, globals_ = _ONNX_FLAGS
+    return globals_.in_onnx_export or flags._is_onnx_exporting
+
+
+# -- Triton launches ------------------------------------------------------
+def can_launch_directly(compiled) -> bool:
+    """Whether a compiled Triton kernel exposes the launcher that
+    :func:`launch_directly` calls."""
+    return all(hasattr(compiled, a)
+               for a in ('run', 'function', 'packed_metadata'))
+
+
+def launch_directly(compiled, grid, device_index: int, args) -> None:
+    """Launch a compiled Triton kernel on the current stream of
+    ``device_index`` without ``kernel[grid](...)``'s argument binding and
+    cache lookup (tens of microseconds per launch). Raises TypeError where
+    this Triton's launcher takes other arguments; the caller then launches
+    through ``kernel[grid]`` (the fallback)."""
+    compiled.run(grid[0], grid[1], 1,
+                 torch._C._cuda_getCurrentRawStream(device_index),
+                 compiled.function, compiled.packed_metadata, None, None,
+                 None, *args)

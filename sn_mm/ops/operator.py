@@ -1,0 +1,318 @@
+"""SN's one entry point: :func:`switchable_norm` and the operator
+``sn_mm::switchable_norm`` that PyTorch dispatches.
+
+The operator, registered with ``torch.library``:
+
+=================  ==========================================================
+dispatch key       implementation
+=================  ==========================================================
+CPU, AutogradCPU   the C++ kernels (``csrc/sn_kernels.cpp``, built as
+                   ``sn_mm._ext``), forward and backward in one call each
+CUDA, AutogradCUDA the fused Triton kernels (:mod:`sn_mm.ops.triton_fused`)
+Meta (fake)        the output's shape, for tracers and ``meta`` tensors
+=================  ==========================================================
+
+A double backward (``create_graph=True``) differentiates a recomputed
+forward of ``sn_mm::switchable_norm_reference``, the PyTorch-op reference
+(:mod:`sn_mm.ops.reference`), so that every higher derivative is exact.
+
+Which implementation computes a call is decided in one place,
+:func:`implementation`, from the layer's ``kernels`` setting:
+
+* ``'auto'`` (default): the operator where its device kernel takes the
+  input (float32/float64 CPU tensors with the C++ extension built;
+  float32/bfloat16/float16 GPU tensors where Triton works), else the
+  reference;
+* ``'native'``: the C++ kernels; an error where they cannot run;
+* ``'triton'``: the Triton kernels (GPUs, or CPU tensors in Triton's
+  interpreter, ``TRITON_INTERPRET=1``); float64 and empty inputs take the
+  reference, which computes the same thing;
+* ``'torch'``: the reference everywhere (for debugging).
+
+Under ``torch.compile``, ``torch.export``, ``torch.jit.trace`` and ONNX
+export every call takes the reference, which those tools trace like any
+other layer. SyncSN across processes (a ``group``) runs on the GPU on the
+Triton kernels split at their collective boundary, elsewhere on the
+reference with one all-gather forward and one all-reduce backward.
+"""
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import _compat
+from .ratios import RATIO_FNS, sparsest_ratios
+from .reference import reference_forward, update_running_stats
+
+KERNEL_CHOICES = ('auto', 'native', 'triton', 'torch')
+KERNELS_ENV = 'SN_MM_KERNELS'
+
+SCHEMA = (
+    'switchable_norm(Tensor x, Tensor weight, Tensor bias, '
+    'Tensor mean_logits, Tensor var_logits, Tensor(a!)? running_mean, '
+    'Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked, '
+    'Tensor? ratio_fixed, Tensor? fixed_ratios, bool training, '
+    'float momentum, float eps, bool unbiased, bool ratios_given) -> Tensor')
+# The reference's output for given BN statistics (the batch's, recomputed
+# from x, where batch_stats; else bn_mean/bn_var): what a double backward
+# differentiates.
+REFERENCE_SCHEMA = (
+    'switchable_norm_reference(Tensor x, Tensor weight, Tensor bias, '
+    'Tensor mean_logits, Tensor var_logits, Tensor? bn_mean, '
+    'Tensor? bn_var, Tensor? ratio_fixed, Tensor? fixed_ratios, '
+    'bool batch_stats, float eps, bool unbiased, bool ratios_given) '
+    '-> Tensor')
+
+_LIB = torch.library.Library('sn_mm', 'FRAGMENT')
+_LIB.define(SCHEMA)
+_LIB.define(REFERENCE_SCHEMA)
+
+
+def _reference_op(x, weight, bias, mean_logits, var_logits, bn_mean, bn_var,
+                  ratio_fixed, fixed_ratios, batch_stats, eps, unbiased,
+                  ratios_given):
+    n, c = x.shape[0], x.shape[1]
+    y = reference_forward(x.reshape(n, c, math.prod(x.shape[2:])), weight,
+                          bias, mean_logits, var_logits, bn_mean, bn_var,
+                          batch_stats, eps, unbiased, ratio_fixed,
+                          fixed_ratios, ratios_given)[0]
+    return y.reshape(x.shape)
+
+
+_LIB.impl('switchable_norm_reference', _reference_op,
+          'CompositeImplicitAutograd')
+
+
+@torch.library.register_fake('sn_mm::switchable_norm')
+def _switchable_norm_fake(x, weight, bias, mean_logits, var_logits,
+                          running_mean, running_var, num_batches_tracked,
+                          ratio_fixed, fixed_ratios, training, momentum, eps,
+                          unbiased, ratios_given):
+    return torch.empty_like(x)
+
+
+try:  # registers the CPU and AutogradCPU kernels
+    from .. import _ext  # noqa: F401
+    NATIVE = True
+except ImportError:  # not built (SN_MM_NO_EXT=1): the reference on CPUs
+    NATIVE = False
+
+_OP = torch.ops.sn_mm.switchable_norm
+
+
+# -- the Triton kernels under the CUDA keys ---------------------------------
+_triton = None
+
+
+def triton_module():
+    """:mod:`sn_mm.ops.triton_fused`, imported on first use; None without
+    Triton."""
+    global _triton
+    if _triton is None:
+        try:
+            from . import triton_fused
+        except ImportError:
+            triton_fused = False
+        _triton = triton_fused
+    return _triton or None
+
+
+def _cuda_kernel(x, weight, bias, mean_logits, var_logits, running_mean,
+                 running_var, num_batches_tracked, ratio_fixed, fixed_ratios,
+                 training, momentum, eps, unbiased, ratios_given):
+    fused = triton_module()
+    if fused is None:
+        raise RuntimeError('sn_mm::switchable_norm on CUDA needs Triton, '
+                           'which cannot be imported')
+    return fused.switchable_norm(
+        x, weight, bias, mean_logits, var_logits, running_mean, running_var,
+        num_batches_tracked, ratio_fixed, fixed_ratios, training,
+        None if momentum < 0 else momentum, eps, unbiased, ratios_given)
+
+
+# One Python function under both keys: it runs the Triton autograd Function
+# where a gradient is wanted and the bare forward otherwise.
+_LIB.impl('switchable_norm', _cuda_kernel, 'CUDA')
+_LIB.impl('switchable_norm', _cuda_kernel, 'AutogradCUDA')
+
+
+# -- the kernel setting -----------------------------------------------------
+_default: Optional[str] = None
+_INTERPRET = _compat.getenv('TRITON_INTERPRET') == '1'
+
+
+def native_available() -> bool:
+    """Whether the C++ extension was built."""
+    return NATIVE
+
+
+def check_kernels(choice, what: str = 'kernels') -> str:
+    if choice not in KERNEL_CHOICES:
+        raise ValueError(f'{what}={choice!r}: expected one of '
+                         + ', '.join(repr(c) for c in KERNEL_CHOICES))
+    return choice
+
+
+def default_kernels() -> str:
+    """The global default: :func:`set_default_kernels`, else
+    ``$SN_MM_KERNELS``, else ``'auto'``."""
+    if _default is not None:
+        return _default
+    choice = _compat.getenv(KERNELS_ENV)
+    return 'auto' if choice is None else check_kernels(choice, KERNELS_ENV)
+
+
+def set_default_kernels(choice: Optional[str]) -> None:
+    """Set the kernels of every layer whose own ``kernels`` is None;
+    ``None`` goes back to ``$SN_MM_KERNELS`` / ``'auto'``."""
+    global _default
+    _default = None if choice is None else check_kernels(choice)
+
+
+def is_tracing() -> bool:
+    """Whether a graph is being captured (dynamo, export, jit or ONNX)."""
+    return (torch.compiler.is_compiling() or torch.jit.is_tracing()
+            or _compat.in_onnx_export())
+
+
+_NATIVE_DTYPES = (torch.float32, torch.float64)
+
+
+def implementation(kernels: Optional[str], x: Tensor, weight: Tensor,
+                   running_mean: Optional[Tensor], group=None) -> str:
+    """``'native'``, ``'triton'`` or ``'torch'``: what computes SN on ``x``
+    for a layer's ``kernels`` setting (None: the global default). Unknown
+    settings, and settings that cannot run on ``x``, raise a ValueError or
+    RuntimeError naming the problem."""
+    choice = kernels or default_kernels()
+    if choice == 'torch' or is_tracing():
+        check_kernels(choice)
+        return 'torch'
+    if choice == 'triton' or (x.is_cuda and choice == 'auto'):
+        return _triton_implementation(choice, x, weight, running_mean)
+    if choice not in ('auto', 'native'):
+        check_kernels(choice)
+    if x.is_cpu and NATIVE and x.dtype is weight.dtype \
+            and x.dtype in _NATIVE_DTYPES:
+        # SyncSN across processes on the CPU: the reference, whose BN
+        # statistics are gathered between its passes.
+        return 'native' if group is None else 'torch'
+    if choice == 'native':
+        if not NATIVE:
+            raise RuntimeError('kernels=\'native\': the native extension '
+                               'was not built (SN_MM_NO_EXT=1?)')
+        raise ValueError(f'kernels=\'native\' runs on float32/float64 CPU '
+                         f'tensors with parameters of the same dtype, got '
+                         f'{x.dtype} on {x.device} (parameters '
+                         f'{weight.dtype})')
+    return 'torch'
+
+
+def _triton_implementation(choice, x, weight, running_mean) -> str:
+    fused = triton_module()
+    if choice == 'triton':
+        if not (x.is_cuda or _INTERPRET):
+            raise ValueError(f'kernels=\'triton\' runs on CUDA tensors (or '
+                             f'in Triton\'s interpreter with '
+                             f'TRITON_INTERPRET=1), got one on {x.device}')
+        if fused is None:
+            raise RuntimeError('kernels=\'triton\': Triton cannot be '
+                               'imported')
+        # float64 and empty inputs: the reference computes the same thing.
+        return 'triton' if fused.applies(x, weight, running_mean) \
+            else 'torch'
+    works = (fused is not None and fused.applies(x, weight, running_mean)
+             and fused.works_on(x))
+    return 'triton' if works else 'torch'
+
+
+# -- the entry point --------------------------------------------------------
+def check_input(x: Tensor, num_features: int, layer: str) -> None:
+    if x.dim() < 2:
+        raise ValueError(
+            f'{layer} expects an input of shape (N, C, *) with '
+            f'C={num_features}, got a {x.dim()}D tensor of shape '
+            f'{tuple(x.shape)}')
+    if x.shape[1] != num_features:
+        raise ValueError(
+            f'{layer} was built for {num_features} channels, got an input '
+            f'with {x.shape[1]} channels (shape {tuple(x.shape)})')
+
+
+def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
+                    mean_weight: Tensor, var_weight: Tensor,
+                    running_mean: Optional[Tensor],
+                    running_var: Optional[Tensor],
+                    num_batches_tracked: Optional[Tensor], training: bool,
+                    momentum: Optional[float], eps: float, unbiased: bool,
+                    kernels: Optional[str] = None, group=None,
+                    layer: str = 'SwitchableNorm',
+                    ratio_fixed: Optional[Tensor] = None,
+                    fixed_ratios: Optional[Tensor] = None,
+                    ratio_fn: str = 'softmax',
+                    radius: Optional[Tensor] = None) -> Tensor:
+    """Switchable Normalization of ``x`` (N, C, *); in training with a BN
+    branch it also updates ``running_mean``/``running_var``/
+    ``num_batches_tracked`` in place. Arguments as
+    :class:`sn_mm.SwitchableNorm`'s; ``group``: the process group sharing BN
+    statistics (None: this device only); ``layer``: the name errors use;
+    ``ratio_fixed`` (2,) bool and ``fixed_ratios`` (2, K): mean and variance
+    ratios given instead of the softmax of the logits where set;
+    ``ratio_fn='sparsestmax'``: Sparse SN, the ratios are SparsestMax of the
+    logits at ``radius`` (:func:`sn_mm.ops.ratios.sparsest_ratios`)."""
+    check_input(x, weight.shape[0], layer)
+    impl = implementation(kernels, x, weight, running_mean, group)
+    ratios_given = ratio_fn != 'softmax'
+    if ratios_given:
+        if ratio_fn not in RATIO_FNS:
+            raise ValueError(f'{layer}: unknown ratio_fn {ratio_fn!r} '
+                             f'(choose from {", ".join(map(repr, RATIO_FNS))})')
+        if radius is None or ratio_fixed is None:
+            raise ValueError(f'{layer}: ratio_fn=\'sparsestmax\' needs a '
+                             'radius and fixed-ratio buffers')
+        mean_weight, var_weight = sparsest_ratios(
+            mean_weight, var_weight, radius, ratio_fixed, fixed_ratios,
+            training, math.prod(x.shape[2:]) > 1)
+    if impl == 'native' or (impl == 'triton' and x.is_cuda
+                            and group is None):
+        return _OP(x, weight, bias, mean_weight, var_weight, running_mean,
+                   running_var, num_batches_tracked, ratio_fixed,
+                   fixed_ratios, training, -1. if momentum is None else
+                   momentum, eps, unbiased, ratios_given)
+    if impl == 'triton':  # a process group, or Triton's interpreter
+        return triton_module().switchable_norm(
+            x, weight, bias, mean_weight, var_weight, running_mean,
+            running_var, num_batches_tracked, ratio_fixed, fixed_ratios,
+            training, momentum, eps, unbiased, ratios_given, group)
+    args = (weight, bias, mean_weight, var_weight, running_mean, running_var,
+            num_batches_tracked, training, momentum, eps, unbiased,
+            ratio_fixed, fixed_ratios, ratios_given, group)
+    if torch.is_autocast_enabled(x.device.type):
+        with torch.autocast(x.device.type, enabled=False):
+            return _on_reference(x, *args)
+    return _on_reference(x, *args)
+
+
+def _as(t: Optional[Tensor], dtype) -> Optional[Tensor]:
+    # No cast where none is needed: tracers would record one.
+    return t if t is None or t.dtype == dtype else t.to(dtype)
+
+
+def _on_reference(x, weight, bias, mean_weight, var_weight, running_mean,
+                  running_var, num_batches_tracked, training, momentum, eps,
+                  unbiased, ratio_fixed, fixed_ratios, ratios_given, group):
+    shape = x.shape
+    # Statistics in fp32 at least (fp16/bf16 sums lose too much). A view
+    # where it can be: a channels_last input gives a channels_last output.
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    x3 = _as(x.reshape(shape[0], shape[1], math.prod(shape[2:])), dtype)
+    y, mean_bn, var_bn, has = reference_forward(
+        x3, _as(weight, dtype), _as(bias, dtype), _as(mean_weight, dtype),
+        _as(var_weight, dtype), _as(running_mean, dtype),
+        _as(running_var, dtype), training, eps, unbiased, ratio_fixed,
+        _as(fixed_ratios, dtype), ratios_given, group)
+    if mean_bn is not None:
+        update_running_stats(running_mean, running_var, num_batches_tracked,
+                             momentum, mean_bn.detach(), var_bn.detach(), has)
+    return _as(y.reshape(shape), x.dtype)

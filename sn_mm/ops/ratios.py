@@ -1,0 +1,128 @@
+"""From a layer's ratio logits to the ratio vectors it mixes with.
+
+The one rule, in PyTorch ops, that the reference implementation, the layer's
+introspection, the analysis tools, the converters and ``fuse_conv_sn`` use
+(the C++ and Triton kernels apply the same rule on their devices):
+
+* ``softmax(logits)``, or SparsestMax of the logits for Sparse SN;
+* where a ratio vector is fixed (``ratio_fixed[row]``), ``fixed_ratios[row]``
+  itself, exact zeros included;
+* where IN is undefined (one spatial position), the IN term left out and the
+  rest renormalised (LN alone where the vector selected IN alone).
+"""
+from typing import Dict, Optional
+
+import torch
+from torch import Tensor
+
+from .sparsestmax import is_one_hot, sparsestmax
+
+# Order of the logits in ``mean_weight``/``var_weight``: the order of the
+# authors' released code, so that their checkpoints load as they are.
+TERMS = ('in', 'ln', 'bn')
+RATIO_FNS = ('softmax', 'sparsestmax')
+STATS = ('mean', 'var')
+
+Ratios = Dict[str, Dict[str, float]]  # {'mean': {'in': .., ...}, 'var': ..}
+
+
+def ratio_without_in(ratio: Tensor) -> Tensor:
+    """A ratio vector (IN first) for an input without IN: the other terms
+    renormalised, or LN alone where the vector selected IN alone (LN is the
+    other per-sample statistic)."""
+    rest = ratio[1:]
+    total = rest.sum()
+    ln_only = torch.zeros_like(rest)
+    ln_only[0] = 1
+    return torch.where(total > 0, rest / total.clamp_min(1e-30), ln_only)
+
+
+def mixing_ratio(logits: Tensor, fixed: Optional[Tensor],
+                 fixed_ratio: Optional[Tensor], has_in: bool,
+                 given: bool = False) -> Tensor:
+    """The ratio vector one statistic is mixed with: ``softmax(logits)``, or
+    where ``fixed`` (a bool scalar tensor) is set, ``fixed_ratio``. Without
+    IN the IN term is left out (:func:`ratio_without_in`). ``given``:
+    ``logits`` already is the ratio vector (SparsestMax's, see
+    :func:`sparsest_ratios`), used as it is. No branch on tensor values:
+    nothing waits on the device and tracers see one graph."""
+    if given:
+        soft = logits if has_in else logits[1:]
+    else:
+        soft = torch.softmax(logits if has_in else logits[1:], 0)
+    if fixed is None:
+        return soft
+    if not has_in:
+        fixed_ratio = ratio_without_in(fixed_ratio)
+    return torch.where(fixed, fixed_ratio, soft)
+
+
+def sparsest_ratios(mean_logits: Tensor, var_logits: Tensor, radius: Tensor,
+                    ratio_fixed: Tensor, fixed_ratios: Tensor,
+                    training: bool, has_in: bool):
+    """Sparse SN's two ratio vectors: SparsestMax of each logit vector at
+    ``radius`` (in float64: the one-hot test must not miss by a rounding).
+    In training, a vector that has become one-hot is fixed in place (as SSN
+    does, to the argmax of its logits), by tensor ops so that nothing waits
+    on the device. Without IN the IN entry is zeroed and the rest
+    renormalised. The results go to the kernels as given ratios."""
+    ratios = []
+    for row, logits in enumerate((mean_logits, var_logits)):
+        p = sparsestmax(logits.double(), radius.double())
+        if training:
+            with torch.no_grad():
+                newly = is_one_hot(p) & ~ratio_fixed[row]
+                hot = torch.zeros_like(fixed_ratios[row])
+                hot = hot.scatter(0, torch.argmax(p).reshape(1),
+                                  torch.ones_like(hot[:1]))
+                fixed_ratios[row].copy_(
+                    torch.where(newly, hot, fixed_ratios[row]))
+                ratio_fixed[row] |= newly
+        p = p.to(logits.dtype)
+        if not has_in:
+            p = torch.cat([p.new_zeros(1), ratio_without_in(p)])
+        ratios.append(p)
+    return ratios
+
+
+@torch.no_grad()
+def layer_ratios(mean_logits: Tensor, var_logits: Tensor,
+                 ratio_fixed: Optional[Tensor] = None,
+                 fixed_ratios: Optional[Tensor] = None,
+                 radius: Optional[Tensor] = None) -> Ratios:
+    """A layer's ratios as numbers, ``{'mean': {'in': .., 'ln': ..[, 'bn':
+    ..]}, 'var': {...}}``: its fixed ratios where fixed, else SparsestMax at
+    ``radius`` (Sparse SN) or the softmax of the logits. Works on a layer's
+    tensors and on a state dict's alike."""
+    result = {}
+    for row, (stat, logits) in enumerate(zip(STATS,
+                                             (mean_logits, var_logits))):
+        logits = logits.detach().flatten()
+        if ratio_fixed is not None and bool(ratio_fixed[row]):
+            probs = fixed_ratios[row].double()
+        elif radius is not None:
+            probs = sparsestmax(logits.double(),
+                                radius.double().flatten()[0])
+        else:
+            probs = torch.softmax(logits.double(), 0)
+        result[stat] = dict(zip(TERMS, probs.tolist()))
+    return result
+
+
+def state_dict_ratios(state) -> 'Dict[str, Ratios]':
+    """:func:`layer_ratios` of every SN layer in a state dict (a key ending
+    in ``.mean_weight`` with its ``.var_weight``; any key prefix), in the
+    dict's order, keyed by layer name."""
+    result = {}
+    for key, logits in state.items():
+        if not key.endswith('.mean_weight'):
+            continue
+        layer = key[:-len('.mean_weight')]
+        var_logits = state.get(f'{layer}.var_weight')
+        if var_logits is None:
+            continue
+        result[layer] = layer_ratios(logits, var_logits,
+                                     state.get(f'{layer}.ratio_fixed'),
+                                     state.get(f'{layer}.fixed_ratios'),
+                                     state.get(f'{layer}.radius'))
+    return result

@@ -1,0 +1,185 @@
+"""SN in plain, differentiable PyTorch ops: the reference implementation.
+
+It runs on any device and dtype. It is what ``kernels='torch'`` runs, what
+``torch.compile``, ``torch.export``, ``torch.jit.trace`` and ONNX export
+trace, what an exact double backward differentiates (the C++ and Triton
+operators recompute their forward through it when a graph of the gradient
+is wanted), and what SyncSN runs across processes on the CPU. The C++ and
+Triton kernels are tested against it.
+
+Statistics (Eq. 5 of the paper): IN's per-row moments, then LN's and BN's
+from them. Every quantity that could be the small difference of two large
+numbers when an input is far from zero (|mean| >> std) is computed centred:
+variances of means about their own mean (Chan et al.'s parallel formula),
+the output as ``(x - mu) * scale``.
+"""
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .ratios import mixing_ratio
+
+
+class _SyncStatistics(torch.autograd.Function):
+    """SyncSN's collectives: in forward one all-gather of every rank's
+    (count, channel means, centred second moments), combined by Chan et
+    al.'s parallel formula; in backward one all-reduce of the gradients of
+    the shared BN mean and variance (2C values, as the Triton kernels'), from
+    which each rank takes its own statistics' part."""
+
+    @staticmethod
+    def forward(ctx, mean_c: Tensor, m2_c: Tensor, n: int, group):
+        local = torch.cat([mean_c.new_full((1, ), n), mean_c, m2_c])
+        gathered = [torch.empty_like(local)
+                    for _ in range(dist.get_world_size(group))]
+        dist.all_gather(gathered, local, group=group)
+        stats = torch.stack(gathered)
+        c = mean_c.numel()
+        counts, means, m2s = stats[:, :1], stats[:, 1:c + 1], stats[:, c + 1:]
+        total = counts.sum()
+        mean = (counts * means).sum(0) / total.clamp_min(1)
+        m2 = m2s.sum(0) + (counts * (means - mean).square()).sum(0)
+        ctx.group, ctx.n = group, n
+        ctx.save_for_backward(mean_c, mean, total)
+        ctx.mark_non_differentiable(total)
+        return total, mean, m2 / total.clamp_min(1)
+
+    @staticmethod
+    def backward(ctx, _, grad_mean, grad_var):
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                'SyncSN: double backward (create_graph=True) across several '
+                'processes is not supported; on one process (or with SN) it '
+                'is exact')
+        mean_c, mean, total = ctx.saved_tensors
+        zeros = torch.zeros_like(mean)
+        shared = torch.cat([zeros if grad_mean is None else grad_mean,
+                            zeros if grad_var is None else grad_var])
+        dist.all_reduce(shared, group=ctx.group)
+        grad_mean, grad_var = shared.chunk(2)
+        # mean = sum_r n_r mean_r / N; var = (sum_r m2_r + sum_r n_r
+        # (mean_r - mean)^2) / N, whose weighted deviations sum to zero.
+        scale = ctx.n / total.clamp_min(1)
+        return (scale * (grad_mean + 2 * (mean_c - mean) * grad_var),
+                grad_var / total.clamp_min(1), None, None)
+
+
+def combine_statistics(n: int, mean_c: Tensor, m2_c: Tensor, group):
+    """The batch's (over ``group``'s ranks) sample count and BN mean and
+    variance from each rank's count ``n``, channel means and centred second
+    moments."""
+    if group is None:
+        count = mean_c.new_full((), n)
+        return count, mean_c, m2_c / count.clamp_min(1)
+    return _SyncStatistics.apply(mean_c, m2_c, n, group)
+
+
+def in_moments(x3: Tensor, correction: int):
+    """Per-row (mean, variance) of ``x3`` (N, C, L)."""
+    if not x3.numel():
+        # Zeros that stay in the graph: an empty batch's statistics still
+        # carry (zero) gradients, and SyncSN's backward collective needs
+        # every rank's to.
+        zeros = x3.sum(-1)
+        return zeros, zeros
+    var, mean = torch.var_mean(x3, dim=-1, correction=correction)
+    return mean, var
+
+
+def ln_moments(mean_in: Tensor, var_in: Tensor):
+    """LN's (N, 1) mean and variance from IN's, ``var_ln = mean_c(var_in) +
+    mean_c((mean_in - mean_ln)**2)``: the released ``mean(var_in +
+    mean_in**2) - mean**2`` without its cancellation."""
+    if not mean_in.shape[0]:
+        empty = mean_in.new_zeros(0, 1)
+        return empty, empty
+    var_mean_ln, mean_ln = torch.var_mean(mean_in, 1, correction=0,
+                                          keepdim=True)
+    return mean_ln, var_in.mean(1, keepdim=True) + var_mean_ln
+
+
+def bn_moments(mean_in: Tensor, var_in: Tensor, group):
+    """BN's sample count, (C,) mean and variance over the batch (and the
+    ranks of ``group``), from IN's moments."""
+    n, c = mean_in.shape
+    if n:
+        var_mean_c, mean_c = torch.var_mean(mean_in, 0, correction=0)
+        m2_c = var_in.sum(0) + var_mean_c * n
+    else:  # zeros in the graph (see in_moments)
+        mean_c, m2_c = mean_in.sum(0), var_in.sum(0)
+    return combine_statistics(n, mean_c, m2_c, group)
+
+
+def reference_forward(x3: Tensor, weight: Tensor, bias: Tensor,
+                      mean_logits: Tensor, var_logits: Tensor,
+                      running_mean: Optional[Tensor],
+                      running_var: Optional[Tensor], training: bool,
+                      eps: float, unbiased: bool,
+                      ratio_fixed: Optional[Tensor] = None,
+                      fixed_ratios: Optional[Tensor] = None,
+                      ratios_given: bool = False, group=None):
+    """SN of ``x3`` (N, C, L) in the dtype of its arguments. Returns the
+    output and, with a BN branch in training, the BN mean, variance and
+    whether the batch (over ``group``) had a sample, for the running
+    statistics' update (else three Nones). ``running_mean`` None: no BN
+    branch; in training they stand in for a batch without samples.
+    ``ratio_fixed``/``fixed_ratios``: fixed ratios; ``ratios_given``: the
+    logits are the ratio vectors (see :func:`mixing_ratio`)."""
+    n, c, length = x3.shape
+    has_in = length > 1
+    # One position has no variance: Bessel's correction would divide by 0.
+    mean_in, var_in = in_moments(x3, 1 if unbiased and has_in else 0)
+    mean_ln, var_ln = ln_moments(mean_in, var_in)
+    mean_bn = var_bn = has = None
+    if running_mean is not None and training:
+        total, mean_bn, var_bn = bn_moments(mean_in, var_in, group)
+        has = total > 0
+        mean_bn = torch.where(has, mean_bn, running_mean)
+        var_bn = torch.where(has, var_bn, running_var)
+    fixed = (None, None) if ratio_fixed is None else ratio_fixed
+    given = (None, None) if fixed_ratios is None else fixed_ratios
+    wm = mixing_ratio(mean_logits, fixed[0], given[0], has_in, ratios_given)
+    wv = mixing_ratio(var_logits, fixed[1], given[1], has_in, ratios_given)
+    # The mixed mean as one statistic plus weighted differences from it
+    # (the ratios sum to 1): the ratio gradients are then sums of small
+    # differences, not of |mean|-sized terms that cancel in float32.
+    means, variances = [mean_ln], [var_ln]
+    if has_in:
+        means.insert(0, mean_in)
+        variances.insert(0, var_in)
+    if running_mean is not None:
+        bn = (mean_bn, var_bn) if training else (running_mean, running_var)
+        means.append(bn[0])
+        variances.append(bn[1])
+    # (One term: its ratio, 1, multiplies it, so that the logits are still
+    # inputs of the output and take a zero gradient.)
+    mu = means[0] if len(means) > 1 else wm[0] * means[0]
+    var = wv[0] * variances[0]
+    for j in range(1, len(means)):
+        mu = mu + wm[j] * (means[j] - means[0])
+        var = var + wv[j] * variances[j]
+    scale = weight * (var + eps).rsqrt()
+    y = torch.addcmul(bias.unsqueeze(-1), x3 - mu.unsqueeze(-1),
+                      scale.unsqueeze(-1))
+    return y, mean_bn, var_bn, has
+
+
+@torch.no_grad()
+def update_running_stats(running_mean: Tensor, running_var: Tensor,
+                         num_batches_tracked: Tensor,
+                         momentum: Optional[float], mean_bn: Tensor,
+                         var_bn: Tensor, has_samples: Tensor) -> None:
+    """Moving (or, with ``momentum=None``, cumulative) average of the BN
+    statistics; untouched when the (possibly synchronised) batch held no
+    sample. The count gates the update arithmetically, not by a Python
+    branch: SyncSN learns it on the device and must not wait for it."""
+    has = has_samples.to(mean_bn.dtype)
+    num_batches_tracked.add_(has_samples.long())
+    if momentum is None:
+        m = has / num_batches_tracked.clamp_min(1).to(has.dtype)
+    else:
+        m = momentum * has
+    running_mean.mul_(1 - m).add_((m * mean_bn).to(running_mean.dtype))
+    running_var.mul_(1 - m).add_((m * var_bn).to(running_var.dtype))
