@@ -16,9 +16,11 @@ def test_benchmark_prints_every_layer_and_the_ratios():
     out = result.stdout
     assert 'malloc: steady' in out  # restarted under the allocator settings
     for layer in ('BN', 'GN(32)', 'IN', 'LN', 'SN', 'SyncSN', 'naive SN'):
-        assert re.search(rf'\| 8x256x56x56 \| {re.escape(layer)} \|', out)
-    ratios = re.search(r'\| 8x256x56x56 \| ([\d.]+) \| ([\d.]+) \| '
-                       r'([\d.]+) \| ([\d.]+) \| ([\d.]+) \|', out)
+        assert re.search(rf'\| 8x256x56x56 \| float32 \| '
+                         rf'{re.escape(layer)} \|', out)
+    ratios = re.search(r'\| 8x256x56x56 \| float32 \| ([\d.]+) \| '
+                       r'([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|',
+                       out)
     assert ratios, out
     # Bytes saved for backward do not depend on timing: SN keeps the input
     # and (N, C) statistics, as much as BN to within the statistics.

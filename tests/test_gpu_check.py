@@ -45,30 +45,49 @@ def test_gpu_check_runs_its_cpu_parts(tmp_path):
     probe_wheel(wheels)
     out = tmp_path / 'gpu_check.json'
     result = run_python([tool('misc', 'gpu_check.py'), '--wheels', wheels,
-                         '--out', out], cwd=tmp_path, timeout=600)
+                         '--out', out], cwd=tmp_path, timeout=900)
     assert 'No GPU here' in result.stdout
     assert 'carried wheels: 1' in result.stdout
     report = json.loads(out.read_text())
     assert report['wheels'] == ['sn_mm_gpu_probe-0.1-py3-none-any.whl']
-    names = [c['check'] for c in report['checks']]
-    assert all(c['ok'] for c in report['checks']), report['checks']
-    for expected in ('float64 reference, kernels=torch',
-                     'gradcheck/gradgradcheck', 'autocast', 'channels_last',
-                     'SyncSN on a one-rank group'):
-        assert expected in names
-    layers = {(r['layer'], r['dtype']) for r in report['layers']}
+    checks = report['checks']
+    assert all(c['ok'] for c in checks), [c for c in checks if not c['ok']]
+    ran = {c['check'].split('[')[0] for c in checks
+           if not c['detail'].startswith('skipped')}
+    for expected in ('test_against_float64_reference', 'test_empty_batch',
+                     'test_gradcheck_and_gradgradcheck', 'test_autocast',
+                     'test_channels_last_without_a_full_size_copy',
+                     'test_syncsn_collective_path_on_one_rank',
+                     'test_fused_kernels_agree_with_the_reference'):
+        assert expected in ran, expected
+    bench = report['bench']
+    layers = {(r['layer'], r['dtype']) for r in bench['layers']}
     for layer in ('SN', 'SyncSN', 'BN', 'GN(32)', 'IN', 'LN'):
         assert {(layer, 'float32'), (layer, 'bfloat16')} <= layers
-    assert all(r['eval_bw_fraction'] > 0 for r in report['layers']
+    assert all(r['eval_bw_fraction'] > 0 for r in bench['layers']
                if r['layer'] == 'SN')
-    assert {r['dtype'] for r in report['two_read']} == {'float32',
-                                                        'bfloat16'}
-    assert all(r['bw_fraction'] > 0 for r in report['two_read'])
+    assert {r['dtype'] for r in bench['two_read']} == {'float32',
+                                                       'bfloat16'}
+    assert all(r['bw_fraction'] > 0 for r in bench['two_read'])
     assert 'Ceiling of the eval-bandwidth column at 2x32x8x8' in \
         result.stdout
-    assert [r['norm'] for r in report['resnet50_step']['rows']] == [
+    assert [r['norm'] for r in bench['resnet50_step']['rows']] == [
         'BN', 'GN(32)', 'SN']
     assert '| ResNet-50 train step' in result.stdout
+    assert 'checks passed' in result.stdout
+
+
+def test_gpu_check_reports_a_failing_test(tmp_path):
+    """A failing GPU test makes the check fail and names it."""
+    out = tmp_path / 'gpu_check.json'
+    result = run_python([tool('misc', 'gpu_check.py'), '--skip-bench',
+                         '--out', out], cwd=tmp_path, ok=False,
+                        env={'SN_MM_KERNELS': 'no-such-kernels'},
+                        timeout=900)
+    assert result.returncode == 1
+    report = json.loads(out.read_text())
+    assert any(not c['ok'] for c in report['checks'])
+    assert 'FAILED: ' in result.stdout
 
 
 def test_gpu_check_help():

@@ -16,7 +16,6 @@ Example::
 """
 import argparse
 import os.path as osp
-import statistics
 import time
 
 import torch
@@ -25,6 +24,7 @@ from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
 import sn_mm  # noqa: F401
+from sn_mm.testing.timing import median_time
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
@@ -39,14 +39,9 @@ def build(config, scope):
         return MODELS.build(cfg.model)
 
 
-def timed(fn, repeats):
+def warm_median(fn, repeats):
     fn()  # warm-up (and, compiled, the compilation)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median_time(fn, repeats)
 
 
 def measure(name, net, loss_fn, x, repeats, backend):
@@ -58,10 +53,10 @@ def measure(name, net, loss_fn, x, repeats, backend):
         start = time.perf_counter()
         loss_fn(fn(x)).backward()
         first = time.perf_counter() - start
-        train = timed(lambda: loss_fn(fn(x)).backward(), repeats)
+        train = warm_median(lambda: loss_fn(fn(x)).backward(), repeats)
         net_module.eval()
         with torch.no_grad():
-            infer = timed(lambda: fn(x), repeats)
+            infer = warm_median(lambda: fn(x), repeats)
         results[mode] = (train, infer, first)
     (te, ie, _), (tc, ic, first) = results['eager'], results['compiled']
     print(f'| {name} | {tuple(x.shape)} | {te * 1e3:.1f} | {tc * 1e3:.1f} | '

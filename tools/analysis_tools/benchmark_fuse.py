@@ -15,13 +15,12 @@ Example::
 """
 import argparse
 import itertools
-import statistics
-import time
 
 import torch
 
 import sn_mm  # noqa: F401
 from sn_mm import SwitchableNorm, fuse_conv_sn
+from sn_mm.testing.timing import median_times
 
 OTHER_CHOICES = [c for c in itertools.product(('in', 'ln', 'bn'), repeat=2)
                  if c != ('bn', 'bn')]
@@ -57,20 +56,14 @@ def make_hard(model):
     return sum(i % 2 == 0 for i in range(len(layers))), len(layers)
 
 
-def median_times(models, x, repeats):
-    """Median eval time of each model. Each repeat times every model in
-    turn, so that drift on the machine (other load, clock, memory state)
-    reaches all of them alike rather than whichever ran at the time."""
-    times = {name: [] for name in models}
+def eval_times(models, x, repeats):
+    """Median eval time of each model, every repeat timing all of them in
+    turn (drift on the machine reaches all alike)."""
     with torch.no_grad():
         for model in models.values():
             model(x)  # warm-up
-        for _ in range(repeats):
-            for name, model in models.items():
-                start = time.perf_counter()
-                model(x)
-                times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+        return median_times({name: lambda m=model: m(x)
+                             for name, model in models.items()}, repeats)
 
 
 def main(argv=None):
@@ -94,7 +87,7 @@ def main(argv=None):
         out = fused(x)
     err = max(float((a - b).abs().max() / b.abs().max())
               for a, b in zip(out, reference))
-    times = median_times({
+    times = eval_times({
         'BN after fuse_conv_bn': bn,
         'SN, soft ratios': soft,
         'SN, hard ratios after fuse_conv_sn': fused,

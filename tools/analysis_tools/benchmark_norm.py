@@ -1,27 +1,36 @@
 #!/usr/bin/env python
-"""Benchmark SN against the native normalizers, and a detector step.
+"""Benchmark SN against the native normalizers, a ResNet-50 and a detector.
 
 Prints, per input shape, forward / backward / forward+backward times and the
 bytes each layer saves for backward, for BN, GN(32), IN, LN, SN, SyncSN (one
-process) and a naive SN written straight from the paper's formulas; then the
-time of one Mask R-CNN R50-FPN training step (2 images, 512x512) with frozen
-BN, GN everywhere and SN everywhere. Times are medians over --repeats runs;
-ratios compare numbers from this same run.
+process) and a naive SN written straight from the paper's formulas; the
+eval forward of a batch-1 ResNet-50 with BN, GN(32) and SN; and one Mask
+R-CNN R50-FPN training step (2 images, 512x512) with frozen BN, GN
+everywhere and SN everywhere. Times are medians over --repeats runs, every
+candidate timed in turn within each run; ratios compare numbers from this
+same run.
 
 On a GPU (``--device cuda``) SN runs on its default there, the fused Triton
-kernels, and a row 'SN torch' adds SN on PyTorch ops (``kernels='torch'``)
-for comparison.
+kernels; a row 'SN torch' adds SN on the reference (``kernels='torch'``), the
+layer table runs in float32 and bf16 (autocast) with a column of ten calls
+queued between two synchronisations and the eval forward's fraction of the
+card's copy bandwidth, and the GPU sections follow (``--gpu-sections`` runs
+them on the CPU too): the two-read ceiling of that column, the host cost per
+call, the kernels one call launches, and a ResNet-50 training step (batch
+32, 224x224, bf16, channels_last). ``--json FILE`` writes every figure.
 
 Example::
 
     python tools/analysis_tools/benchmark_norm.py --repeats 5
-    python tools/analysis_tools/benchmark_norm.py --device cuda --repeats 20
+    python tools/analysis_tools/benchmark_norm.py --device cuda --repeats 10 \
+        --skip-detector --json work_dirs/benchmark.json
 """
 import argparse
+import json
+import math
 import os
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn as nn
@@ -29,6 +38,7 @@ import torch.nn as nn
 import sn_mm  # noqa: F401
 from sn_mm import SwitchableNorm, SyncSwitchableNorm
 from sn_mm.ops import default_kernels, native_available
+from sn_mm.testing.timing import median_time, median_times, timed
 
 # glibc's malloc returns large freed blocks to the OS and page-faults them
 # back in on the next allocation; which layer pays for that depends on the
@@ -43,6 +53,7 @@ SHAPES = [(2, 256, 200, 304), (2, 512, 100, 152), (2, 1024, 50, 76),
           # RoI heads with few RoIs, batch-1 inference.
           (1, 64, 8, 8), (1, 256, 7, 7), (16, 256, 7, 7), (1, 2048, 7, 7),
           (2, 256, 25, 38), (1, 512, 28, 28)]
+TOY_SHAPES = [(2, 32, 8, 8), (1, 64, 7, 7)]
 
 
 class NaiveSN(nn.Module):
@@ -98,57 +109,58 @@ def saved_bytes(layer, x):
     return sum(storages.values())
 
 
-def sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def timed(fn):
-    """Seconds fn takes, including the GPU work it queued."""
-    sync()
-    start = time.perf_counter()
-    fn()
-    sync()
-    return time.perf_counter() - start
-
-
-def median_time(fn, repeats):
-    return statistics.median(timed(fn) for _ in range(repeats))
-
-
-def bench_shape(makers, shape, repeats, device):
-    """Times every layer on one shared input. Each repeat times all layers
-    in turn, so that drift on the machine (other load, clock) reaches every
-    layer alike rather than whichever was measured at the time."""
+def bench_shape(makers, shape, repeats, device, dtype='float32',
+                queued=False):
+    """Times every layer on one shared input (bf16 under autocast for
+    ``dtype='bfloat16'``). Each repeat times all layers in turn, so that
+    drift on the machine (other load, clock) reaches every layer alike
+    rather than whichever was measured at the time. ``queued``: also ten
+    calls between two synchronisations (the time per call when launches
+    overlap the GPU's work, as inside a network)."""
     torch.manual_seed(0)
-    x = torch.randn(shape, device=device).requires_grad_()
-    grad = torch.randn(shape, device=device)
+    x = torch.randn(shape, device=device, dtype=getattr(torch, dtype))
+    x.requires_grad_()
+    grad = torch.randn_like(x)
     layers = {name: make().to(device).train()
               for name, make in makers.items()}
-    times = {name: dict(fwd=[], bwd=[], both=[], eval=[]) for name in layers}
+    keys = ['fwd', 'bwd', 'both', 'eval'] + (['both_x10', 'eval_x10']
+                                             if queued else [])
+    times = {name: {k: [] for k in keys} for name in layers}
 
-    def backward_only(layer):
-        out = layer(x)
-        return timed(lambda: out.backward(grad))
+    def ten(fn):
+        def run():
+            for _ in range(10):
+                fn()
+        return timed(run) / 10
 
-    for layer in layers.values():  # warm-up
-        layer(x).backward(grad)
-    for _ in range(repeats):
-        for name, layer in layers.items():
-            x.grad = None
-            t = times[name]
-            # Eval right after train forward: the same state of the caches.
-            t['fwd'].append(timed(lambda: layer(x)))
-            with torch.no_grad():
-                layer.eval()
-                t['eval'].append(timed(lambda: layer(x)))
-            layer.train()
-            t['bwd'].append(backward_only(layer))
-            t['both'].append(timed(lambda: layer(x).backward(grad)))
+    with torch.autocast(device, dtype=torch.bfloat16,
+                        enabled=dtype == 'bfloat16'):
+        for layer in layers.values():  # warm-up
+            layer(x).backward(grad)
+        for _ in range(repeats):
+            for name, layer in layers.items():
+                _time_layer(layer, x, grad, times[name], ten, queued)
+        x.grad = None
+        return {name: dict({k: statistics.median(v) for k, v in t.items()},
+                           saved=saved_bytes(layers[name], x))
+                for name, t in times.items()}
+
+
+def _time_layer(layer, x, grad, t, ten, queued):
     x.grad = None
-    return {name: dict({k: statistics.median(v) for k, v in t.items()},
-                       saved=saved_bytes(layers[name], x))
-            for name, t in times.items()}
+    # Eval right after train forward: the same state of the caches.
+    t['fwd'].append(timed(lambda: layer(x)))
+    with torch.no_grad():
+        layer.eval()
+        t['eval'].append(timed(lambda: layer(x)))
+        if queued:
+            t['eval_x10'].append(ten(lambda: layer(x)))
+    layer.train()
+    out = layer(x)
+    t['bwd'].append(timed(lambda: out.backward(grad)))
+    t['both'].append(timed(lambda: layer(x).backward(grad)))
+    if queued:
+        t['both_x10'].append(ten(lambda: layer(x).backward(grad)))
 
 
 def resnet_eval_times(repeats, device):
@@ -160,22 +172,17 @@ def resnet_eval_times(repeats, device):
                                                       num_groups=32),
                 'SN': dict(type='SN')}
     x = torch.randn(1, 3, 224, 224, device=device)
-    models = {}
+    calls = {}
     for name, norm in variants.items():
         torch.manual_seed(0)
         model = ResNet(depth=50, norm_cfg=norm, norm_eval=False).to(device)
         model.eval()  # (mmdet's ResNet.train() returns None)
-        models[name] = model
-    # Each repeat times every network in turn (drift reaches all alike).
-    times = {name: [] for name in models}
+        calls[name] = lambda model=model: model(x)
     with torch.no_grad():
-        for model in models.values():
+        for call in calls.values():
             for _ in range(3):  # warm-up
-                model(x)
-        for _ in range(repeats):
-            for name, model in models.items():
-                times[name].append(timed(lambda: model(x)))
-    return {name: statistics.median(t) for name, t in times.items()}
+                call()
+        return median_times(calls, repeats)
 
 
 def detector_step_times(repeats, device):
@@ -226,68 +233,306 @@ def detector_step_times(repeats, device):
     return results
 
 
-def main():
+# -- the GPU sections -----------------------------------------------------
+
+def copy_bandwidth(device, repeats):
+    """Device-to-device copy bandwidth in GB/s (bytes read + written)."""
+    numel = (1 << 28) if device == 'cuda' else (1 << 22)
+    src = torch.empty(numel, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    seconds = median_time(lambda: dst.copy_(src), max(repeats, 3))
+    return 2 * src.numel() * src.element_size() / seconds / 1e9
+
+
+def eval_bandwidth(shape, dtype, seconds, copy_gb_s):
+    """An eval forward's fraction of copy bandwidth, counting the fewest
+    bytes it moves: the input read and the output written."""
+    itemsize = 2 if dtype == 'bfloat16' else 4
+    return 2 * math.prod(shape) * itemsize / seconds / 1e9 / copy_gb_s
+
+
+def two_read_pass(device, shape, repeats, copy_gb_s):
+    """The ceiling of the eval-bandwidth column: SN reads its input twice
+    (the statistics, then the normalisation), so time a pass that reads two
+    arrays of the input's size and writes one, ten calls queued, and count
+    its bytes as SN's are counted (input + output)."""
+    rows = []
+    for dtype in ('float32', 'bfloat16'):
+        a = torch.randn(shape, device=device, dtype=getattr(torch, dtype))
+        b, out = torch.randn_like(a), torch.empty_like(a)
+
+        def ten():
+            for _ in range(10):
+                torch.add(a, b, out=out)
+        ten()
+        seconds = median_time(ten, max(repeats, 3)) / 10
+        rows.append(dict(shape='x'.join(map(str, shape)), dtype=dtype,
+                         ms=seconds * 1e3,
+                         bw_fraction=eval_bandwidth(shape, dtype, seconds,
+                                                    copy_gb_s)))
+    return rows
+
+
+def host_costs(device, repeats=300):
+    """Microseconds per call with the calls queued back to back and one
+    synchronisation at the end, at a shape whose GPU work is negligible:
+    what each call costs the host (Python, dispatch, kernel launches)."""
+    shape = (1, 64, 8, 8)
+    x = torch.randn(shape, device=device, requires_grad=True)
+    grad = torch.randn(shape, device=device)
+    layers = {'GN(32)': nn.GroupNorm(32, 64).to(device),
+              'SN': SwitchableNorm(64).to(device),
+              'SN torch': SwitchableNorm(64, kernels='torch').to(device)}
+    rows = {}
+    for name, layer in layers.items():
+        def eval_fwd():
+            with torch.no_grad():
+                layer(x)
+        calls = {'eval fwd': eval_fwd, 'train fwd': lambda: layer(x),
+                 'train fwd+bwd': lambda: layer(x).backward(grad)}
+        for what, fn in calls.items():
+            layer.train(what != 'eval fwd')
+            fn()
+            rows[f'{name} {what}'] = round(
+                median_time(lambda: [fn() for _ in range(repeats)], 3) /
+                repeats * 1e6, 1)
+    return rows
+
+
+def kernel_launches(device, shapes):
+    """What one train forward+backward and one eval forward launch, per
+    layer, at the smallest and the largest shape: the number of GPU kernels
+    (on the CPU: of operators), their summed device time and the costliest
+    three; where SN's time goes, and how much of it is per-call cost."""
+    rows = []
+    for shape in (min(shapes, key=math.prod), max(shapes, key=math.prod)):
+        x = torch.randn(shape, device=device, requires_grad=True)
+        grad = torch.randn(shape, device=device)
+        for name, make in norm_layers(shape[1], device).items():
+            if name in ('naive SN', 'IN', 'LN', 'SyncSN'):
+                continue
+            layer = make().to(device)
+            for mode in ('train', 'eval'):
+                rows.append(dict(shape='x'.join(map(str, shape)),
+                                 layer=name, mode=mode,
+                                 **_launches(layer, x, grad, mode, device)))
+    return rows
+
+
+def _launches(layer, x, grad, mode, device):
+    from torch.autograd import DeviceType
+    layer.train(mode == 'train')
+
+    def call():
+        if mode == 'train':
+            layer(x).backward(grad)
+        else:
+            with torch.no_grad():
+                layer(x)
+    timed(call)
+    with torch.profiler.profile() as prof:
+        timed(call)
+    if device == 'cuda':
+        events = [e for e in prof.events()
+                  if e.device_type == DeviceType.CUDA]
+    else:
+        events = [e for e in prof.events()
+                  if e.name.startswith(('aten::', 'sn_mm::'))]
+    spent = {}
+    for e in events:
+        us = (getattr(e, 'device_time', None) or getattr(e, 'cuda_time', 0.)
+              if device == 'cuda' else e.cpu_time)
+        spent[e.name] = spent.get(e.name, 0.) + us
+    top = sorted(spent.items(), key=lambda kv: -kv[1])[:3]
+    return dict(kernels=len(events), us=round(sum(spent.values()), 1),
+                top=[(k[:60], round(v, 1)) for k, v in top])
+
+
+def resnet50(norm):
+    """A ResNet-50 classifier with ``norm`` in every norm position:
+    torchvision's where it is installed (``norm`` a layer constructor),
+    else mmdet's backbone with a pooled linear head."""
+    try:
+        from torchvision.models import resnet50 as tv_resnet50
+        return tv_resnet50(norm_layer=norm['layer'])
+    except ImportError:
+        from mmdet.models.backbones import ResNet
+        return nn.Sequential(
+            ResNet(depth=50, norm_cfg=norm['cfg'], norm_eval=False,
+                   out_indices=(3, )), _LastMapHead())
+
+
+class _LastMapHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(2048, 1000)
+
+    def forward(self, feats):
+        return self.fc(feats[-1].mean((2, 3)))
+
+
+RESNET_NORMS = {
+    'BN': dict(layer=nn.BatchNorm2d, cfg=dict(type='BN')),
+    'GN(32)': dict(layer=lambda c: nn.GroupNorm(32, c),
+                   cfg=dict(type='GN', num_groups=32)),
+    'SN': dict(layer=SwitchableNorm, cfg=dict(type='SN')),
+    'SN torch': dict(layer=lambda c: SwitchableNorm(c, kernels='torch'),
+                     cfg=dict(type='SN', kernels='torch')),
+}
+
+
+def resnet_step_times(device, repeats, batch, size):
+    """A ResNet-50 training step (bf16 autocast, channels_last, SGD) with
+    each norm in every norm layer."""
+    torch.manual_seed(0)
+    x = torch.randn(batch, 3, size, size, device=device).to(
+        memory_format=torch.channels_last)
+    target = torch.randint(0, 1000, (batch, ), device=device)
+    steps = {}
+    for name, norm in RESNET_NORMS.items():
+        if name == 'SN torch' and device != 'cuda':
+            continue  # (minutes on a CPU)
+        model = resnet50(norm).to(device).to(
+            memory_format=torch.channels_last).train()
+        optim = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+        def step(model=model, optim=optim):
+            with torch.autocast(device, dtype=torch.bfloat16):
+                loss = nn.functional.cross_entropy(model(x), target)
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            optim.step()
+        for _ in range(2):
+            step()
+        steps[name] = step
+    times = median_times(steps, repeats)
+    return [dict(norm=name, ms=t * 1e3, vs_gn=t / times['GN(32)'])
+            for name, t in times.items()]
+
+
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--shapes', type=int, nargs='*',
                         help='indices into the shape list (default: all)')
+    parser.add_argument('--toy', action='store_true',
+                        help='two toy shapes and small networks (to test '
+                        'the tool, not to measure)')
     parser.add_argument('--skip-detector', action='store_true')
     parser.add_argument('--skip-resnet', action='store_true',
                         help='skip the batch-1 ResNet-50 eval table')
     parser.add_argument('--threads', type=int, default=None,
                         help='torch threads (default: torch\'s choice)')
     parser.add_argument('--device', choices=['cpu', 'cuda'], default='cpu',
-                        help='cuda: time on the GPU (adds an SN row on '
-                        'PyTorch ops)')
+                        help='cuda: time on the GPU, with the GPU sections')
+    parser.add_argument('--gpu-sections', action='store_true',
+                        help='the GPU sections on the CPU too')
+    parser.add_argument('--json', default=None,
+                        help='write every figure to this JSON file')
     parser.add_argument(
         '--allocator', choices=['steady', 'system'], default='steady',
         help='steady (default): restart under glibc malloc settings that '
         'keep freed memory in the process, as a long training run does; '
         'system: the malloc settings as found')
-    args = parser.parse_args()
-    if args.allocator == 'steady' and any(
-            os.environ.get(k) != v for k, v in STEADY_MALLOC.items()):
-        # glibc reads these once, at process start.
-        os.execve(sys.executable, [sys.executable] + sys.argv,
-                  {**os.environ, **STEADY_MALLOC})
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    shapes = [SHAPES[i] for i in args.shapes] if args.shapes else SHAPES
-    if args.device == 'cuda':
-        if not torch.cuda.is_available():
-            parser.error('--device cuda: no GPU is visible to torch')
-        where = (f'{torch.cuda.get_device_name()}, SN kernels: '
-                 f'{default_kernels()}')
-    else:
-        where = (f'{torch.get_num_threads()} CPU threads, native SN '
-                 f'kernels: {native_available()}, malloc: {args.allocator}')
-    print(f'torch {torch.__version__}, {where}, median of {args.repeats}\n')
-    print('| shape | layer | forward ms | backward ms | fwd+bwd ms | '
-          'eval fwd ms | saved for backward MB |')
-    print('|---|---|---|---|---|---|---|')
-    summary = []
-    for shape in shapes:
-        res = bench_shape(norm_layers(shape[1], args.device), shape,
-                          args.repeats, args.device)
-        for name, r in res.items():
-            print(f'| {"x".join(map(str, shape))} | {name} | '
-                  f'{r["fwd"] * 1e3:.2f} | {r["bwd"] * 1e3:.2f} | '
-                  f'{r["both"] * 1e3:.2f} | {r["eval"] * 1e3:.2f} | '
-                  f'{r["saved"] / 2**20:.1f} |')
-        sn, gn = res['SN'], res['GN(32)']
-        summary.append((shape, sn['both'] / gn['both'],
-                        sn['eval'] / gn['eval'],
-                        sn['both'] / res['naive SN']['both'],
-                        sn['saved'] / res['BN']['saved'],
-                        sn['eval'] / sn['fwd']))
-    print('\n| shape | SN/GN fwd+bwd | SN/GN eval fwd | SN/naive fwd+bwd '
-          '| SN/BN saved bytes | SN eval/train fwd |')
-    print('|---|---|---|---|---|---|')
-    for shape, gn, gn_eval, naive, mem, ev in summary:
-        print(f'| {"x".join(map(str, shape))} | {gn:.2f} | {gn_eval:.2f} | '
-              f'{naive:.2f} | {mem:.2f} | {ev:.2f} |')
+    args = parser.parse_args(argv)
+    if args.device == 'cuda' and not torch.cuda.is_available():
+        parser.error('--device cuda: no GPU is visible to torch')
+    return args
+
+
+def layer_section(args, shapes, report):
+    """The per-layer table (and, on a GPU, its bf16 twin) and the ratios."""
+    gpu = args.device == 'cuda' or args.gpu_sections
+    if gpu:
+        report['copy_gb_s'] = copy_bandwidth(args.device, args.repeats)
+    dtypes = ('float32', 'bfloat16') if gpu else ('float32', )
+    print('| shape | dtype | layer | forward ms | backward ms | fwd+bwd ms | '
+          'eval fwd ms | saved for backward MB |'
+          + (' fwd+bwd, 10 queued ms | eval, 10 queued ms | eval / copy '
+             'bandwidth |' if gpu else ''))
+    print('|---' * (11 if gpu else 8) + '|')
+    rows = report.setdefault('layers', [])
+    for dtype in dtypes:
+        for shape in shapes:
+            res = bench_shape(norm_layers(shape[1], args.device), shape,
+                              args.repeats, args.device, dtype, gpu)
+            for name, r in res.items():
+                row = dict(shape='x'.join(map(str, shape)), dtype=dtype,
+                           layer=name, **{k: v * 1e3 for k, v in r.items()
+                                          if k != 'saved'},
+                           saved_mb=r['saved'] / 2**20)
+                if gpu:
+                    row['eval_bw_fraction'] = eval_bandwidth(
+                        shape, dtype, r['eval_x10'], report['copy_gb_s'])
+                rows.append(row)
+                print(_layer_row(row, gpu))
+    print_ratios(rows)
+
+
+def _layer_row(r, gpu):
+    line = (f'| {r["shape"]} | {r["dtype"]} | {r["layer"]} | '
+            f'{r["fwd"]:.2f} | {r["bwd"]:.2f} | {r["both"]:.2f} | '
+            f'{r["eval"]:.2f} | {r["saved_mb"]:.1f} |')
+    if gpu:
+        line += (f' {r["both_x10"]:.3f} | {r["eval_x10"]:.3f} | '
+                 f'{r["eval_bw_fraction"]:.2f} |')
+    return line
+
+
+def print_ratios(rows):
+    by_key = {(r['shape'], r['dtype'], r['layer']): r for r in rows}
+    queued = 'both_x10' in rows[0]
+    print('\n| shape | dtype | SN/GN fwd+bwd | SN/GN eval fwd | SN/naive '
+          'fwd+bwd | SN/BN saved bytes | SN eval/train fwd |'
+          + (' SN/GN fwd+bwd, 10 queued |' if queued else ''))
+    print('|---' * (8 if queued else 7) + '|')
+    for (shape, dtype, layer), sn in by_key.items():
+        if layer != 'SN':
+            continue
+        gn = by_key[(shape, dtype, 'GN(32)')]
+        naive = by_key.get((shape, dtype, 'naive SN'))
+        bn = by_key[(shape, dtype, 'BN')]
+        print(f'| {shape} | {dtype} | {sn["both"] / gn["both"]:.2f} | '
+              f'{sn["eval"] / gn["eval"]:.2f} | '
+              + (f'{sn["both"] / naive["both"]:.2f}' if naive else '-')
+              + f' | {sn["saved_mb"] / bn["saved_mb"]:.2f} | '
+              f'{sn["eval"] / sn["fwd"]:.2f} |'
+              + (f' {sn["both_x10"] / gn["both_x10"]:.2f} |'
+                 if queued else ''))
+
+
+def gpu_sections(args, shapes, report):
+    device, toy = args.device, args.toy
+    report['two_read'] = two_read_pass(
+        device, max(shapes, key=math.prod), args.repeats,
+        report['copy_gb_s'])
+    for r in report['two_read']:
+        sn = next(x for x in report['layers'] if x['layer'] == 'SN'
+                  and x['dtype'] == r['dtype'] and x['shape'] == r['shape'])
+        print(f'\nCeiling of the eval-bandwidth column at {r["shape"]} '
+              f'{r["dtype"]}: a pass reading two such arrays and writing '
+              f'one, counted as SN is, reaches {r["bw_fraction"]:.2f} of '
+              f'copy bandwidth; SN {sn["eval_bw_fraction"]:.2f}')
+    report['host_us'] = host_costs(device, 20 if toy else 300)
+    print(f'\nHost microseconds per call at 1x64x8x8: {report["host_us"]}')
+    report['launches'] = kernel_launches(device, shapes)
+    for r in report['launches']:
+        print(f'  launches: {r}')
+    batch, size = (2, 64) if toy else (32, 224)
+    rows = resnet_step_times(device, max(args.repeats // 2, 1), batch, size)
+    report['resnet50_step'] = dict(batch=batch, size=size, rows=rows)
+    print(f'\n| ResNet-50 train step, batch {batch}, {size}x{size}, bf16, '
+          'channels_last | ms | vs GN(32) |')
+    print('|---|---|---|')
+    for r in rows:
+        print(f'| {r["norm"]} | {r["ms"]:.1f} | {r["vs_gn"]:.2f} |')
+
+
+def model_sections(args, report):
     if not args.skip_resnet:
         times = resnet_eval_times(max(args.repeats, 10), args.device)
+        report['resnet50_eval'] = {k: v * 1e3 for k, v in times.items()}
         print('\n| ResNet-50 eval, batch 1, 224x224 | ms | vs GN(32) |')
         print('|---|---|---|')
         for name, t in times.items():
@@ -295,12 +540,44 @@ def main():
                   f'{t / times["GN(32)"]:.2f} |')
     if not args.skip_detector:
         times = detector_step_times(max(args.repeats // 2, 2), args.device)
+        report['detector_step'] = times
         print('\n| Mask R-CNN R50-FPN train step, 2 x 512x512 | seconds | '
               'vs GN |')
         print('|---|---|---|')
         for name, t in times.items():
             print(f'| {name} | {t:.2f} | '
                   f'{t / times["GN everywhere"]:.2f} |')
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.allocator == 'steady' and any(
+            os.environ.get(k) != v for k, v in STEADY_MALLOC.items()):
+        # glibc reads these once, at process start.
+        os.execve(sys.executable, [sys.executable] + sys.argv,
+                  {**os.environ, **STEADY_MALLOC})
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    shapes = (TOY_SHAPES if args.toy else
+              [SHAPES[i] for i in args.shapes] if args.shapes else SHAPES)
+    if args.device == 'cuda':
+        where = (f'{torch.cuda.get_device_name()}, SN kernels: '
+                 f'{default_kernels()}')
+    else:
+        where = (f'{torch.get_num_threads()} CPU threads, native SN '
+                 f'kernels: {native_available()}, malloc: {args.allocator}')
+    print(f'torch {torch.__version__}, {where}, median of {args.repeats}\n')
+    report = dict(device=where, repeats=args.repeats)
+    layer_section(args, shapes, report)
+    if args.device == 'cuda' or args.gpu_sections:
+        gpu_sections(args, shapes, report)
+    model_sections(args, report)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)),
+                    exist_ok=True)
+        with open(args.json, 'w') as f:
+            json.dump(report, f, indent=1)
+    return report
 
 
 if __name__ == '__main__':
