@@ -55,8 +55,14 @@ def test_resume_continues_the_iteration_count(workspace):
 
 
 def test_test_tool_prints_coco_metrics(workspace):
+    # A 4-iteration model may predict nothing: the tool then says so. What
+    # it prints must not depend on what 4 CPU iterations happen to learn.
     cwd, _ = workspace
     log = run('test.py', CONFIG, cwd / 'first' / 'iter_4.pth', '--work-dir',
               cwd / 'test', cwd=cwd)
-    assert 'bbox_mAP_copypaste' in log and 'segm_mAP_copypaste' in log
-    assert 'Average Precision  (AP) @[ IoU=0.50:0.95' in log
+    assert 'Iter(test)' in log
+    if 'No metrics: the model made no prediction' in log:
+        assert 'bbox_mAP_copypaste' not in log
+    else:
+        assert 'bbox_mAP_copypaste' in log and 'segm_mAP_copypaste' in log
+        assert 'Average Precision  (AP) @[ IoU=0.50:0.95' in log

@@ -21,6 +21,12 @@ from sn_mm.cli import (build_runner, end_distributed, load_config,
                          parse_tool_args)
 
 
+# mmdet's CocoMetric returns nothing when the model predicted no box on the
+# whole test set (e.g. after a few training iterations); say why.
+NO_METRICS = ('No metrics: the model made no prediction on the test set '
+              '(an untrained or barely trained model?)')
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('config', help='test config file')
@@ -72,7 +78,9 @@ def main(argv=None):
                             dict(type='SNFuseHook')]
     runner = build_runner(cfg)
     with trusted_torch_load():
-        runner.test()
+        metrics = runner.test()
+    if not metrics:
+        print(NO_METRICS)
     end_distributed()
 
 
