@@ -10,9 +10,12 @@ norm_cfg = dict(type='SN', requires_grad=True)
 classes = ('square', 'circle', 'triangle', 'star')
 model = dict(
     data_preprocessor=dict(pad_size_divisor=32),
+    # zero_init_residual=False: mmdet zeroes each block's last norm weight,
+    # which leaves the blocks' ratio logits without gradient for most of a
+    # 100-step run.
     backbone=dict(
         depth=18, norm_cfg=norm_cfg, norm_eval=False, frozen_stages=-1,
-        style='pytorch', init_cfg=None),
+        style='pytorch', zero_init_residual=False, init_cfg=None),
     neck=dict(in_channels=[64, 128, 256, 512], out_channels=128,
               norm_cfg=norm_cfg),
     rpn_head=dict(
@@ -81,7 +84,10 @@ param_scheduler = [
 optim_wrapper = dict(
     constructor='SNOptimWrapperConstructor',
     optimizer=dict(type='SGD', lr=0.04, momentum=0.9, weight_decay=1e-4),
-    paramwise_cfg=dict(norm_decay_mult=0.0, ratio_decay_mult=0.0),
+    # The ratio logits learn faster than the weights, so that 100 steps
+    # move them visibly from the uniform start (the figure make demo draws).
+    paramwise_cfg=dict(norm_decay_mult=0.0, ratio_decay_mult=0.0,
+                       ratio_lr_mult=20.0),
     clip_grad=dict(max_norm=10, norm_type=2))
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=20),

@@ -89,6 +89,10 @@ def _switchable_norm_fake(x, weight, bias, mean_logits, var_logits,
                           running_mean, running_var, num_batches_tracked,
                           ratio_fixed, fixed_ratios, training, momentum, eps,
                           unbiased, ratios_given):
+    # The C++ kernels write contiguous rows; the Triton kernels keep the
+    # input's layout.
+    if x.device.type == 'cpu':
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
     return torch.empty_like(x)
 
 
