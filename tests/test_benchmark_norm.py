@@ -1,5 +1,5 @@
 """tools/analysis_tools/benchmark_norm.py runs and prints its tables (it
-times nothing that a test checks: the figures belong in the README)."""
+times nothing that a test checks: the figures belong in docs/performance.md)."""
 import re
 
 import pytest

@@ -3,8 +3,8 @@
 custom_imports = dict(imports=['sn_mm'], allow_failed_imports=False)
 
 # Pretrained backbones are files you bring (nothing is downloaded at run
-# time); README.md says where each comes from. Override with
-# --cfg-options model.backbone.init_cfg.checkpoint=PATH.
+# time); docs/configs_and_checkpoints.md says where each comes from.
+# Override with --cfg-options model.backbone.init_cfg.checkpoint=PATH.
 sn_8x2_checkpoint = 'checkpoints/resnet50_sn_8x2_mm.pth'  # tools/model_converters/sn2mm.py
 bn_checkpoint = 'checkpoints/resnet50_torchvision.pth'  # torchvision://resnet50
 gn_checkpoint = 'checkpoints/resnet50_gn_detectron.pth'  # open-mmlab://detectron/resnet50_gn
