@@ -2,9 +2,8 @@
 # from the released pre-activation ResNet50v2+SN(8,32) (not a row of the
 # paper's tables): the SN row with SN's BN statistics synchronised over all
 # GPUs.
-_base_ = './deeplabv3_preact-r50-sn-8x32-d8_8xb2-74k_cityscapes-713x713.py'
-norm_cfg = dict(type='SyncSN', requires_grad=True)
-model = dict(
-    backbone=dict(norm_cfg=norm_cfg),
-    decode_head=dict(norm_cfg=norm_cfg),
-    auxiliary_head=dict(norm_cfg=norm_cfg))
+_base_ = [
+    '../_base_/models/deeplabv3_preact-r50-syncsn-8x32-d8.py',
+    '../_base_/cityscapes-713x713_8xb2-74k.py'
+]
+model = {{_base_.dataset_model}}

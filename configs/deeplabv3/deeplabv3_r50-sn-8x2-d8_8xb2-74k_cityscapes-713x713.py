@@ -1,10 +1,7 @@
 # Table 7, Cityscapes, row SN (8,2): ResNet50v1+SN(8,2) finetuned, SN in the backbone
 # and both heads; BN statistics per GPU (2 images).
-_base_ = './deeplabv3_r50-syncbn-d8_8xb2-74k_cityscapes-713x713.py'
-norm_cfg = dict(type='SN', requires_grad=True)
-model = dict(
-    backbone=dict(
-        norm_cfg=norm_cfg,
-        init_cfg=dict(checkpoint={{_base_.sn_8x2_checkpoint}})),
-    decode_head=dict(norm_cfg=norm_cfg),
-    auxiliary_head=dict(norm_cfg=norm_cfg))
+_base_ = [
+    '../_base_/models/deeplabv3_r50-sn-8x2-d8.py',
+    '../_base_/cityscapes-713x713_8xb2-74k.py'
+]
+model = {{_base_.dataset_model}}

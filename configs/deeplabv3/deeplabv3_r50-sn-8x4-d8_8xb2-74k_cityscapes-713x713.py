@@ -1,6 +1,7 @@
 # Table 7, Cityscapes, row SN (8,4): as SN (8,2), finetuned from
 # ResNet50v1+SN(8,4).
-_base_ = './deeplabv3_r50-sn-8x2-d8_8xb2-74k_cityscapes-713x713.py'
-model = dict(
-    backbone=dict(
-        init_cfg=dict(checkpoint={{_base_.sn_8x4_checkpoint}})))
+_base_ = [
+    '../_base_/models/deeplabv3_r50-sn-8x4-d8.py',
+    '../_base_/cityscapes-713x713_8xb2-74k.py'
+]
+model = {{_base_.dataset_model}}

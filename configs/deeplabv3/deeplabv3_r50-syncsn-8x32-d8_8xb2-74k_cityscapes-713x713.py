@@ -1,6 +1,7 @@
 # Table 7, Cityscapes, row SyncSN (8,32): as SyncSN (8,2), finetuned from
 # ResNet50v1+SN(8,32).
-_base_ = './deeplabv3_r50-syncsn-8x2-d8_8xb2-74k_cityscapes-713x713.py'
-model = dict(
-    backbone=dict(
-        init_cfg=dict(checkpoint={{_base_.sn_8x32_checkpoint}})))
+_base_ = [
+    '../_base_/models/deeplabv3_r50-syncsn-8x32-d8.py',
+    '../_base_/cityscapes-713x713_8xb2-74k.py'
+]
+model = {{_base_.dataset_model}}

@@ -5,7 +5,7 @@
 # (v1) ResNet with torchvision-style RGB input, like the released SN models.
 _base_ = [
     'mmdet::faster_rcnn/faster-rcnn_r50-caffe_c4-1x_coco.py',
-    '../_base_/sn_runtime.py'
+    '../_base_/det_runtime.py'
 ]
 backbone_checkpoint = {{_base_.bn_checkpoint}}
 model = dict(
@@ -21,12 +21,10 @@ model = dict(
             init_cfg=dict(type='Pretrained',
                           checkpoint=backbone_checkpoint))))
 
-# The paper follows GN in detection: no weight decay on the affine weight and
-# bias of any norm layer. SNOptimWrapperConstructor applies norm_decay_mult to
-# SN too (mmengine's default constructor misses it) and keeps the ratio
-# logits free of decay, which would only pull them towards equal ratios.
+# The paper's practice (_base_/det_runtime.py) at the LR of 4 GPUs x 3
+# images.
 optim_wrapper = dict(
-    optimizer=dict(lr=0.01),  # 4 GPUs x 3 images
+    optimizer=dict(lr=0.01),
     constructor='SNOptimWrapperConstructor',
     paramwise_cfg=dict(norm_decay_mult=0., ratio_decay_mult=0.))
 

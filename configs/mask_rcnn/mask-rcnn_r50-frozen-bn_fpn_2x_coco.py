@@ -1,16 +1,10 @@
 # Table 6, row BN(frozen) / -- : Mask R-CNN + FPN, ResNet-50 with frozen BN,
 # no normalization in the heads; 8 GPUs x 2 images, shorter side 800, 2x.
 _base_ = [
-    'mmdet::mask_rcnn/mask-rcnn_r50_fpn_2x_coco.py', '../_base_/sn_runtime.py'
+    'mmdet::mask_rcnn/mask-rcnn_r50_fpn_2x_coco.py', '../_base_/det_runtime.py'
 ]
 model = dict(
     backbone=dict(
         init_cfg=dict(type='Pretrained', checkpoint={{_base_.bn_checkpoint}})))
-
-# The paper follows GN in detection: no weight decay on the affine weight and
-# bias of any norm layer. SNOptimWrapperConstructor applies norm_decay_mult to
-# SN too (mmengine's default constructor misses it) and keeps the ratio
-# logits free of decay, which would only pull them towards equal ratios.
-optim_wrapper = dict(
-    constructor='SNOptimWrapperConstructor',
-    paramwise_cfg=dict(norm_decay_mult=0., ratio_decay_mult=0.))
+# The paper's practice (_base_/det_runtime.py).
+optim_wrapper = {{_base_.gn_practice_optim_wrapper}}

@@ -2,10 +2,5 @@
 # input: BGR, std 1) finetuned, GN in FPN and heads.
 _base_ = './mask-rcnn_r50-frozen-bn_fpn_gn-head_2x_coco.py'
 model = dict(
-    data_preprocessor=dict(
-        mean=[103.530, 116.280, 123.675], std=[1.0, 1.0, 1.0],
-        bgr_to_rgb=False),
-    backbone=dict(
-        norm_cfg={{_base_.head_norm_cfg}},
-        norm_eval=False,
-        init_cfg=dict(type='Pretrained', checkpoint={{_base_.gn_checkpoint}})))
+    data_preprocessor={{_base_.gn_data_preprocessor}},
+    backbone={{_base_.gn_backbone}})

@@ -2,19 +2,8 @@
 # Cityscapes). Its pyramid pooling has a 1x1 bin: with SN there, one spatial
 # position leaves IN undefined, so those SN layers mix LN and BN only (see
 # SwitchableNorm) -- never a NaN.
-_base_ = '../deeplabv3/deeplabv3_r50-syncbn-d8_8xb2-100k_ade20k-450x450.py'
-norm_cfg = dict(type='SyncBN', requires_grad=True)
-model = dict(
-    decode_head=dict(
-        _delete_=True,
-        type='PSPHead',
-        in_channels=2048,
-        in_index=3,
-        channels=512,
-        pool_scales=(1, 2, 3, 6),
-        dropout_ratio=0.1,
-        num_classes={{_base_.model.decode_head.num_classes}},
-        norm_cfg=norm_cfg,
-        align_corners=False,
-        loss_decode=dict(
-            type='CrossEntropyLoss', use_sigmoid=False, loss_weight=1.0)))
+_base_ = [
+    '../_base_/models/pspnet_r50-d8.py',
+    '../_base_/ade20k-450x450_8xb2-100k.py'
+]
+model = {{_base_.dataset_model}}
