@@ -55,6 +55,16 @@ def in_onnx_export() -> bool:
 
 
 # -- Triton launches ------------------------------------------------------
+_RAW_STREAM = getattr(torch._C, '_cuda_getCurrentRawStream', None)
+
+
+def current_raw_stream(device_index: int) -> int:
+    """The handle of the current CUDA stream of ``device_index``."""
+    if _RAW_STREAM is None:
+        return torch.cuda.current_stream(device_index).cuda_stream
+    return _RAW_STREAM(device_index)
+
+
 def can_launch_directly(compiled) -> bool:
     """Whether a compiled Triton kernel exposes the launcher that
     :func:`launch_directly` calls."""
@@ -68,7 +78,6 @@ def launch_directly(compiled, grid, device_index: int, args) -> None:
     cache lookup (tens of microseconds per launch). Raises TypeError where
     this Triton's launcher takes other arguments; the caller then launches
     through ``kernel[grid]`` (the fallback)."""
-    compiled.run(grid[0], grid[1], 1,
-                 torch._C._cuda_getCurrentRawStream(device_index),
+    compiled.run(grid[0], grid[1], 1, current_raw_stream(device_index),
                  compiled.function, compiled.packed_metadata, None, None,
                  None, *args)

@@ -1,0 +1,77 @@
+"""sn_mm/ops/_compat.py: each private API it uses gives what its public
+fallback gives, and the fallback runs where the private API is missing."""
+import os
+
+import pytest
+import torch
+
+from sn_mm.ops import _compat
+
+
+@pytest.mark.parametrize('private', [True, False])
+def test_getenv(monkeypatch, private):
+    if not private:
+        monkeypatch.setattr(_compat, '_ENV_BYTES', None)
+    monkeypatch.setenv('SN_MM_COMPAT_PROBE', 'a value')
+    assert _compat.getenv('SN_MM_COMPAT_PROBE') == 'a value'
+    monkeypatch.delenv('SN_MM_COMPAT_PROBE')
+    assert _compat.getenv('SN_MM_COMPAT_PROBE') is None
+    assert _compat.getenv('PATH') == os.environ.get('PATH')
+
+
+@pytest.mark.parametrize('private', [True, False])
+def test_in_onnx_export(monkeypatch, private, tmp_path):
+    if not private:
+        monkeypatch.setattr(_compat, '_ONNX_FLAGS', None)
+    assert _compat.in_onnx_export() is False
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen.append(_compat.in_onnx_export())
+            return x + 1
+    pytest.importorskip('onnx')
+    torch.onnx.export(Probe(), (torch.zeros(2), ), str(tmp_path / 'p.onnx'),
+                      dynamo=False)
+    assert seen and all(seen)
+
+
+def test_the_private_flags_are_found_on_this_torch():
+    # Where this fails, torch moved them: the fallback still answers.
+    assert _compat._ONNX_FLAGS is not None
+    assert _compat._ENV_BYTES is not None
+    if torch.cuda.is_available():
+        assert _compat._RAW_STREAM is not None
+
+
+def test_direct_launch_falls_back_to_tritons_launch_path(monkeypatch):
+    """A compiled kernel whose launcher takes other arguments (another
+    Triton): the launch goes through kernel[grid] and direct launches are
+    switched off, with a warning."""
+    tf = pytest.importorskip('sn_mm.ops.triton_fused')
+
+    class OtherLauncher:
+        function = packed_metadata = None
+
+        def run(self, *args):
+            raise TypeError('run() takes other arguments')
+    launched = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args: launched.append(args) or OtherLauncher()
+    monkeypatch.setattr(_compat, '_RAW_STREAM', lambda index: 0)
+    monkeypatch.setitem(tf._DIRECT, 'on', True)
+    monkeypatch.setattr(tf, '_COMPILED', {'key': OtherLauncher()})
+    with pytest.warns(UserWarning, match='launching Triton kernels directly '
+                      'failed'):
+        tf._launch(Kernel(), 'key', (1, 1), (1, 2), 0)
+    assert launched == [(1, 2)]
+    assert tf._DIRECT['on'] is False and not tf._COMPILED
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a GPU')
+def test_current_raw_stream(monkeypatch):
+    private = _compat.current_raw_stream(0)
+    monkeypatch.setattr(_compat, '_RAW_STREAM', None)
+    assert _compat.current_raw_stream(0) == private
