@@ -4,7 +4,7 @@ import torch.nn as nn
 from torch.func import functional_call
 
 from helpers import make_sn, random_input, reference_of
-from sn_mm import SwitchableNorm
+from sn_mm import SyncSwitchableNorm, SwitchableNorm
 from sn_mm.models.switchable_norm import TERMS
 from sn_mm.testing import reference_sn
 
@@ -148,8 +148,43 @@ def test_wrong_input_raises():
         sn(torch.randn(4))
     with pytest.raises(ValueError, match='built for 4 channels, got .* 3'):
         sn(torch.randn(2, 3, 5, 5))
+    for dtype in (torch.int64, torch.bool):
+        with pytest.raises(TypeError, match=f'floating-point inputs, got '
+                           f'{dtype}'):
+            sn(torch.ones(2, 4, 3, 3, dtype=dtype))
     # A rejected input must not have touched the running statistics.
     assert torch.equal(sn.running_mean, torch.zeros(4))
+    assert int(sn.num_batches_tracked) == 0
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    (dict(momentum=2.0), 'momentum must be in'),
+    (dict(momentum=-0.1), 'momentum must be in'),
+    (dict(eps=-1.), 'eps must be > 0'),
+    (dict(eps=0.), 'eps must be > 0'),
+    (dict(eps=float('nan')), 'eps must be > 0'),
+    (dict(num_features=0), 'num_features must be a positive integer'),
+    (dict(num_features=2.5), 'num_features must be a positive integer'),
+    (dict(num_features=True), 'num_features must be a positive integer'),
+])
+@pytest.mark.parametrize('cls', [SwitchableNorm, SyncSwitchableNorm])
+def test_bad_arguments_are_refused_by_name(cls, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        cls(**dict(dict(num_features=4), **kwargs))
+    cls(4, momentum=None), cls(4, momentum=0.), cls(4, momentum=1.)
+
+
+@pytest.mark.parametrize('training', [True, False])
+def test_meta_inputs_give_meta_outputs(training):
+    """Shape inference and deferred initialisation: a layer and an input on
+    the meta device give a meta output of the input's shape, gradients
+    included."""
+    with torch.device('meta'):
+        sn = SwitchableNorm(8).train(training)
+    x = torch.empty(2, 8, 5, 5, device='meta', requires_grad=True)
+    y = sn(x)
+    y.sum().backward()
+    assert y.is_meta and y.shape == x.shape and x.grad.shape == x.shape
 
 
 def test_ratios_and_repr():

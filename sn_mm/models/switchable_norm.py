@@ -1,4 +1,5 @@
 """Switchable Normalization (Luo et al., TPAMI), registered as ``'SN'``."""
+import operator
 from typing import Dict, Optional
 
 import torch
@@ -8,6 +9,22 @@ from torch import Tensor
 
 from ..ops import check_kernels, switchable_norm
 from ..ops.ratios import RATIO_FNS, TERMS, layer_ratios
+
+def check_arguments(num_features, eps, momentum) -> None:
+    """ValueErrors naming an argument that cannot work."""
+    try:
+        count = operator.index(num_features)  # ints, numpy's too
+    except TypeError:
+        count = 0
+    if isinstance(num_features, bool) or count < 1:
+        raise ValueError(f'num_features must be a positive integer, got '
+                         f'{num_features!r}')
+    if not eps > 0:  # (NaN too)
+        raise ValueError(f'eps must be > 0, got {eps!r}')
+    if momentum is not None and not 0 <= momentum <= 1:
+        raise ValueError(f'momentum must be in [0, 1] (or None for a '
+                         f'cumulative average), got {momentum!r}')
+
 
 # torch.fx records the whole layer as one call (its shape checks and
 # branches would otherwise stop symbolic tracing).
@@ -75,6 +92,7 @@ class SwitchableNorm(nn.Module):
         if ratio_fn not in RATIO_FNS:
             raise ValueError(f'unknown ratio_fn {ratio_fn!r} (choose from '
                              f'{", ".join(map(repr, RATIO_FNS))})')
+        check_arguments(num_features, eps, momentum)
         self.num_features = num_features
         self.eps = eps
         self.momentum = momentum

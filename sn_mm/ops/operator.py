@@ -233,6 +233,9 @@ def _triton_implementation(choice, x, weight, running_mean) -> str:
 
 # -- the entry point --------------------------------------------------------
 def check_input(x: Tensor, num_features: int, layer: str) -> None:
+    if not x.is_floating_point():
+        raise TypeError(f'{layer} normalises floating-point inputs, got '
+                        f'{x.dtype}')
     if x.dim() < 2:
         raise ValueError(
             f'{layer} expects an input of shape (N, C, *) with '
@@ -292,7 +295,8 @@ def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
     args = (weight, bias, mean_weight, var_weight, running_mean, running_var,
             num_batches_tracked, training, momentum, eps, unbiased,
             ratio_fixed, fixed_ratios, ratios_given, group)
-    if torch.is_autocast_enabled(x.device.type):
+    # (No autocast on the meta device: shape inference, deferred init.)
+    if not x.is_meta and torch.is_autocast_enabled(x.device.type):
         with torch.autocast(x.device.type, enabled=False):
             return _on_reference(x, *args)
     return _on_reference(x, *args)
