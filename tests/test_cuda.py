@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import free_port
+from helpers import free_port, random_input
 from sn_mm.ops import native_available, switchable_norm
 from sn_mm.testing import make_layer, reference_sn
 from sn_mm.testing.kernel_agreement import all_cases, compare_case
@@ -52,10 +52,7 @@ def layer(c, using_bn=True, **kwargs):
 
 
 def sample(shape, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape, generator=gen, dtype=torch.float64)
-    offset = torch.randn(shape[:2], generator=gen, dtype=torch.float64) * 3
-    return x * 2 + offset.reshape(*shape[:2], *([1] * (len(shape) - 2)))
+    return random_input(shape, seed)
 
 
 def reference_step(sn, shape, training, grad):

@@ -43,7 +43,7 @@ from torch import Tensor
 
 from . import _compat
 from .ratios import RATIO_FNS, sparsest_ratios
-from .reference import reference_forward, update_running_stats
+from .reference import reference_forward, switchable_norm_reference
 
 KERNEL_CHOICES = ('auto', 'native', 'triton', 'torch')
 KERNELS_ENV = 'SN_MM_KERNELS'
@@ -298,29 +298,5 @@ def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
     # (No autocast on the meta device: shape inference, deferred init.)
     if not x.is_meta and torch.is_autocast_enabled(x.device.type):
         with torch.autocast(x.device.type, enabled=False):
-            return _on_reference(x, *args)
-    return _on_reference(x, *args)
-
-
-def _as(t: Optional[Tensor], dtype) -> Optional[Tensor]:
-    # No cast where none is needed: tracers would record one.
-    return t if t is None or t.dtype == dtype else t.to(dtype)
-
-
-def _on_reference(x, weight, bias, mean_weight, var_weight, running_mean,
-                  running_var, num_batches_tracked, training, momentum, eps,
-                  unbiased, ratio_fixed, fixed_ratios, ratios_given, group):
-    shape = x.shape
-    # Statistics in fp32 at least (fp16/bf16 sums lose too much). A view
-    # where it can be: a channels_last input gives a channels_last output.
-    dtype = torch.promote_types(x.dtype, torch.float32)
-    x3 = _as(x.reshape(shape[0], shape[1], math.prod(shape[2:])), dtype)
-    y, mean_bn, var_bn, has = reference_forward(
-        x3, _as(weight, dtype), _as(bias, dtype), _as(mean_weight, dtype),
-        _as(var_weight, dtype), _as(running_mean, dtype),
-        _as(running_var, dtype), training, eps, unbiased, ratio_fixed,
-        _as(fixed_ratios, dtype), ratios_given, group)
-    if mean_bn is not None:
-        update_running_stats(running_mean, running_var, num_batches_tracked,
-                             momentum, mean_bn.detach(), var_bn.detach(), has)
-    return _as(y.reshape(shape), x.dtype)
+            return switchable_norm_reference(x, *args)
+    return switchable_norm_reference(x, *args)

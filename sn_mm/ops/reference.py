@@ -13,6 +13,7 @@ numbers when an input is far from zero (|mean| >> std) is computed centred:
 variances of means about their own mean (Chan et al.'s parallel formula),
 the output as ``(x - mu) * scale``.
 """
+import math
 from typing import Optional
 
 import torch
@@ -183,3 +184,38 @@ def update_running_stats(running_mean: Tensor, running_var: Tensor,
         m = momentum * has
     running_mean.mul_(1 - m).add_((m * mean_bn).to(running_mean.dtype))
     running_var.mul_(1 - m).add_((m * var_bn).to(running_var.dtype))
+
+
+def _as(t: Optional[Tensor], dtype) -> Optional[Tensor]:
+    # No cast where none is needed: tracers would record one.
+    return t if t is None or t.dtype == dtype else t.to(dtype)
+
+
+def switchable_norm_reference(x: Tensor, weight: Tensor, bias: Tensor,
+                              mean_logits: Tensor, var_logits: Tensor,
+                              running_mean: Optional[Tensor],
+                              running_var: Optional[Tensor],
+                              num_batches_tracked: Optional[Tensor],
+                              training: bool, momentum: Optional[float],
+                              eps: float, unbiased: bool,
+                              ratio_fixed: Optional[Tensor] = None,
+                              fixed_ratios: Optional[Tensor] = None,
+                              ratios_given: bool = False,
+                              group=None) -> Tensor:
+    """SN of ``x`` (N, C, *) on the reference, the running statistics
+    updated in training; arguments as :func:`sn_mm.ops.switchable_norm`'s.
+    Statistics in float32 at least (fp16/bf16 sums lose too much); the
+    output in ``x``'s dtype."""
+    shape = x.shape
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    # A view where it can be: channels_last in gives channels_last out.
+    x3 = _as(x.reshape(shape[0], shape[1], math.prod(shape[2:])), dtype)
+    y, mean_bn, var_bn, has = reference_forward(
+        x3, _as(weight, dtype), _as(bias, dtype), _as(mean_logits, dtype),
+        _as(var_logits, dtype), _as(running_mean, dtype),
+        _as(running_var, dtype), training, eps, unbiased, ratio_fixed,
+        _as(fixed_ratios, dtype), ratios_given, group)
+    if mean_bn is not None:
+        update_running_stats(running_mean, running_var, num_batches_tracked,
+                             momentum, mean_bn.detach(), var_bn.detach(), has)
+    return _as(y.reshape(shape), x.dtype)

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from . import _compat
 from .reference import (combine_statistics, reference_forward,
-                        update_running_stats)
+                        switchable_norm_reference, update_running_stats)
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _TILE = 2048  # elements per (rows x block) tile
@@ -945,14 +945,9 @@ def works_on(x: Tensor) -> bool:
 
 def _reference_call(x, weight, bias, mean_logits, var_logits,
                     running_mean, running_var, nbt, training):
-    n, c = x.shape[:2]
-    y, mean_bn, var_bn, has = reference_forward(
-        x.reshape(n, c, -1), weight, bias, mean_logits, var_logits,
-        running_mean, running_var, training, 1e-5, True)
-    if mean_bn is not None:
-        update_running_stats(running_mean, running_var, nbt, 0.1,
-                             mean_bn.detach(), var_bn.detach(), has)
-    return y.reshape(x.shape)
+    return switchable_norm_reference(
+        x, weight, bias, mean_logits, var_logits, running_mean, running_var,
+        nbt, training, 0.1, 1e-5, True)
 
 
 def _probe(device: torch.device) -> bool:
