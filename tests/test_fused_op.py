@@ -107,7 +107,8 @@ def op_args(training=True):
             layer.mean_weight.detach().clone().requires_grad_(),
             layer.var_weight.detach().clone().requires_grad_(),
             layer.running_mean.clone(), layer.running_var.clone(),
-            layer.num_batches_tracked.clone(), layer.ratio_fixed.clone(),
+            layer.num_batches_tracked.clone(),
+            layer.nonfinite_batches.clone(), layer.ratio_fixed.clone(),
             layer.fixed_ratios.clone(), training, 0.1, 1e-5, True, False)
 
 

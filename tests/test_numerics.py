@@ -9,6 +9,8 @@ from torch.func import functional_call
 
 from helpers import free_port, make_sn, random_input, require_kernels
 from sn_mm import SwitchableNorm, SyncSwitchableNorm
+from sn_mm.testing.precision import (float32_errors, offset_inputs,
+                                     pytorch_norms)
 
 OFFSETS = [1e2, 1e3, 1e4]
 SCALES = [1e-2, 1e-1, 1.]
@@ -94,6 +96,31 @@ def test_float32_with_large_offsets_matches_float64(offset, scale, kernels):
     x = offset_input(shape, offset, scale, seed=7)
     y64, y32 = sn64.eval()(x.double()), sn32.eval()(x)
     assert (y32.double() - y64).abs().max() <= tol
+
+
+@pytest.mark.parametrize('offset', OFFSETS)
+@pytest.mark.parametrize('kernels', ['native', 'triton', 'torch'])
+def test_float32_as_precise_as_pytorch_norms(kernels, offset):
+    """SN's float32 output (train and eval) within 2x the largest error of
+    PyTorch's BN, IN and LN on the same inputs, and its running statistics
+    within 2x BN's (floor 1e-6: float32's own rounding of a moving average
+    over a few steps)."""
+    require_kernels(kernels)
+    shape, steps = (4, 16, 8, 8), 5
+    for scale in SCALES:
+        inputs = offset_inputs(shape, offset, scale, steps + 1)
+        theirs = {name: float32_errors(make, inputs, offset, scale)
+                  for name, make in pytorch_norms(shape[1]).items()}
+        ours = float32_errors(
+            lambda: SwitchableNorm(shape[1], kernels=kernels), inputs,
+            offset, scale)
+        bounds = dict(
+            train=2 * max(e['train'] for e in theirs.values()),
+            eval=2 * max(e['eval'] for e in theirs.values()),
+            running_mean=2 * max(theirs['BN']['running_mean'], 1e-6),
+            running_var=2 * max(theirs['BN']['running_var'], 1e-6))
+        for what, bound in bounds.items():
+            assert ours[what] <= bound, (scale, what, ours, theirs)
 
 
 def sync_worker(rank, port, shape, offset, scale, out):

@@ -42,6 +42,7 @@ def test_ratio_hook_logs_layers_and_averages(trained):
     assert 'sn_ratio/backbone.sn1/mean_bn' in keys
     assert 'sn_ratio/decode_head.bottleneck.sn/var_in' in keys
     assert 'sn_var_ln' in keys
+    assert 'sn_nonfinite_batches' in keys
 
 
 def test_batch_average_hook_runs_before_the_final_checkpoint(trained):

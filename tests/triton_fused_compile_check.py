@@ -39,7 +39,7 @@ def compile_source(kernel, signature, constexprs, arch):
 
 def compile_kernel(kernel, constexprs, data_type, arch):
     pointers = {name: '*' + data_type for name in DATA}
-    pointers.update(fixed_ptr='*i1', nbt_ptr='*i64')
+    pointers.update(fixed_ptr='*i1', nbt_ptr='*i64', bad_ptr='*i64')
     return compile_source(kernel, signature_of(kernel, constexprs, FLOATS,
                                                pointers), constexprs, arch)
 
@@ -60,9 +60,10 @@ def main():
             ('_moments_kernel', dict(tiles, ONE_STEP=plan['chunk'] ==
                                      plan['block'])),
             ('_stats_kernel', dict(SPLIT=plan['split'], CB=plan['cb'],
-                                   NB=plan['nb'], UPDATE=True,
-                                   CUMULATIVE=False, LOCAL=False)),
-            ('_normalize_kernel', dict(tiles, COUNT=True, **flags)),
+                                   NB=plan['nb'], LOCAL=False)),
+            ('_normalize_kernel', dict(tiles, UPDATE=True, CB=plan['cb'],
+                                       CUMULATIVE=length == 1,
+                                       COUNT_BAD=True, **flags)),
             ('_grad_sums_kernel', tiles),
             ('_grad_stats_kernel', dict(SPLIT=plan['split'], CB=plan['cb'],
                                         NB=plan['nb'], **flags)),

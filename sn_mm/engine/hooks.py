@@ -92,6 +92,11 @@ class SNRatioHook(Hook):
     every visualizer backend (local scalars.json, TensorBoard, ...). Each
     layer's ratios go to the visualizer backends as ``sn_ratio/<layer>/
     {mean,var}_{in,ln,bn}`` and, with ``log_layers``, to the text log.
+
+    It also logs ``train/sn_nonfinite_batches``, the training batches whose
+    BN statistics were not finite (summed over the layers' counts; such a
+    batch leaves the running statistics as they were), with a warning
+    naming the layers whenever the count has grown.
     """
 
     def __init__(self, interval: int = 500, log_layers: bool = True) -> None:
@@ -99,15 +104,32 @@ class SNRatioHook(Hook):
             raise ValueError(f'interval must be >= 1, got {interval}')
         self.interval = interval
         self.log_layers = log_layers
+        self._nonfinite = 0
+
+    def _log_nonfinite(self, runner, model) -> None:
+        counts = {name: int(m.nonfinite_batches)
+                  for name, m in model.named_modules()
+                  if isinstance(m, SwitchableNorm)
+                  and m.nonfinite_batches is not None}
+        total = sum(counts.values())
+        runner.message_hub.update_scalar('train/sn_nonfinite_batches', total)
+        if total > self._nonfinite:
+            runner.logger.warning(
+                'SN: batches with non-finite BN statistics (running '
+                'statistics not updated for them): ' + ', '.join(
+                    f'{name}: {n}' for name, n in counts.items() if n))
+        self._nonfinite = total
 
     def after_train_iter(self, runner, batch_idx, data_batch=None,
                          outputs=None) -> None:
         if not (self.every_n_train_iters(runner, self.interval)
                 or self.is_last_train_iter(runner)):
             return
-        ratios = sn_ratios(_unwrap(runner.model))
+        model = _unwrap(runner.model)
+        ratios = sn_ratios(model)
         if not ratios:
             return
+        self._log_nonfinite(runner, model)
         for stat, terms in average_ratios(ratios).items():
             for term, value in terms.items():
                 runner.message_hub.update_scalar(f'train/sn_{stat}_{term}',

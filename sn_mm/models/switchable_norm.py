@@ -71,6 +71,13 @@ class SwitchableNorm(nn.Module):
             training; in training, a ratio vector that has become one-hot
             is fixed, as below). Default: ``'softmax'``.
 
+    Non-finite batches: a training batch whose BN statistics are not all
+    finite (a NaN or an overflow in the input, e.g. the step that
+    mixed-precision training's loss scaler then skips) leaves the running
+    statistics and ``num_batches_tracked`` as they were and is counted in
+    the buffer ``nonfinite_batches`` instead (:class:`sn_mm.engine.SNRatioHook`
+    logs it); the output is what the statistics give.
+
     Fixed ratios: :meth:`fix_ratios` gives the mean and/or variance ratio
     vectors instead of ``softmax(logits)`` (e.g. the one-hot hard ratios of
     :func:`sn_mm.harden_sn`). They live in the buffers ``ratio_fixed`` (2,)
@@ -110,10 +117,13 @@ class SwitchableNorm(nn.Module):
             self.register_buffer('running_var', torch.ones(num_features))
             self.register_buffer('num_batches_tracked',
                                  torch.tensor(0, dtype=torch.long))
+            self.register_buffer('nonfinite_batches',
+                                 torch.tensor(0, dtype=torch.long))
         else:
             self.register_buffer('running_mean', None)
             self.register_buffer('running_var', None)
             self.register_buffer('num_batches_tracked', None)
+            self.register_buffer('nonfinite_batches', None)
         self.register_buffer('ratio_fixed', torch.zeros(2, dtype=torch.bool))
         self.register_buffer('fixed_ratios',
                              torch.full((2, num_terms), 1. / num_terms))
@@ -124,11 +134,12 @@ class SwitchableNorm(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata,
                               strict, missing_keys, unexpected_keys,
                               error_msgs):
-        # The released checkpoints have no batch counter; as nn.BatchNorm
-        # does, start it at 0.
-        key = prefix + 'num_batches_tracked'
-        if self.using_bn and key not in state_dict:
-            state_dict[key] = torch.tensor(0, dtype=torch.long)
+        # The released checkpoints have no batch counters, nor any checkpoint
+        # saved without the non-finite count that one; as nn.BatchNorm does,
+        # start them at 0.
+        for name in ('num_batches_tracked', 'nonfinite_batches'):
+            if self.using_bn and prefix + name not in state_dict:
+                state_dict[prefix + name] = torch.tensor(0, dtype=torch.long)
         # Nor do they have fixed ratios: none fixed.
         if prefix + 'ratio_fixed' not in state_dict:
             state_dict[prefix + 'ratio_fixed'] = torch.zeros_like(
@@ -162,7 +173,7 @@ class SwitchableNorm(nn.Module):
             self.training, self.momentum, self.eps, self.unbiased,
             self.kernels, self._sync_group(), type(self).__name__,
             buffers['ratio_fixed'], buffers['fixed_ratios'], self.ratio_fn,
-            buffers['radius'])
+            buffers['radius'], buffers['nonfinite_batches'])
 
     # -- fixed ratios -------------------------------------------------------
     def _check_ratio(self, ratio, stat: str) -> Tensor:

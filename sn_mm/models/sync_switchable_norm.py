@@ -66,6 +66,7 @@ def _swap_norm(module: nn.Module, old_type: type, make_new) -> nn.Module:
             new.running_mean = module.running_mean
             new.running_var = module.running_var
             new.num_batches_tracked = module.num_batches_tracked
+            new.nonfinite_batches = module.nonfinite_batches
         new.train(module.training)
         return new
     for name, child in module.named_children():

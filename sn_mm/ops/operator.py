@@ -52,7 +52,7 @@ SCHEMA = (
     'switchable_norm(Tensor x, Tensor weight, Tensor bias, '
     'Tensor mean_logits, Tensor var_logits, Tensor(a!)? running_mean, '
     'Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked, '
-    'Tensor? ratio_fixed, Tensor? fixed_ratios, bool training, '
+    'Tensor(d!)? nonfinite_batches, Tensor? ratio_fixed, Tensor? fixed_ratios, bool training, '
     'float momentum, float eps, bool unbiased, bool ratios_given) -> Tensor')
 # The reference's output for given BN statistics (the batch's, recomputed
 # from x, where batch_stats; else bn_mean/bn_var): what a double backward
@@ -87,8 +87,8 @@ _LIB.impl('switchable_norm_reference', _reference_op,
 @torch.library.register_fake('sn_mm::switchable_norm')
 def _switchable_norm_fake(x, weight, bias, mean_logits, var_logits,
                           running_mean, running_var, num_batches_tracked,
-                          ratio_fixed, fixed_ratios, training, momentum, eps,
-                          unbiased, ratios_given):
+                          nonfinite_batches, ratio_fixed, fixed_ratios,
+                          training, momentum, eps, unbiased, ratios_given):
     # The C++ kernels write contiguous rows; the Triton kernels keep the
     # input's layout.
     if x.device.type == 'cpu':
@@ -123,8 +123,9 @@ def triton_module():
 
 
 def _cuda_kernel(x, weight, bias, mean_logits, var_logits, running_mean,
-                 running_var, num_batches_tracked, ratio_fixed, fixed_ratios,
-                 training, momentum, eps, unbiased, ratios_given):
+                 running_var, num_batches_tracked, nonfinite_batches,
+                 ratio_fixed, fixed_ratios, training, momentum, eps, unbiased,
+                 ratios_given):
     fused = triton_module()
     if fused is None:
         raise RuntimeError('sn_mm::switchable_norm on CUDA needs Triton, '
@@ -132,7 +133,8 @@ def _cuda_kernel(x, weight, bias, mean_logits, var_logits, running_mean,
     return fused.switchable_norm(
         x, weight, bias, mean_logits, var_logits, running_mean, running_var,
         num_batches_tracked, ratio_fixed, fixed_ratios, training,
-        None if momentum < 0 else momentum, eps, unbiased, ratios_given)
+        None if momentum < 0 else momentum, eps, unbiased, ratios_given,
+        nonfinite_batches=nonfinite_batches)
 
 
 # One Python function under both keys: it runs the Triton autograd Function
@@ -258,10 +260,13 @@ def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
                     ratio_fixed: Optional[Tensor] = None,
                     fixed_ratios: Optional[Tensor] = None,
                     ratio_fn: str = 'softmax',
-                    radius: Optional[Tensor] = None) -> Tensor:
+                    radius: Optional[Tensor] = None,
+                    nonfinite_batches: Optional[Tensor] = None) -> Tensor:
     """Switchable Normalization of ``x`` (N, C, *); in training with a BN
     branch it also updates ``running_mean``/``running_var``/
-    ``num_batches_tracked`` in place. Arguments as
+    ``num_batches_tracked`` in place, except after a batch whose BN
+    statistics are not all finite, which it counts in ``nonfinite_batches``
+    (an int64 scalar; None: not counted) instead. Arguments as
     :class:`sn_mm.SwitchableNorm`'s; ``group``: the process group sharing BN
     statistics (None: this device only); ``layer``: the name errors use;
     ``ratio_fixed`` (2,) bool and ``fixed_ratios`` (2, K): mean and variance
@@ -284,17 +289,18 @@ def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
     if impl == 'native' or (impl == 'triton' and x.is_cuda
                             and group is None):
         return _OP(x, weight, bias, mean_weight, var_weight, running_mean,
-                   running_var, num_batches_tracked, ratio_fixed,
-                   fixed_ratios, training, -1. if momentum is None else
+                   running_var, num_batches_tracked, nonfinite_batches,
+                   ratio_fixed, fixed_ratios, training, -1. if momentum is None else
                    momentum, eps, unbiased, ratios_given)
     if impl == 'triton':  # a process group, or Triton's interpreter
         return triton_module().switchable_norm(
             x, weight, bias, mean_weight, var_weight, running_mean,
             running_var, num_batches_tracked, ratio_fixed, fixed_ratios,
-            training, momentum, eps, unbiased, ratios_given, group)
+            training, momentum, eps, unbiased, ratios_given, group,
+            nonfinite_batches)
     args = (weight, bias, mean_weight, var_weight, running_mean, running_var,
             num_batches_tracked, training, momentum, eps, unbiased,
-            ratio_fixed, fixed_ratios, ratios_given, group)
+            ratio_fixed, fixed_ratios, ratios_given, group, nonfinite_batches)
     # (No autocast on the meta device: shape inference, deferred init.)
     if not x.is_meta and torch.is_autocast_enabled(x.device.type):
         with torch.autocast(x.device.type, enabled=False):

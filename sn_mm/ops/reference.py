@@ -40,8 +40,12 @@ class _SyncStatistics(torch.autograd.Function):
         c = mean_c.numel()
         counts, means, m2s = stats[:, :1], stats[:, 1:c + 1], stats[:, c + 1:]
         total = counts.sum()
-        mean = (counts * means).sum(0) / total.clamp_min(1)
-        m2 = m2s.sum(0) + (counts * (means - mean).square()).sum(0)
+        # About the first rank's means, as in_moments shifts: the ranks'
+        # differences keep their precision.
+        base = means[0]
+        dev = (counts * (means - base)).sum(0) / total.clamp_min(1)
+        mean = base + dev
+        m2 = m2s.sum(0) + (counts * (means - base - dev).square()).sum(0)
         ctx.group, ctx.n = group, n
         ctx.save_for_backward(mean_c, mean, total)
         ctx.mark_non_differentiable(total)
@@ -77,16 +81,27 @@ def combine_statistics(n: int, mean_c: Tensor, m2_c: Tensor, group):
     return _SyncStatistics.apply(mean_c, m2_c, n, group)
 
 
-def in_moments(x3: Tensor, correction: int):
-    """Per-row (mean, variance) of ``x3`` (N, C, L)."""
+def in_moments(x3: Tensor, correction: int, shifted: bool = False):
+    """Per-row (mean, variance) of ``x3`` (N, C, L) and the per-channel
+    shift the means are taken about: with ``shifted``, each channel's first
+    value (of sample 0), so that the means keep the precision of their
+    differences between samples, which BN's variance sums (held as
+    absolute float32 values, means of 1e4 would round those differences to
+    1e-3); else 0."""
     if not x3.numel():
         # Zeros that stay in the graph: an empty batch's statistics still
         # carry (zero) gradients, and SyncSN's backward collective needs
         # every rank's to.
         zeros = x3.sum(-1)
-        return zeros, zeros
+        return zeros, zeros, zeros.sum(0)
+    if shifted:
+        # A constant: the moments' value and gradient do not depend on it.
+        shift = x3[0, :, 0].detach()
+        var, mean = torch.var_mean(x3 - shift.unsqueeze(-1), dim=-1,
+                                   correction=correction)
+        return mean, var, shift
     var, mean = torch.var_mean(x3, dim=-1, correction=correction)
-    return mean, var
+    return mean, var, torch.zeros_like(mean[0])
 
 
 def ln_moments(mean_in: Tensor, var_in: Tensor):
@@ -101,16 +116,17 @@ def ln_moments(mean_in: Tensor, var_in: Tensor):
     return mean_ln, var_in.mean(1, keepdim=True) + var_mean_ln
 
 
-def bn_moments(mean_in: Tensor, var_in: Tensor, group):
+def bn_moments(mean_in: Tensor, var_in: Tensor, shift: Tensor, group):
     """BN's sample count, (C,) mean and variance over the batch (and the
-    ranks of ``group``), from IN's moments."""
+    ranks of ``group``), from IN's moments, the means taken about
+    ``shift`` (see :func:`in_moments`)."""
     n, c = mean_in.shape
     if n:
         var_mean_c, mean_c = torch.var_mean(mean_in, 0, correction=0)
         m2_c = var_in.sum(0) + var_mean_c * n
     else:  # zeros in the graph (see in_moments)
         mean_c, m2_c = mean_in.sum(0), var_in.sum(0)
-    return combine_statistics(n, mean_c, m2_c, group)
+    return combine_statistics(n, mean_c + shift, m2_c, group)
 
 
 def reference_forward(x3: Tensor, weight: Tensor, bias: Tensor,
@@ -130,12 +146,15 @@ def reference_forward(x3: Tensor, weight: Tensor, bias: Tensor,
     logits are the ratio vectors (see :func:`mixing_ratio`)."""
     n, c, length = x3.shape
     has_in = length > 1
+    bn_batch = running_mean is not None and training
     # One position has no variance: Bessel's correction would divide by 0.
-    mean_in, var_in = in_moments(x3, 1 if unbiased and has_in else 0)
+    dmean_in, var_in, shift = in_moments(
+        x3, 1 if unbiased and has_in else 0, shifted=bn_batch)
+    mean_in = dmean_in + shift if bn_batch else dmean_in
     mean_ln, var_ln = ln_moments(mean_in, var_in)
     mean_bn = var_bn = has = None
-    if running_mean is not None and training:
-        total, mean_bn, var_bn = bn_moments(mean_in, var_in, group)
+    if bn_batch:
+        total, mean_bn, var_bn = bn_moments(dmean_in, var_in, shift, group)
         has = total > 0
         mean_bn = torch.where(has, mean_bn, running_mean)
         var_bn = torch.where(has, var_bn, running_var)
@@ -171,19 +190,26 @@ def reference_forward(x3: Tensor, weight: Tensor, bias: Tensor,
 def update_running_stats(running_mean: Tensor, running_var: Tensor,
                          num_batches_tracked: Tensor,
                          momentum: Optional[float], mean_bn: Tensor,
-                         var_bn: Tensor, has_samples: Tensor) -> None:
+                         var_bn: Tensor, has_samples: Tensor,
+                         nonfinite_batches: Optional[Tensor] = None) -> None:
     """Moving (or, with ``momentum=None``, cumulative) average of the BN
     statistics; untouched when the (possibly synchronised) batch held no
-    sample. The count gates the update arithmetically, not by a Python
-    branch: SyncSN learns it on the device and must not wait for it."""
-    has = has_samples.to(mean_bn.dtype)
-    num_batches_tracked.add_(has_samples.long())
+    sample, or when any of its statistics is not finite (an overflow, a NaN
+    in the input), which ``nonfinite_batches`` counts. The checks gate the
+    update on the device, not by a Python branch: SyncSN learns the count
+    there and must not wait for it."""
+    finite = torch.isfinite(mean_bn).all() & torch.isfinite(var_bn).all()
+    if nonfinite_batches is not None:
+        nonfinite_batches.add_((has_samples & ~finite).long())
+    update = has_samples & finite
+    num_batches_tracked.add_(update.long())
     if momentum is None:
-        m = has / num_batches_tracked.clamp_min(1).to(has.dtype)
+        m = update / num_batches_tracked.clamp_min(1).to(mean_bn.dtype)
     else:
-        m = momentum * has
-    running_mean.mul_(1 - m).add_((m * mean_bn).to(running_mean.dtype))
-    running_var.mul_(1 - m).add_((m * var_bn).to(running_var.dtype))
+        m = momentum * update.to(mean_bn.dtype)
+    for running, batch in ((running_mean, mean_bn), (running_var, var_bn)):
+        new = running * (1 - m) + (m * batch).to(running.dtype)
+        running.copy_(torch.where(update, new, running))
 
 
 def _as(t: Optional[Tensor], dtype) -> Optional[Tensor]:
@@ -201,7 +227,9 @@ def switchable_norm_reference(x: Tensor, weight: Tensor, bias: Tensor,
                               ratio_fixed: Optional[Tensor] = None,
                               fixed_ratios: Optional[Tensor] = None,
                               ratios_given: bool = False,
-                              group=None) -> Tensor:
+                              group=None,
+                              nonfinite_batches: Optional[Tensor] = None
+                              ) -> Tensor:
     """SN of ``x`` (N, C, *) on the reference, the running statistics
     updated in training; arguments as :func:`sn_mm.ops.switchable_norm`'s.
     Statistics in float32 at least (fp16/bf16 sums lose too much); the
@@ -217,5 +245,6 @@ def switchable_norm_reference(x: Tensor, weight: Tensor, bias: Tensor,
         _as(fixed_ratios, dtype), ratios_given, group)
     if mean_bn is not None:
         update_running_stats(running_mean, running_var, num_batches_tracked,
-                             momentum, mean_bn.detach(), var_bn.detach(), has)
+                             momentum, mean_bn.detach(), var_bn.detach(), has,
+                             nonfinite_batches)
     return _as(y.reshape(shape), x.dtype)

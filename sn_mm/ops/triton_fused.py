@@ -84,6 +84,13 @@ def _row_moments(ws_ptr, r, ok, R, L, chunk, divisor, SPLIT: tl.constexpr):
 
 
 @triton.jit
+def _shift_slot(R, C, SPLIT: tl.constexpr):
+    """Where the channels' shifts start in the workspace: the row means
+    are held about them (see _moments_kernel)."""
+    return 2 * R * SPLIT + 4 * R + 2 * (R // C) + 2 * C + 1
+
+
+@triton.jit
 def _ratios(log_ptr, fixed_ptr, fixed_ratio_ptr, ROW: tl.constexpr,
             K: tl.constexpr, HAS_IN: tl.constexpr, GIVEN: tl.constexpr,
             HAS_FIXED: tl.constexpr):
@@ -205,9 +212,17 @@ def _moments_kernel(x_ptr, ws_ptr, R, C, L, chunk, sxn, sxc, sxl,
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     s = tl.program_id(1)
     row_ok = r < R
-    _, _, base = _row_offsets(r, C, sxn, sxc)
+    n, c, base = _row_offsets(r, C, sxn, sxc)
     cols = tl.arange(0, BLOCK)
     start = s * chunk
+    # Means are held about their channel's first value (of sample 0): as
+    # absolute float32 values, means of 1e4 would round the differences
+    # between samples, which BN's variance sums, to 1e-3.
+    c_shift = tl.load(x_ptr + c.to(tl.int64) * sxc, mask=row_ok,
+                      other=0.0).to(tl.float32)
+    if s == 0:
+        tl.store(ws_ptr + _shift_slot(R, C, SPLIT) + c, c_shift,
+                 mask=row_ok & (n == 0))
     if ONE_STEP:
         # The chunk is one tile: an exact two-pass in registers, its sums
         # taken about the chunk's first value, so that they stay small when
@@ -223,7 +238,7 @@ def _moments_kernel(x_ptr, ws_ptr, R, C, L, chunk, sxn, sxc, sxl,
         dev = tl.where(ok, v - shift[:, None], 0.0)
         mean_dev = tl.sum(dev, 1) / tl.maximum(count, 1.0)
         d = tl.where(ok, dev - mean_dev[:, None], 0.0)
-        mean_r = shift + mean_dev
+        mean_r = (shift - c_shift) + mean_dev
         m2_r = tl.sum(d * d, 1)
     else:
         # Long rows: Welford per lane, lanes combined once at the end.
@@ -235,7 +250,7 @@ def _moments_kernel(x_ptr, ws_ptr, R, C, L, chunk, sxn, sxc, sxl,
             ok = row_ok[:, None] & (pos < L)[None, :]
             v = tl.load(x_ptr + base[:, None] +
                         pos.to(tl.int64)[None, :] * sxl, mask=ok,
-                        other=0.0).to(tl.float32)
+                        other=0.0).to(tl.float32) - c_shift[:, None]
             # Each lane takes one value per step and only a row's end
             # masks lanes, so a lane's count is the step's number: one
             # division per step, not per value.
@@ -257,10 +272,12 @@ def _ln_stats(ws_ptr, n, N, C, L, chunk, divisor, SPLIT: tl.constexpr,
     out = 2 * R * SPLIT + 4 * R
     idx = tl.arange(0, CB)
     acc = tl.zeros((CB, ), tl.float32)
+    shifts = ws_ptr + _shift_slot(R, C, SPLIT)
     for c0 in range(0, C, CB):
         ok = c0 + idx < C
         mean, _ = _row_moments(ws_ptr, n * C + c0 + idx, ok, R, L, chunk,
                                divisor, SPLIT)
+        mean += tl.load(shifts + c0 + idx, mask=ok, other=0.0)
         acc += tl.where(ok, mean, 0.0)
     mean_ln = tl.sum(acc, 0) / C
     acc = tl.zeros((CB, ), tl.float32)
@@ -268,6 +285,7 @@ def _ln_stats(ws_ptr, n, N, C, L, chunk, divisor, SPLIT: tl.constexpr,
         ok = c0 + idx < C
         mean, var = _row_moments(ws_ptr, n * C + c0 + idx, ok, R, L, chunk,
                                  divisor, SPLIT)
+        mean += tl.load(shifts + c0 + idx, mask=ok, other=0.0)
         dev = mean - mean_ln
         acc += tl.where(ok, var + dev * dev, 0.0)
     tl.store(ws_ptr + out + n, mean_ln)
@@ -275,10 +293,8 @@ def _ln_stats(ws_ptr, n, N, C, L, chunk, divisor, SPLIT: tl.constexpr,
 
 
 @triton.jit
-def _bn_stats(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr, c, N, C, L, chunk,
-              divisor, momentum, SPLIT: tl.constexpr, NB: tl.constexpr,
-              UPDATE: tl.constexpr, CUMULATIVE: tl.constexpr,
-              LOCAL: tl.constexpr):
+def _bn_stats(ws_ptr, c, N, C, L, chunk, divisor, SPLIT: tl.constexpr,
+              NB: tl.constexpr, LOCAL: tl.constexpr):
     R = N * C
     out = 2 * R * SPLIT + 4 * R
     idx = tl.arange(0, NB)
@@ -288,7 +304,7 @@ def _bn_stats(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr, c, N, C, L, chunk,
         mean, _ = _row_moments(ws_ptr, (n0 + idx) * C + c, ok, R, L, chunk,
                                divisor, SPLIT)
         acc += tl.where(ok, mean, 0.0)
-    mean_bn = tl.sum(acc, 0) / N
+    mean_bn = tl.sum(acc, 0) / N  # about the channel's shift
     acc = tl.zeros((NB, ), tl.float32)
     for n0 in range(0, N, NB):
         ok = n0 + idx < N
@@ -296,49 +312,78 @@ def _bn_stats(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr, c, N, C, L, chunk,
                                  chunk, divisor, SPLIT)
         dev = mean - mean_bn
         acc += tl.where(ok, var + dev * dev, 0.0)
-    tl.store(ws_ptr + out + 2 * N + c, mean_bn)
+    shift = tl.load(ws_ptr + _shift_slot(R, C, SPLIT) + c)
+    tl.store(ws_ptr + out + 2 * N + c, shift + mean_bn)
     if LOCAL:  # this rank's share: the centred second moment, not / N
         tl.store(ws_ptr + out + 2 * N + C + c, tl.sum(acc, 0))
     else:
-        var_bn = tl.sum(acc, 0) / N
-        tl.store(ws_ptr + out + 2 * N + C + c, var_bn)
-    if UPDATE:
-        if CUMULATIVE:  # the counter is incremented after this kernel
-            m = 1.0 / (tl.load(nbt_ptr) + 1).to(tl.float32)
-        else:
-            m = momentum
-        tl.store(rmean_ptr + c, tl.load(rmean_ptr + c) * (1 - m) +
-                 m * mean_bn)
-        tl.store(rvar_ptr + c, tl.load(rvar_ptr + c) * (1 - m) + m * var_bn)
+        tl.store(ws_ptr + out + 2 * N + C + c, tl.sum(acc, 0) / N)
 
 
 @triton.jit(do_not_specialize=['N', 'C'])
-def _stats_kernel(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr, N, C, L, chunk,
-                  divisor, momentum, SPLIT: tl.constexpr, CB: tl.constexpr,
-                  NB: tl.constexpr, UPDATE: tl.constexpr,
-                  CUMULATIVE: tl.constexpr, LOCAL: tl.constexpr):
+def _stats_kernel(ws_ptr, N, C, L, chunk, divisor, SPLIT: tl.constexpr,
+                  CB: tl.constexpr, NB: tl.constexpr, LOCAL: tl.constexpr):
     """Programs 0..N-1: LN's mean and variance of sample n; programs N..:
-    BN's of channel c (and its running statistics), or with ``LOCAL`` this
-    rank's channel mean and centred second moment, for SyncSN to combine
-    across ranks."""
+    BN's of channel c, or with ``LOCAL`` this rank's channel mean and
+    centred second moment, for SyncSN to combine across ranks."""
     pid = tl.program_id(0)
     if pid < N:
         _ln_stats(ws_ptr, pid, N, C, L, chunk, divisor, SPLIT, CB)
     else:
-        _bn_stats(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr, pid - N, N, C, L,
-                  chunk, divisor, momentum, SPLIT, NB, UPDATE, CUMULATIVE,
-                  LOCAL)
+        _bn_stats(ws_ptr, pid - N, N, C, L, chunk, divisor, SPLIT, NB, LOCAL)
+
+
+_FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
+
+
+@triton.jit
+def _update_running(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr, bad_ptr, N, C,
+                    SPLIT: tl.constexpr, momentum, CB: tl.constexpr,
+                    CUMULATIVE: tl.constexpr, COUNT_BAD: tl.constexpr):
+    """The running statistics' update from the batch's BN statistics, in
+    one program: skipped, and counted at ``bad_ptr``, where any of them is
+    not finite."""
+    R = N * C
+    bn = ws_ptr + 2 * R * SPLIT + 4 * R + 2 * N
+    idx = tl.arange(0, CB)
+    bad = tl.zeros((CB, ), tl.int32)
+    for c0 in range(0, C, CB):
+        ok = c0 + idx < C
+        m = tl.load(bn + c0 + idx, mask=ok, other=0.0)
+        v = tl.load(bn + C + c0 + idx, mask=ok, other=0.0)
+        # NaN fails every comparison, infinities this one.
+        finite = (tl.abs(m) <= _FLOAT32_MAX) & (tl.abs(v) <= _FLOAT32_MAX)
+        bad += tl.where(ok & ~finite, 1, 0)
+    if tl.sum(bad, 0) == 0:
+        count = tl.load(nbt_ptr) + 1
+        if CUMULATIVE:
+            mom = 1.0 / count.to(tl.float32)
+        else:
+            mom = momentum
+        for c0 in range(0, C, CB):
+            ok = c0 + idx < C
+            m = tl.load(bn + c0 + idx, mask=ok, other=0.0)
+            v = tl.load(bn + C + c0 + idx, mask=ok, other=0.0)
+            rm = tl.load(rmean_ptr + c0 + idx, mask=ok, other=0.0)
+            rv = tl.load(rvar_ptr + c0 + idx, mask=ok, other=0.0)
+            tl.store(rmean_ptr + c0 + idx, rm * (1 - mom) + mom * m, mask=ok)
+            tl.store(rvar_ptr + c0 + idx, rv * (1 - mom) + mom * v, mask=ok)
+        tl.store(nbt_ptr, count)
+    elif COUNT_BAD:
+        tl.store(bad_ptr, tl.load(bad_ptr) + 1)
 
 
 @triton.jit(do_not_specialize=['N', 'C'])
 def _normalize_kernel(x_ptr, y_ptr, ws_ptr, w_ptr, b_ptr, mlog_ptr, vlog_ptr,
                       fixed_ptr, fixed_ratio_ptr, rmean_ptr, rvar_ptr,
-                      nbt_ptr, N, C, L, chunk, divisor, eps, sxn, sxc, sxl,
-                      SPLIT: tl.constexpr, ROWS: tl.constexpr,
-                      BLOCK: tl.constexpr, K: tl.constexpr,
-                      HAS_IN: tl.constexpr, GIVEN: tl.constexpr,
-                      HAS_FIXED: tl.constexpr, BN_BATCH: tl.constexpr,
-                      COUNT: tl.constexpr):
+                      nbt_ptr, bad_ptr, N, C, L, chunk, divisor, eps,
+                      momentum, sxn, sxc, sxl, SPLIT: tl.constexpr,
+                      ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                      K: tl.constexpr, HAS_IN: tl.constexpr,
+                      GIVEN: tl.constexpr, HAS_FIXED: tl.constexpr,
+                      BN_BATCH: tl.constexpr, UPDATE: tl.constexpr,
+                      CB: tl.constexpr, CUMULATIVE: tl.constexpr,
+                      COUNT_BAD: tl.constexpr):
     # Reverse order: the data the moments pass read last is still in L2.
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
     s = tl.num_programs(1) - 1 - tl.program_id(1)
@@ -348,14 +393,18 @@ def _normalize_kernel(x_ptr, y_ptr, ws_ptr, w_ptr, b_ptr, mlog_ptr, vlog_ptr,
     n, c, base = _row_offsets(r, C, sxn, sxc)
     mean_in, var_in = _row_moments(ws_ptr, r, row_ok, R, L, chunk, divisor,
                                    SPLIT)
+    mean_in += tl.load(ws_ptr + _shift_slot(R, C, SPLIT) + c, mask=row_ok,
+                       other=0.0)
     wm0, wm1, wm2 = _ratios(mlog_ptr, fixed_ptr, fixed_ratio_ptr, 0, K,
                             HAS_IN, GIVEN, HAS_FIXED)
     wv0, wv1, wv2 = _ratios(vlog_ptr, fixed_ptr, fixed_ratio_ptr, 1, K,
                             HAS_IN, GIVEN, HAS_FIXED)
     stats = 2 * R * SPLIT
     out = stats + 4 * R
-    mu = wm0 * mean_in + wm1 * tl.load(ws_ptr + out + n, mask=row_ok,
-                                       other=0.0)
+    # The mean as the row's plus weighted differences from it (the ratios
+    # sum to 1): no |mean|-sized products to round.
+    mu = mean_in + wm1 * (tl.load(ws_ptr + out + n, mask=row_ok, other=0.0)
+                          - mean_in)
     var = wv0 * var_in + wv1 * tl.load(ws_ptr + out + N + n, mask=row_ok,
                                        other=0.0)
     if K == 3:
@@ -367,7 +416,7 @@ def _normalize_kernel(x_ptr, y_ptr, ws_ptr, w_ptr, b_ptr, mlog_ptr, vlog_ptr,
         else:
             mean_bn = tl.load(rmean_ptr + c, mask=row_ok, other=0.0)
             var_bn = tl.load(rvar_ptr + c, mask=row_ok, other=0.0)
-        mu += wm2 * mean_bn
+        mu += wm2 * (mean_bn - mean_in)
         var += wv2 * var_bn
     rstd = 1.0 / tl.sqrt(var + eps)
     scale = tl.load(w_ptr + c, mask=row_ok, other=0.0) * rstd
@@ -377,9 +426,11 @@ def _normalize_kernel(x_ptr, y_ptr, ws_ptr, w_ptr, b_ptr, mlog_ptr, vlog_ptr,
         tl.store(ws_ptr + stats + R + r, var_in, mask=row_ok)
         tl.store(ws_ptr + stats + 2 * R + r, mu, mask=row_ok)
         tl.store(ws_ptr + stats + 3 * R + r, rstd, mask=row_ok)
-        if COUNT:
-            if tile == 0:
-                tl.store(nbt_ptr, tl.load(nbt_ptr) + 1)
+        if UPDATE:
+            if tile == 0:  # no program reads them in training
+                _update_running(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr,
+                                bad_ptr, N, C, SPLIT, momentum, CB,
+                                CUMULATIVE, COUNT_BAD)
     cols = tl.arange(0, BLOCK)
     start = s * chunk
     for off in range(0, chunk, BLOCK):
@@ -678,7 +729,7 @@ def _plan(n: int, c: int, length: int, stride_c: int, stride_l: int,
     plan = dict(key=key, rows=rows, block=block, split=split, chunk=chunk,
                 cb=cb,
                 nb=nb, grid=(tiles, split), ws=2 * rows_total * split +
-                4 * rows_total + 2 * n + 2 * c + 1,
+                4 * rows_total + 2 * n + 3 * c + 1,
                 bws=2 * rows_total * split + 2 * n + 2 * c +
                 _PARTS * (n + c))
     _PLANS[key] = plan
@@ -731,7 +782,7 @@ def _aligned(*tensors) -> bool:
 
 def _forward(x3, weight, bias, mean_logits, var_logits, running_mean,
              running_var, nbt, ratio_fixed, fixed_ratios, training, momentum,
-             eps, unbiased, ratios_given, group=None):
+             eps, unbiased, ratios_given, group=None, nonfinite=None):
     n, c, length = x3.shape
     sxn, sxc, sxl = x3.stride()
     plan = _plan(n, c, length, sxc, sxl, x3.device)
@@ -751,6 +802,8 @@ def _forward(x3, weight, bias, mean_logits, var_logits, running_mean,
     rvar = running_var if using_bn else ws
     update = bn_batch and not sync  # SyncSN updates after its all-gather
     count = nbt if update else ws
+    count_bad = update and nonfinite is not None
+    bad = nonfinite if count_bad else ws
     has_fixed = ratio_fixed is not None
     fixed = ratio_fixed if has_fixed else ws
     fixed_r = fixed_ratios if has_fixed else ws
@@ -758,40 +811,43 @@ def _forward(x3, weight, bias, mean_logits, var_logits, running_mean,
     device_index = -1
     if _DIRECT['on'] and x3.is_cuda and _aligned(
             x3, weight, bias, mean_logits, var_logits, rmean, rvar, count,
-            fixed, fixed_r):
+            bad, fixed, fixed_r):
         device_index = x3.get_device()
         key = (plan['key'], x3.dtype, k, has_in, ratios_given, has_fixed,
-               bn_batch, cumulative, sync)
+               bn_batch, cumulative, sync, count_bad)
     _launch(_moments_kernel, key and ('m', ) + key, grid,
             (x3, ws, n * c, c, length, chunk, sxn, sxc, sxl, split, rows,
              block, chunk == block), device_index)
     _launch(_stats_kernel, key and ('s', ) + key, (n + c if bn_batch else n,
                                                    1),
-            (ws, rmean, rvar, count, n, c, length, chunk, divisor,
-             0. if cumulative else float(momentum), split, plan['cb'],
-             plan['nb'], update, cumulative, sync), device_index)
+            (ws, n, c, length, chunk, divisor, split, plan['cb'],
+             plan['nb'], sync), device_index)
     if sync:
         _combine_over_group(ws, n, c, plan, running_mean, running_var, nbt,
-                            momentum, group)
+                            momentum, group, nonfinite)
     _launch(_normalize_kernel, key and ('n', ) + key, grid,
             (x3, y, ws, weight, bias, mean_logits, var_logits, fixed,
-             fixed_r, rmean, rvar, count, n, c, length, chunk, divisor,
-             float(eps), sxn, sxc, sxl, split, rows, block, k, has_in,
-             ratios_given, has_fixed, bn_batch, update), device_index)
+             fixed_r, rmean, rvar, count, bad, n, c, length, chunk, divisor,
+             float(eps), 0. if cumulative else float(momentum), sxn, sxc,
+             sxl, split, rows, block, k, has_in, ratios_given, has_fixed,
+             bn_batch, update, plan['cb'], cumulative, count_bad),
+            device_index)
     if update:
-        _bump(running_mean, running_var, nbt)
+        _bump(running_mean, running_var, nbt,
+              *([nonfinite] if count_bad else []))
     return y, ws, plan, key
 
 
 def _bn_slots(ws, n, c, plan):
     """Views of the BN mean and variance (C each) and the group's sample
     count (1) in the workspace."""
-    start = plan['ws'] - 1 - 2 * c
-    return ws[start:start + c], ws[start + c:start + 2 * c], ws[-1:]
+    start = plan['ws'] - 1 - 3 * c
+    return (ws[start:start + c], ws[start + c:start + 2 * c],
+            ws[start + 2 * c:start + 2 * c + 1])
 
 
 def _combine_over_group(ws, n, c, plan, running_mean, running_var, nbt,
-                        momentum, group):
+                        momentum, group, nonfinite=None):
     """SyncSN: this rank's channel means and centred second moments,
     combined with every rank's by one all-gather (as SyncSN's chain of
     kernels does, so that ranks on either path interoperate); the running
@@ -802,7 +858,7 @@ def _combine_over_group(ws, n, c, plan, running_mean, running_var, nbt,
     m2_c.copy_(var_bn)
     count.copy_(total.reshape(1))
     update_running_stats(running_mean, running_var, nbt, momentum, mean_bn,
-                         var_bn, total > 0)
+                         var_bn, total > 0, nonfinite)
 
 
 def _bump(*tensors):
@@ -840,7 +896,7 @@ class TritonSwitchableNorm(torch.autograd.Function):
         (x3, weight, _, mean_logits, var_logits, ws, rmean,
          rvar) = ctx.saved_tensors
         (running_mean, _, _, ratio_fixed, fixed_ratios, training, _, _,
-         unbiased, ratios_given, group) = ctx.state
+         unbiased, ratios_given, group, _) = ctx.state
         plan = ctx.plan
         n, c, length = x3.shape
         split, chunk = plan['split'], plan['chunk']
@@ -896,7 +952,7 @@ def _recorded_backward(ctx, grad_y):
     exact."""
     x3, weight, bias, mean_logits, var_logits = ctx.saved_tensors[:5]
     (running_mean, running_var, _, ratio_fixed, fixed_ratios, training, _,
-     eps, unbiased, ratios_given, group) = ctx.state
+     eps, unbiased, ratios_given, group, _) = ctx.state
     if group is not None:
         raise RuntimeError(
             'SyncSN: double backward (create_graph=True) across several '
@@ -1002,17 +1058,20 @@ def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
                     ratio_fixed: Optional[Tensor],
                     fixed_ratios: Optional[Tensor], training: bool,
                     momentum: Optional[float], eps: float, unbiased: bool,
-                    ratios_given: bool = False, group=None) -> Tensor:
+                    ratios_given: bool = False, group=None,
+                    nonfinite_batches: Optional[Tensor] = None) -> Tensor:
     """SN of ``x`` (N, C, *) on these kernels; in training with a BN branch
-    the running statistics and ``nbt`` are updated in place. Arguments as
-    :func:`sn_mm.ops.switchable_norm`'s (``ratios_given``: the
+    the running statistics and ``nbt`` are updated in place (a batch with
+    non-finite BN statistics is counted in ``nonfinite_batches`` instead).
+    Arguments as :func:`sn_mm.ops.switchable_norm`'s (``ratios_given``: the
     logits are the ratio vectors, e.g. SparsestMax's; ``group``: SyncSN's
     process group, whose ranks share the BN statistics)."""
     shape = x.shape
     n, c = shape[0], shape[1]
     x3 = _dense(x.reshape(n, c, x.numel() // (n * c)))
     state = (running_mean, running_var, nbt, ratio_fixed, fixed_ratios,
-             training, momentum, eps, unbiased, ratios_given, group)
+             training, momentum, eps, unbiased, ratios_given, group,
+             nonfinite_batches)
     if torch.is_grad_enabled() and (
             x.requires_grad or weight.requires_grad or bias.requires_grad
             or mean_logits.requires_grad or var_logits.requires_grad):

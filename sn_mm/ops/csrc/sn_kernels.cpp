@@ -89,17 +89,24 @@ SN_INLINE T row_sum_shifted(const T* __restrict__ x, int64_t n, T shift) {
   return fold<Lanes>(acc) + tail;
 }
 
+// sum of (x - mean)^2 as ((x - shift) - (mean - shift)): the mean rounded
+// to x's dtype could be off by half its unit in the last place, which
+// squared is not small beside a variance far below |mean|.
 template <int Lanes, typename T>
-SN_INLINE T row_sq_dev(const T* __restrict__ x, int64_t n, T m) {
+SN_INLINE T row_sq_dev(const T* __restrict__ x, int64_t n, T shift,
+                       T mean_dev) {
   T acc[Lanes] = {};
   int64_t i = 0;
   for (; i + Lanes <= n; i += Lanes)
     for (int k = 0; k < Lanes; ++k) {
-      const T d = x[i + k] - m;
+      const T d = (x[i + k] - shift) - mean_dev;
       acc[k] += d * d;
     }
   T tail = 0;
-  for (; i < n; ++i) tail += (x[i] - m) * (x[i] - m);
+  for (; i < n; ++i) {
+    const T d = (x[i] - shift) - mean_dev;
+    tail += d * d;
+  }
   return fold<Lanes>(acc) + tail;
 }
 
@@ -236,7 +243,21 @@ struct MomentsArgs {
   T* var;
   int64_t length;
   T divisor;
+  // Where given: each row's mean also as its difference from its channel's
+  // shift, which keeps the precision of the differences between samples
+  // that BN's variance sums (as absolute float32 values means of 1e4 round
+  // them to 1e-3). row[0] - shift is exact for values within a factor 2.
+  const T* shift = nullptr;
+  T* dmean = nullptr;
+  int64_t channels = 1;
 };
+
+template <typename T>
+SN_INLINE void store_mean(const MomentsArgs<T>& a, int64_t r, T first,
+                          T mean_dev) {
+  a.mean[r] = first + mean_dev;
+  if (a.dmean) a.dmean[r] = (first - a.shift[r % a.channels]) + mean_dev;
+}
 
 // Long rows: the mean, then the squared deviations from it while the row
 // is still in cache (exact centring, no full-size temporary).
@@ -246,16 +267,20 @@ SN_INLINE void moments_rows(const MomentsArgs<T>& a, int64_t begin,
   // In blocks of rows: every mean of the block, then every variance, so
   // that the rows' chains of dependent additions overlap.
   constexpr int64_t kBlock = 8;
+  T mean_dev[kBlock];
   for (int64_t r0 = begin; r0 < end; r0 += kBlock) {
     const int64_t r1 = std::min(end, r0 + kBlock);
     for (int64_t r = r0; r < r1; ++r) {
       const T* row = a.x + r * a.length;
-      a.mean[r] = row[0] + row_sum_shifted<Lanes>(row, a.length, row[0]) /
-                               static_cast<T>(a.length);
+      mean_dev[r - r0] = row_sum_shifted<Lanes>(row, a.length, row[0]) /
+                         static_cast<T>(a.length);
+      store_mean(a, r, row[0], mean_dev[r - r0]);
     }
-    for (int64_t r = r0; r < r1; ++r)
-      a.var[r] = row_sq_dev<Lanes>(a.x + r * a.length, a.length, a.mean[r]) /
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* row = a.x + r * a.length;
+      a.var[r] = row_sq_dev<Lanes>(row, a.length, row[0], mean_dev[r - r0]) /
                  a.divisor;
+    }
   }
 }
 
@@ -275,7 +300,7 @@ SN_INLINE void moments_short_rows(const MomentsArgs<T>& a, int64_t begin,
       for (int j = 0; j < rows; ++j)
         rows_shifted_sums<8, 1>(x + j * a.length, a.length, s1 + j, s2 + j);
     for (int j = 0; j < rows; ++j) {
-      a.mean[r + j] = x[j * a.length] + s1[j] * inv_n;
+      store_mean(a, r + j, x[j * a.length], s1[j] * inv_n);
       a.var[r + j] =
           std::max(s2[j] - s1[j] * s1[j] * inv_n, T(0)) / a.divisor;
     }
@@ -335,7 +360,8 @@ struct NormalizeArgs {
 };
 
 // Per row (n, c): mix the statistics, mu = wm_in * mean_in + wm_n * mu_n +
-// wm_c * mu_c and likewise the variance, then y = (x - mu) * scale + bias with
+// wm_c * mu_c (as mean_in + wm_n * (mu_n - mean_in) + ...) and likewise the
+// variance, then y = (x - mu) * scale + bias with
 // scale = weight / sqrt(var + eps) (x - mu first: x * scale - mu * scale
 // would cancel when |mu| >> std). Keeps mu and 1 / sqrt(var + eps).
 template <typename T>
@@ -351,9 +377,12 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
     const T* __restrict__ var_in = a.var_in + n * a.channels;
     T* __restrict__ mu = a.mu + n * a.channels;
     T* __restrict__ rstd = a.rstd + n * a.channels;
-    const T mu_n = a.wm_n * a.mu_n[n], var_n = a.wv_n * a.var_n[n] + a.eps;
+    const T mu_n = a.mu_n[n], var_n = a.wv_n * a.var_n[n] + a.eps;
     for (int64_t c = c0; c < r1 - n * a.channels; ++c) {
-      mu[c] = a.wm_in * mean_in[c] + mu_n + a.wm_c * a.mu_c[c];
+      // The row's mean plus weighted differences from it (the ratios sum
+      // to 1): no |mean|-sized products to round.
+      mu[c] = mean_in[c] + a.wm_n * (mu_n - mean_in[c]) +
+              a.wm_c * (a.mu_c[c] - mean_in[c]);
       rstd[c] = T(1) / std::sqrt(a.wv_in * var_in[c] + var_n +
                                  a.wv_c * a.var_c[c]);
     }
@@ -441,6 +470,9 @@ struct LnStatsArgs {
   int64_t channels;
   T *ln_mean, *ln_var;
   double* col;  // where given: += mean_in (first C) and var_in (next C)
+  // Where given: the means about the channels' shifts (MomentsArgs), which
+  // LN's statistics add back in double and col sums as they are.
+  const T *dmean = nullptr, *shift = nullptr;
 };
 
 // Per sample: LN's mean and its variance in the stable form mean_c(var_in)
@@ -451,21 +483,28 @@ SN_INLINE void ln_stats_kernel(const LnStatsArgs<T>& a, int64_t begin,
   const int64_t C = a.channels, C8 = C - C % 8;
   double* col = a.col;
   for (int64_t n = begin; n < end; ++n) {
-    const T* m = a.mean_in + n * C;
+    const T* m = (a.dmean ? a.dmean : a.mean_in) + n * C;
     const T* v = a.var_in + n * C;
+    // The absolute means in double: m plus the shift where there is one.
+    const auto mean_at = [&](int64_t c) {
+      return a.shift ? load_d(a.shift + c) + load_d(m + c) : load_d(m + c);
+    };
+    const auto mean_of = [&](int64_t c) {
+      return a.shift ? double(a.shift[c]) + double(m[c]) : double(m[c]);
+    };
     D8 sm = {}, sv = {};
     double tm = 0, tv = 0;
     for (int64_t c = 0; c < C8; c += 8) {
-      const D8 mv = load_d(m + c), vv = load_d(v + c);
-      sm += mv;
+      const D8 vv = load_d(v + c);
+      sm += mean_at(c);
       sv += vv;
       if (col) {
-        add_to(col + c, mv);
+        add_to(col + c, load_d(m + c));
         add_to(col + C + c, vv);
       }
     }
     for (int64_t c = C8; c < C; ++c) {
-      tm += m[c];
+      tm += mean_of(c);
       tv += v[c];
       if (col) {
         col[c] += m[c];
@@ -476,10 +515,11 @@ SN_INLINE void ln_stats_kernel(const LnStatsArgs<T>& a, int64_t begin,
     D8 sd = {};
     double td = 0;
     for (int64_t c = 0; c < C8; c += 8) {
-      const D8 d = load_d(m + c) - mean;
+      const D8 d = mean_at(c) - mean;
       sd += d * d;
     }
-    for (int64_t c = C8; c < C; ++c) td += (m[c] - mean) * (m[c] - mean);
+    for (int64_t c = C8; c < C; ++c)
+      td += (mean_of(c) - mean) * (mean_of(c) - mean);
     a.ln_mean[n] = static_cast<T>(mean);
     a.ln_var[n] = static_cast<T>((hsum<8>(sv) + tv + hsum<8>(sd) + td) / C);
   }
@@ -664,11 +704,13 @@ bool defined(const OptTensor& t) { return t.has_value() && t->defined(); }
 // mean(var_in + mean_in^2) - mean^2 without its cancellation. LN statistics
 // per sample into plm/plv, BN mean and M2 per channel into pbm/pb2 unless
 // those are null (eval, where the running statistics stand in, and one
-// sample, whose are its IN ones).
+// sample, whose are its IN ones); BN's from the means pdm about the
+// channels' shifts pshift.
 template <typename scalar_t>
 void reductions_into(const scalar_t* pm, const scalar_t* pv, int64_t samples,
                      int64_t channels, scalar_t* plm, scalar_t* plv,
-                     scalar_t* pbm, scalar_t* pb2) {
+                     scalar_t* pbm, scalar_t* pb2, const scalar_t* pdm,
+                     const scalar_t* pshift) {
   if (pbm == nullptr) {
     run(LnStatsArgs<scalar_t>{pm, pv, channels, plm, plv, nullptr}, 0,
         samples);
@@ -682,22 +724,23 @@ void reductions_into(const scalar_t* pm, const scalar_t* pv, int64_t samples,
     return;
   }
   // Pass 1: per sample the LN statistics (its row is in cache twice);
-  // per channel the sums of mean_in and var_in.
+  // per channel the sums of the means about the shifts and of var_in.
   const auto cols = sum_over_samples(
       samples, 2 * channels, [&](int64_t n, double* col) {
-        run(LnStatsArgs<scalar_t>{pm, pv, channels, plm, plv, col}, n,
-            n + 1);
+        run(LnStatsArgs<scalar_t>{pm, pv, channels, plm, plv, col, pdm,
+                                  pshift},
+            n, n + 1);
       });
   std::vector<double> centre(channels, 0.0);
   if (samples > 0)
     for (int64_t c = 0; c < channels; ++c) centre[c] = cols[c] / samples;
-  // Pass 2: squared deviations of mean_in about the channel means.
+  // Pass 2: squared deviations of those means about their channel's mean.
   const auto devs = sum_over_samples(
       samples, channels, [&](int64_t n, double* col) {
-        run(BnDevArgs<scalar_t>{pm, centre.data(), channels, col}, n, n + 1);
+        run(BnDevArgs<scalar_t>{pdm, centre.data(), channels, col}, n, n + 1);
       });
   for (int64_t c = 0; c < channels; ++c) {
-    pbm[c] = static_cast<scalar_t>(centre[c]);
+    pbm[c] = static_cast<scalar_t>(double(pshift[c]) + centre[c]);
     pb2[c] = static_cast<scalar_t>(cols[channels + c] + devs[c]);
   }
 }
@@ -812,10 +855,12 @@ Ratios mixing_ratios(const at::Tensor& mean_logits,
 
 // Every (N, C), (N,) and (C,) statistic lives in one buffer: mean_in,
 // var_in, mu, rstd (N x C each), then LN's mean and variance (N each), then
-// the BN mean and variance used (C each).
+// the BN mean and variance used (C each), then for the batch's BN
+// statistics the means about the channels' shifts (N x C) and the shifts.
 template <typename T>
 struct Stats {
-  T *mean_in, *var_in, *mu, *rstd, *ln_mean, *ln_var, *bn_mean, *bn_var;
+  T *mean_in, *var_in, *mu, *rstd, *ln_mean, *ln_var, *bn_mean, *bn_var,
+      *dmean, *shift;
   Stats(T* base, int64_t samples, int64_t channels) {
     const int64_t rows = samples * channels;
     mean_in = base;
@@ -826,9 +871,14 @@ struct Stats {
     ln_var = ln_mean + samples;
     bn_mean = ln_var + samples;
     bn_var = bn_mean + channels;
+    dmean = bn_var + channels;
+    shift = dmean + rows;
   }
   static int64_t size(int64_t samples, int64_t channels) {
-    return 4 * samples * channels + 2 * samples + 2 * channels;
+    return 5 * samples * channels + 2 * samples + 3 * channels;
+  }
+  static int64_t bn_offset(int64_t samples, int64_t channels) {
+    return 4 * samples * channels + 2 * samples;
   }
 };
 
@@ -875,12 +925,22 @@ at::Tensor rows_of(const at::Tensor& x) {
   return x3.is_contiguous() ? x3 : x3.contiguous();
 }
 
-// The running statistics: moving average, or cumulative (momentum < 0).
+// The running statistics: moving average, or cumulative (momentum < 0);
+// untouched where any of the batch's statistics is not finite (an overflow,
+// a NaN in the input), which `nonfinite` (where given) counts.
 template <typename T>
 void update_running(const at::Tensor& running_mean,
                     const at::Tensor& running_var, const at::Tensor& count,
-                    double momentum, const T* bn_m, const T* bn_v,
-                    int64_t channels) {
+                    const OptTensor& nonfinite, double momentum,
+                    const T* bn_m, const T* bn_v, int64_t channels) {
+  bool finite = true;
+  for (int64_t c = 0; c < channels; ++c)
+    finite = finite && std::isfinite(bn_m[c]) && std::isfinite(bn_v[c]);
+  if (!finite) {
+    if (nonfinite.has_value() && nonfinite->defined())
+      nonfinite->data_ptr<int64_t>()[0] += 1;
+    return;
+  }
   auto* n = count.data_ptr<int64_t>();
   n[0] += 1;
   const double mom = momentum < 0 ? 1.0 / n[0] : momentum;
@@ -931,7 +991,7 @@ T* stats_buffer(Forward& f, bool for_backward) {
 
 // The running statistics and what a forward does with them.
 struct Running {
-  const OptTensor &mean, &var, &count;
+  const OptTensor &mean, &var, &count, &nonfinite;
   bool using_bn, training;
   double momentum;
 };
@@ -946,21 +1006,30 @@ std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
                                          bool for_backward) {
   const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
                 spatial = f.x3.size(2), rows = samples * channels;
-  if (f.x3.numel()) {
-    MomentsArgs<T> margs{
-        f.x3.data_ptr<T>(), s.mean_in, s.var_in, spatial,
-        static_cast<T>(std::max<int64_t>(spatial - f.correction, 1))};
-    run_rows(margs, rows, spatial);
-  } else {
-    std::fill_n(s.mean_in, 2 * rows, T(0));
-  }
   const bool bn_batch = run_stats.using_bn && run_stats.training &&
                         samples > 0;
   const bool one_sample = bn_batch && samples == 1;
   const bool bn_sums = bn_batch && !one_sample;
+  if (f.x3.numel()) {
+    const T* x = f.x3.data_ptr<T>();
+    MomentsArgs<T> margs{
+        x, s.mean_in, s.var_in, spatial,
+        static_cast<T>(std::max<int64_t>(spatial - f.correction, 1))};
+    if (bn_sums) {  // each channel's shift: its first value
+      for (int64_t c = 0; c < channels; ++c) s.shift[c] = x[c * spatial];
+      margs.shift = s.shift;
+      margs.dmean = s.dmean;
+      margs.channels = channels;
+    }
+    run_rows(margs, rows, spatial);
+  } else {
+    std::fill_n(s.mean_in, 2 * rows, T(0));
+    std::fill_n(s.dmean, rows, T(0));
+    std::fill_n(s.shift, channels, T(0));
+  }
   reductions_into(s.mean_in, s.var_in, samples, channels, s.ln_mean,
                   s.ln_var, bn_sums ? s.bn_mean : nullptr,
-                  bn_sums ? s.bn_var : nullptr);
+                  bn_sums ? s.bn_var : nullptr, s.dmean, s.shift);
   if (bn_batch) {
     if (bn_sums)  // bn_var holds the M2 sums until divided by the count
       for (int64_t c = 0; c < channels; ++c)
@@ -968,7 +1037,8 @@ std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
     const T* bn_m = one_sample ? s.mean_in : s.bn_mean;
     const T* bn_v = one_sample ? s.var_in : s.bn_var;
     update_running(*run_stats.mean, *run_stats.var, *run_stats.count,
-                   run_stats.momentum, bn_m, bn_v, channels);
+                   run_stats.nonfinite, run_stats.momentum, bn_m, bn_v,
+                   channels);
     return {bn_m, bn_v};
   }
   if (!run_stats.using_bn) {
@@ -1027,6 +1097,7 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
                      const OptTensor& running_mean,
                      const OptTensor& running_var,
                      const OptTensor& num_batches_tracked,
+    const OptTensor& nonfinite,
                      const OptTensor& fixed, const OptTensor& fixed_ratios,
                      bool training, double momentum, double eps,
                      bool unbiased, bool ratios_given, bool for_backward) {
@@ -1041,8 +1112,12 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
   f.bn_batch = using_bn && training;
   f.total = static_cast<double>(x.size(0));
   if (using_bn) check_running(*running_mean, *running_var, x.size(1));
+  TORCH_CHECK(!defined(nonfinite) || (nonfinite->scalar_type() == at::kLong &&
+                                      nonfinite->numel() == 1),
+              "switchable_norm: nonfinite_batches must be one int64 value");
   const Running run_stats{running_mean, running_var, num_batches_tracked,
-                          using_bn,     training,    momentum};
+                          nonfinite,    using_bn,    training,
+                          momentum};
   auto y = at::empty_like(f.x3);
   const auto w_c = weight.contiguous(), b_c = bias.contiguous();
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "switchable_norm", [&] {
@@ -1279,12 +1354,13 @@ class SwitchableNormOp : public torch::autograd::Function<SwitchableNormOp> {
       const at::Tensor& bias, const at::Tensor& mean_logits,
       const at::Tensor& var_logits, const OptTensor& running_mean,
       const OptTensor& running_var, const OptTensor& num_batches_tracked,
+    const OptTensor& nonfinite,
       const OptTensor& fixed, const OptTensor& fixed_ratios, bool training,
       double momentum, double eps, bool unbiased, bool ratios_given) {
     at::AutoDispatchBelowADInplaceOrView guard;
     Forward f = forward_impl(x, weight, bias, mean_logits, var_logits,
                              running_mean, running_var, num_batches_tracked,
-                             fixed, fixed_ratios, training, momentum, eps,
+                             nonfinite, fixed, fixed_ratios, training, momentum, eps,
                              unbiased, ratios_given, true);
     ctx->save_for_backward(
         {x, weight, bias, mean_logits, var_logits, f.ws,
@@ -1299,7 +1375,7 @@ class SwitchableNormOp : public torch::autograd::Function<SwitchableNormOp> {
     auto saved = ctx->get_saved_variables();
     const auto meta = ctx->saved_data["meta"].toDoubleList().vec();
     const bool ratios_given = meta[2] != 0, using_bn = meta[3] != 0;
-    variable_list result(15);
+    variable_list result(16);
     const auto& grad_y = grad_outputs[0];
     if (!grad_y.defined()) return result;
     if (at::GradMode::is_enabled()) return recorded_backward(ctx, grad_y);
@@ -1324,7 +1400,7 @@ class SwitchableNormOp : public torch::autograd::Function<SwitchableNormOp> {
     const int64_t samples = saved[0].size(0), channels = saved[0].size(1);
     OptTensor bn_mean, bn_var;
     if (using_bn) {
-      const int64_t at = Stats<float>::size(samples, channels) - 2 * channels;
+      const int64_t at = Stats<float>::bn_offset(samples, channels);
       bn_mean = saved[5].narrow(0, at, channels);
       bn_var = saved[5].narrow(0, at + channels, channels);
     }
@@ -1333,7 +1409,7 @@ class SwitchableNormOp : public torch::autograd::Function<SwitchableNormOp> {
                               optional_of(saved[6]), optional_of(saved[7]),
                               training && samples > 0, meta[6], unbiased,
                               ratios_given);
-    variable_list wanted, result(15);
+    variable_list wanted, result(16);
     std::vector<int> where;
     for (int i = 0; i < 5; ++i)
       if (ctx->needs_input_grad(i)) {
@@ -1355,11 +1431,12 @@ at::Tensor switchable_norm_cpu(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
     const at::Tensor& mean_logits, const at::Tensor& var_logits,
     const OptTensor& running_mean, const OptTensor& running_var,
-    const OptTensor& num_batches_tracked, const OptTensor& fixed,
+    const OptTensor& num_batches_tracked,
+    const OptTensor& nonfinite, const OptTensor& fixed,
     const OptTensor& fixed_ratios, bool training, double momentum,
     double eps, bool unbiased, bool ratios_given) {
   return forward_impl(x, weight, bias, mean_logits, var_logits, running_mean,
-                      running_var, num_batches_tracked, fixed, fixed_ratios,
+                      running_var, num_batches_tracked, nonfinite, fixed, fixed_ratios,
                       training, momentum, eps, unbiased, ratios_given, false)
       .y;
 }
@@ -1368,7 +1445,8 @@ at::Tensor switchable_norm_autograd(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
     const at::Tensor& mean_logits, const at::Tensor& var_logits,
     const OptTensor& running_mean, const OptTensor& running_var,
-    const OptTensor& num_batches_tracked, const OptTensor& fixed,
+    const OptTensor& num_batches_tracked,
+    const OptTensor& nonfinite, const OptTensor& fixed,
     const OptTensor& fixed_ratios, bool training, double momentum,
     double eps, bool unbiased, bool ratios_given) {
   const bool any_grad = x.requires_grad() || weight.requires_grad() ||
@@ -1378,13 +1456,13 @@ at::Tensor switchable_norm_autograd(
     at::AutoDispatchBelowADInplaceOrView guard;
     return switchable_norm_cpu(x, weight, bias, mean_logits, var_logits,
                                running_mean, running_var,
-                               num_batches_tracked, fixed, fixed_ratios,
+                               num_batches_tracked, nonfinite, fixed, fixed_ratios,
                                training, momentum, eps, unbiased,
                                ratios_given);
   }
   return SwitchableNormOp::apply(x, weight, bias, mean_logits, var_logits,
                                  running_mean, running_var,
-                                 num_batches_tracked, fixed, fixed_ratios,
+                                 num_batches_tracked, nonfinite, fixed, fixed_ratios,
                                  training, momentum, eps, unbiased,
                                  ratios_given)[0];
 }
