@@ -75,6 +75,22 @@ def test_native_equals_pytorch_float32():
                                    rtol=1e-4, atol=1e-5, msg=key)
 
 
+@pytest.mark.skipif(not native_available(), reason='extension not built')
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+def test_large_outputs_of_long_rows(dtype):
+    """Outputs over 32 MB of rows of 4096+ values are written past the
+    caches, from a 16-byte boundary on: a row whose start is not on one
+    (4099 values) and a remainder after the last full 64 bytes."""
+    channels = 2050 if dtype is torch.float32 else 1025
+    x = random_input((1, channels, 1, 4099), dtype=dtype)
+    sn = make_sn(channels, dtype=dtype).eval()
+    with torch.no_grad():
+        got = sn(x)
+        sn.kernels = 'torch'
+        want = sn(x)
+    torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize('training', [True, False])
 def test_pytorch_fallback_matches_reference(training):
     sn = make_sn(5, kernels='torch').train(training)

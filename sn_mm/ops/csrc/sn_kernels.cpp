@@ -27,23 +27,6 @@
 
 namespace {
 
-// ---------------------------------------------------------------- checks --
-
-void check_rows(const at::Tensor& x, const char* name) {
-  TORCH_CHECK(x.device().is_cpu(), name, ": expected a CPU tensor");
-  TORCH_CHECK(x.dim() == 3, name, ": expected (N, C, L), got ", x.sizes());
-  TORCH_CHECK(x.is_contiguous(), name, ": expected a contiguous tensor");
-}
-
-void check_vector(const at::Tensor& v, int64_t size, at::ScalarType dtype,
-                  const char* name, const char* what) {
-  TORCH_CHECK(v.device().is_cpu() && v.is_contiguous() &&
-                  v.numel() == size && v.scalar_type() == dtype,
-              name, ": ", what, " must be a contiguous CPU tensor of ", size,
-              " elements of type ", dtype, ", got ", v.sizes(), " ",
-              v.scalar_type());
-}
-
 // Rows per task: enough work per task to amortise scheduling.
 int64_t grain(int64_t length) {
   return std::max<int64_t>(1, 32768 / std::max<int64_t>(length, 1));
@@ -357,7 +340,41 @@ struct NormalizeArgs {
   T *y, *mu, *rstd;
   int64_t channels, length;
   T wm_n = 1, wv_n = 1, wm_c = 1, wv_c = 1;  // the terms' ratios
+  bool stream = false;  // the output bypasses the caches (stream_row)
 };
+
+// 16 bytes stored past the caches (SSE2's non-temporal stores, in every
+// x86-64 clone).
+SN_INLINE void stream16(float* p, Vec<float, 4>::type v) {
+  __builtin_ia32_movntps(p, v);
+}
+SN_INLINE void stream16(double* p, Vec<double, 2>::type v) {
+  __builtin_ia32_movntpd(p, v);
+}
+
+// out = (row - mu) * s + b with stores that bypass the caches: for outputs
+// far larger than the last-level cache, which would be evicted before the
+// next layer reads them anyway, and whose lines a normal store would first
+// read from memory. Computed 64 bytes at a time, stored 16 at a time.
+template <typename T>
+SN_INLINE void stream_row(const T* __restrict__ row, T* __restrict__ out,
+                          int64_t n, T mu, T s, T b) {
+  constexpr int kWide = 64 / sizeof(T), kNarrow = 16 / sizeof(T);
+  using Narrow = typename Vec<T, kNarrow>::type;
+  int64_t i = 0;
+  for (; i < n && reinterpret_cast<uintptr_t>(out + i) % 16; ++i)
+    out[i] = (row[i] - mu) * s + b;
+  for (; i + kWide <= n; i += kWide) {
+    const auto v = (load<kWide>(row + i) - mu) * s + b;
+    for (int k = 0; k < kWide; k += kNarrow) {
+      Narrow part;
+      __builtin_memcpy(&part, reinterpret_cast<const T*>(&v) + k,
+                       sizeof(part));
+      stream16(out + i + k, part);
+    }
+  }
+  for (; i < n; ++i) out[i] = (row[i] - mu) * s + b;
+}
 
 // Per row (n, c): mix the statistics, mu = wm_in * mean_in + wm_n * mu_n +
 // wm_c * mu_c (as mean_in + wm_n * (mu_n - mean_in) + ...) and likewise the
@@ -393,9 +410,13 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
     const T mu = a.mu[r], s = a.weight[c] * a.rstd[r], b = a.bias[c];
     const T* __restrict__ row = a.x + r * a.length;
     T* __restrict__ out = a.y + r * a.length;
-    for (int64_t i = 0; i < a.length; ++i) out[i] = (row[i] - mu) * s + b;
+    if (a.stream)
+      stream_row(row, out, a.length, mu, s, b);
+    else
+      for (int64_t i = 0; i < a.length; ++i) out[i] = (row[i] - mu) * s + b;
     if (++c == a.channels) c = 0;
   }
+  if (a.stream) __builtin_ia32_sfence();  // before another thread reads y
 }
 
 template <typename T>
@@ -996,51 +1017,13 @@ struct Running {
   double momentum;
 };
 
-// IN's moments, then LN's and the BN statistics in use: the batch's (one
-// sample's are its IN statistics, read where they are), the running ones
-// (in eval without backward read in place), or none. Returns where the BN
-// mean and variance are.
+// The BN statistics where they are not the batch's: the running ones (in
+// eval without backward read in place) or none (zeros).
 template <typename T>
-std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
-                                         const Running& run_stats,
-                                         bool for_backward) {
-  const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
-                spatial = f.x3.size(2), rows = samples * channels;
-  const bool bn_batch = run_stats.using_bn && run_stats.training &&
-                        samples > 0;
-  const bool one_sample = bn_batch && samples == 1;
-  const bool bn_sums = bn_batch && !one_sample;
-  if (f.x3.numel()) {
-    const T* x = f.x3.data_ptr<T>();
-    MomentsArgs<T> margs{
-        x, s.mean_in, s.var_in, spatial,
-        static_cast<T>(std::max<int64_t>(spatial - f.correction, 1))};
-    if (bn_sums) {  // each channel's shift: its first value
-      for (int64_t c = 0; c < channels; ++c) s.shift[c] = x[c * spatial];
-      margs.shift = s.shift;
-      margs.dmean = s.dmean;
-      margs.channels = channels;
-    }
-    run_rows(margs, rows, spatial);
-  } else {
-    std::fill_n(s.mean_in, 2 * rows, T(0));
-    std::fill_n(s.dmean, rows, T(0));
-    std::fill_n(s.shift, channels, T(0));
-  }
-  reductions_into(s.mean_in, s.var_in, samples, channels, s.ln_mean,
-                  s.ln_var, bn_sums ? s.bn_mean : nullptr,
-                  bn_sums ? s.bn_var : nullptr, s.dmean, s.shift);
-  if (bn_batch) {
-    if (bn_sums)  // bn_var holds the M2 sums until divided by the count
-      for (int64_t c = 0; c < channels; ++c)
-        s.bn_var[c] /= static_cast<T>(samples);
-    const T* bn_m = one_sample ? s.mean_in : s.bn_mean;
-    const T* bn_v = one_sample ? s.var_in : s.bn_var;
-    update_running(*run_stats.mean, *run_stats.var, *run_stats.count,
-                   run_stats.nonfinite, run_stats.momentum, bn_m, bn_v,
-                   channels);
-    return {bn_m, bn_v};
-  }
+std::pair<const T*, const T*> fixed_bn(const Forward& f, const Stats<T>& s,
+                                       const Running& run_stats,
+                                       bool for_backward) {
+  const int64_t channels = f.x3.size(1);
   if (!run_stats.using_bn) {
     std::fill_n(s.bn_mean, 2 * channels, T(0));  // no BN term
   } else if (!for_backward &&
@@ -1054,6 +1037,94 @@ std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
 }
 
 template <typename T>
+MomentsArgs<T> moments_args(const Forward& f, const Stats<T>& s) {
+  const int64_t spatial = f.x3.size(2);
+  return MomentsArgs<T>{
+      f.x3.data_ptr<T>(), s.mean_in, s.var_in, spatial,
+      static_cast<T>(std::max<int64_t>(spatial - f.correction, 1))};
+}
+
+// IN's moments, then LN's and the BN statistics in use: the batch's (one
+// sample's are its IN statistics, read where they are), else fixed_bn's.
+// Returns where the BN mean and variance are.
+template <typename T>
+std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
+                                         const Running& run_stats,
+                                         bool for_backward) {
+  const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
+                spatial = f.x3.size(2), rows = samples * channels;
+  const bool bn_batch = run_stats.using_bn && run_stats.training &&
+                        samples > 0;
+  const bool one_sample = bn_batch && samples == 1;
+  const bool bn_sums = bn_batch && !one_sample;
+  if (f.x3.numel()) {
+    MomentsArgs<T> margs = moments_args(f, s);
+    if (bn_sums) {  // each channel's shift: its first value
+      for (int64_t c = 0; c < channels; ++c)
+        s.shift[c] = margs.x[c * spatial];
+      margs.shift = s.shift;
+      margs.dmean = s.dmean;
+      margs.channels = channels;
+    }
+    run_rows(margs, rows, spatial);
+  } else {
+    std::fill_n(s.mean_in, 2 * rows, T(0));
+    std::fill_n(s.dmean, rows, T(0));
+    std::fill_n(s.shift, channels, T(0));
+  }
+  reductions_into(s.mean_in, s.var_in, samples, channels, s.ln_mean,
+                  s.ln_var, bn_sums ? s.bn_mean : nullptr,
+                  bn_sums ? s.bn_var : nullptr, s.dmean, s.shift);
+  if (!bn_batch) return fixed_bn(f, s, run_stats, for_backward);
+  if (bn_sums)  // bn_var holds the M2 sums until divided by the count
+    for (int64_t c = 0; c < channels; ++c)
+      s.bn_var[c] /= static_cast<T>(samples);
+  const T* bn_m = one_sample ? s.mean_in : s.bn_mean;
+  const T* bn_v = one_sample ? s.var_in : s.bn_var;
+  update_running(*run_stats.mean, *run_stats.var, *run_stats.count,
+                 run_stats.nonfinite, run_stats.momentum, bn_m, bn_v,
+                 channels);
+  return {bn_m, bn_v};
+}
+
+template <typename T>
+NormalizeArgs<T> normalize_args(const Forward& f, const Stats<T>& s,
+                                std::pair<const T*, const T*> bn,
+                                const at::Tensor& weight,
+                                const at::Tensor& bias, bool using_bn,
+                                double eps, at::Tensor& y) {
+  const Ratios& w = f.ratios;
+  const int64_t k = w.k_ln;
+  return NormalizeArgs<T>{f.x3.data_ptr<T>(),
+                          s.mean_in,
+                          s.var_in,
+                          s.ln_mean,
+                          s.ln_var,
+                          bn.first,
+                          bn.second,
+                          weight.data_ptr<T>(),
+                          bias.data_ptr<T>(),
+                          static_cast<T>(w.has_in ? w.mean[0] : 0.0),
+                          static_cast<T>(w.has_in ? w.var[0] : 0.0),
+                          static_cast<T>(eps),
+                          y.data_ptr<T>(),
+                          s.mu,
+                          s.rstd,
+                          f.x3.size(1),
+                          f.x3.size(2),
+                          static_cast<T>(w.mean[k]),
+                          static_cast<T>(w.var[k]),
+                          static_cast<T>(using_bn ? w.mean[k + 1] : 0.0),
+                          static_cast<T>(using_bn ? w.var[k + 1] : 0.0)};
+}
+
+// Outputs of long rows far larger than the last-level cache are written
+// past the caches (stream_row): the next layer could not find them there,
+// and normal stores would first read every line they write. (Short rows
+// would leave partial lines at their ends, which such stores make slow.)
+constexpr int64_t kStreamBytes = int64_t(32) << 20, kStreamRow = 4096;
+
+template <typename T>
 void forward_pass(Forward& f, at::Tensor& y, const at::Tensor& weight,
                   const at::Tensor& bias, const Running& run_stats,
                   double eps, bool for_backward) {
@@ -1061,30 +1132,10 @@ void forward_pass(Forward& f, at::Tensor& y, const at::Tensor& weight,
                 spatial = f.x3.size(2);
   const Stats<T> s(stats_buffer<T>(f, for_backward), samples, channels);
   const auto bn = statistics<T>(f, s, run_stats, for_backward);
-  const Ratios& w = f.ratios;
-  const int64_t k = w.k_ln;
-  const bool using_bn = run_stats.using_bn;
-  NormalizeArgs<T> args{f.x3.data_ptr<T>(),
-                        s.mean_in,
-                        s.var_in,
-                        s.ln_mean,
-                        s.ln_var,
-                        bn.first,
-                        bn.second,
-                        weight.data_ptr<T>(),
-                        bias.data_ptr<T>(),
-                        static_cast<T>(w.has_in ? w.mean[0] : 0.0),
-                        static_cast<T>(w.has_in ? w.var[0] : 0.0),
-                        static_cast<T>(eps),
-                        y.data_ptr<T>(),
-                        s.mu,
-                        s.rstd,
-                        channels,
-                        spatial,
-                        static_cast<T>(w.mean[k]),
-                        static_cast<T>(w.var[k]),
-                        static_cast<T>(using_bn ? w.mean[k + 1] : 0.0),
-                        static_cast<T>(using_bn ? w.var[k + 1] : 0.0)};
+  auto args =
+      normalize_args(f, s, bn, weight, bias, run_stats.using_bn, eps, y);
+  args.stream = spatial >= kStreamRow &&
+                y.numel() * int64_t(sizeof(T)) > kStreamBytes;
   run_rows(args, samples * channels, spatial);
 }
 
