@@ -8,7 +8,10 @@ interpreter). Against the float64 reference of the paper's formulas on each
 kernel path; gradcheck and gradgradcheck; autocast; channels_last without a
 full-size copy; SyncSN's collective path on a one-rank group; the fused
 Triton kernels against the reference on every agreement case; the default
-taking the fused kernels.
+taking the fused kernels; float32 precision at large offsets against
+PyTorch's norms on the device; a non-finite batch leaving the running
+statistics untouched. (`make gpu-check` also runs test_sync_sn_triton.py:
+SyncSN in two processes on the one GPU.)
 """
 import concurrent.futures
 import math
@@ -21,7 +24,10 @@ import torch.distributed as dist
 
 from helpers import free_port, random_input
 from sn_mm.ops import native_available, switchable_norm
+from sn_mm import SwitchableNorm
 from sn_mm.testing import make_layer, reference_sn
+from sn_mm.testing.precision import (OFFSETS, SPREADS, float32_errors,
+                                     offset_inputs, pytorch_norms)
 from sn_mm.testing.kernel_agreement import all_cases, compare_case
 
 DEVICE = os.environ.get('SN_MM_TEST_DEVICE') or (
@@ -237,3 +243,44 @@ def test_the_default_takes_the_fused_kernels():
     x = torch.randn(2, 3, 4, 4, device='cuda')
     assert implementation(None, x, torch.ones(3, device='cuda'), None) == \
         'triton', 'the fused kernels failed their self-check (see the warning)'
+
+
+@pytest.mark.parametrize('kernels', kernel_paths())
+def test_float32_precision_at_large_offsets(kernels):
+    """As tests/test_numerics.py's, on the device: SN's float32 outputs
+    within 2x the worst of PyTorch's BN, IN and LN there, its running
+    statistics within 2x BN's (floor 1e-6)."""
+    shape = (4, 16, 8, 8)
+    for offset in OFFSETS:
+        for spread in SPREADS:
+            inputs = [x.to(DEVICE) for x in offset_inputs(shape, offset,
+                                                           spread, 6)]
+            theirs = {name: float32_errors(
+                lambda make=make: make().to(DEVICE), inputs, offset, spread)
+                for name, make in pytorch_norms(shape[1]).items()}
+            ours = float32_errors(
+                lambda: SwitchableNorm(shape[1], kernels=kernels).to(DEVICE),
+                inputs, offset, spread)
+            for what in ('train', 'eval'):
+                bound = 2 * max(e[what] for e in theirs.values())
+                assert ours[what] <= bound, (offset, spread, what, ours,
+                                             theirs)
+            for what in ('running_mean', 'running_var'):
+                bound = 2 * max(theirs['BN'][what], 1e-6)
+                assert ours[what] <= bound, (offset, spread, what, ours,
+                                             theirs)
+
+
+@pytest.mark.parametrize('kernels', kernel_paths())
+def test_nonfinite_batch_leaves_running_statistics(kernels):
+    sn = layer(8, kernels=kernels).float()
+    x = sample((4, 8, 5, 5)).float().to(DEVICE)
+    sn(x)
+    before = {k: v.clone() for k, v in sn.state_dict().items()}
+    x[1, 3, 2, 2] = float('nan')
+    y = sn(x.requires_grad_())
+    y.sum().backward()
+    after = sn.state_dict()
+    for name in ('running_mean', 'running_var', 'num_batches_tracked'):
+        assert torch.equal(after[name], before[name]), name
+    assert int(sn.nonfinite_batches) == 1

@@ -16,10 +16,13 @@ from test_sync_switchable_norm import (CASES, PARAMS, case_data, init_layer,
                                        run_layer)
 
 pytest.importorskip('triton')
-pytestmark = pytest.mark.skipif(
+# Marked cuda as well: on a GPU the two processes share the one device
+# (gloo carries CUDA tensors), the multi-rank path on CUDA tensors that
+# `make gpu-check` runs.
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(
     not torch.cuda.is_available()
     and os.environ.get('TRITON_INTERPRET') != '1',
-    reason='needs a GPU or Triton\'s interpreter')
+    reason='needs a GPU or Triton\'s interpreter')]
 WORLD = 2
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 

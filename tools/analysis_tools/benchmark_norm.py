@@ -16,8 +16,13 @@ layer table runs in float32 and bf16 (autocast) with a column of ten calls
 queued between two synchronisations and the eval forward's fraction of the
 card's copy bandwidth, and the GPU sections follow (``--gpu-sections`` runs
 them on the CPU too): the two-read ceiling of that column, the host cost per
-call, the kernels one call launches, and a ResNet-50 training step (batch
-32, 224x224, bf16, channels_last). ``--json FILE`` writes every figure.
+call, the kernels one call launches, every kernel of one call at the middle
+detector shapes with the bandwidth SN's streaming kernels reach, a
+torchvision Mask R-CNN R50-FPN training step (2 images of 800x1216, bf16)
+with GN(32), SN and SyncSN on a one-rank group in the backbone, FPN and
+heads (where torchvision is installed), and a ResNet-50 training step
+(batch 32, 224x224, bf16, channels_last). ``--json FILE`` writes every
+figure.
 
 Example::
 
@@ -349,6 +354,144 @@ def _launches(layer, x, grad, mode, device):
                 top=[(k[:60], round(v, 1)) for k, v in top])
 
 
+# The detector shapes whose kernels the profile section lists one by one.
+PROFILE_SHAPES = [(2, 1024, 50, 76), (8, 256, 56, 56), (512, 256, 7, 7)]
+# Bytes each of SN's Triton kernels must move, in input-sized arrays: what
+# its achieved bandwidth is counted from.
+SN_KERNEL_ARRAYS = {'_moments_kernel': 1, '_normalize_kernel': 2,
+                    '_grad_sums_kernel': 2, '_input_grad_kernel': 3}
+
+
+def kernel_profile(device, shapes, copy_gb_s):
+    """Every kernel of one train forward+backward and one eval forward of SN
+    and GN(32) at the middle detector shapes (the toy shapes on the CPU):
+    its device time and, for SN's kernels that stream the input, the
+    fraction of copy bandwidth it reaches for the bytes it must move."""
+    from torch.autograd import DeviceType
+    rows = []
+    for shape in shapes:
+        x = torch.randn(shape, device=device, requires_grad=True)
+        grad = torch.randn(shape, device=device)
+        for name in ('GN(32)', 'SN'):
+            layer = norm_layers(shape[1], device)[name]().to(device)
+            for mode in ('train', 'eval'):
+                layer.train(mode == 'train')
+
+                def call():
+                    if mode == 'train':
+                        layer(x).backward(grad)
+                    else:
+                        with torch.no_grad():
+                            layer(x)
+                timed(call)
+                with torch.profiler.profile() as prof:
+                    timed(call)
+                kernels = []
+                for e in prof.events():
+                    if device == 'cuda' and e.device_type != DeviceType.CUDA:
+                        continue
+                    if device != 'cuda' and not e.name.startswith(
+                            ('aten::', 'sn_mm::')):
+                        continue
+                    us = (getattr(e, 'device_time', None)
+                          or getattr(e, 'cuda_time', 0.)
+                          if device == 'cuda' else e.cpu_time)
+                    row = dict(kernel=e.name[:60], us=round(us, 1))
+                    arrays = next((v for k, v in SN_KERNEL_ARRAYS.items()
+                                   if k in e.name), None)
+                    if arrays and us > 0:
+                        gb_s = arrays * x.numel() * 4 / (us * 1e-6) / 1e9
+                        row['bw_fraction'] = round(gb_s / copy_gb_s, 2)
+                    kernels.append(row)
+                rows.append(dict(shape='x'.join(map(str, shape)), layer=name,
+                                 mode=mode, kernels=kernels))
+    return rows
+
+
+def torchvision_mask_rcnn(norm_layer, toy):
+    """torchvision's Mask R-CNN R50-FPN (the v2 builder's layout, no
+    pretrained weights) with ``norm_layer`` in the backbone, the FPN and the
+    box and mask heads."""
+    from torchvision.models import resnet50 as tv_resnet50
+    from torchvision.models.detection import MaskRCNN
+    from torchvision.models.detection.backbone_utils import \
+        _resnet_fpn_extractor
+    from torchvision.models.detection.faster_rcnn import (FastRCNNConvFCHead,
+                                                          _default_anchorgen)
+    from torchvision.models.detection.mask_rcnn import MaskRCNNHeads
+    from torchvision.models.detection.rpn import RPNHead
+    backbone = _resnet_fpn_extractor(tv_resnet50(norm_layer=norm_layer), 5,
+                                     norm_layer=norm_layer)
+    anchors = _default_anchorgen()
+    channels = backbone.out_channels
+    size = dict(min_size=64, max_size=96, box_batch_size_per_image=32,
+                rpn_post_nms_top_n_train=64) if toy else {}
+    return MaskRCNN(
+        backbone, num_classes=91, rpn_anchor_generator=anchors,
+        rpn_head=RPNHead(channels, anchors.num_anchors_per_location()[0],
+                         conv_depth=2),
+        box_head=FastRCNNConvFCHead((channels, 7, 7), [256] * 4, [1024],
+                                    norm_layer=norm_layer),
+        mask_head=MaskRCNNHeads(channels, [256] * 4, 1,
+                                norm_layer=norm_layer), **size)
+
+
+def _one_rank_group(device):
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        import socket
+        with socket.socket() as s:
+            s.bind(('127.0.0.1', 0))
+            port = s.getsockname()[1]
+        dist.init_process_group('nccl' if device == 'cuda' else 'gloo',
+                                init_method=f'tcp://127.0.0.1:{port}',
+                                rank=0, world_size=1)
+
+
+def torchvision_detector_step(device, repeats, toy):
+    """One training step of torchvision's Mask R-CNN R50-FPN, 2 images of
+    800x1216 (64x96 with ``toy``), bf16 autocast, SGD, with GN(32), SN and
+    SyncSN (a one-rank NCCL group) in the same layers; None where
+    torchvision is missing."""
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        return None
+    _one_rank_group(device)
+    gen = torch.Generator().manual_seed(0)
+    h, w = (64, 96) if toy else (800, 1216)
+    images = [torch.rand(3, h, w, generator=gen).to(device) for _ in '12']
+    targets = []
+    for _ in images:
+        xy = torch.rand(4, 2, generator=gen) * torch.tensor([w, h]) * 0.6
+        boxes = torch.cat([xy, xy + torch.tensor([w, h]) * 0.3], 1)
+        masks = torch.zeros(4, h, w, dtype=torch.uint8)
+        for i, (x0, y0, x1, y1) in enumerate(boxes.int().tolist()):
+            masks[i, y0:y1, x0:x1] = 1
+        targets.append(dict(boxes=boxes.to(device),
+                            labels=torch.randint(1, 91, (4, ), generator=gen)
+                            .to(device), masks=masks.to(device)))
+    norms = {'GN(32)': lambda c: nn.GroupNorm(32, c), 'SN': SwitchableNorm,
+             'SyncSN, one-rank group': SyncSwitchableNorm}
+    steps = {}
+    for name, norm in norms.items():
+        torch.manual_seed(0)
+        model = torchvision_mask_rcnn(norm, toy).to(device).train()
+        optim = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
+
+        def step(model=model, optim=optim):
+            with torch.autocast(device, dtype=torch.bfloat16):
+                loss = sum(model(images, targets).values())
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            optim.step()
+        step()
+        steps[name] = step
+    times = median_times(steps, repeats)
+    return [dict(norm=name, ms=t * 1e3, vs_gn=t / times['GN(32)'])
+            for name, t in times.items()]
+
+
 def resnet50(norm):
     """A ResNet-50 classifier with ``norm`` in every norm position:
     torchvision's where it is installed (``norm`` a layer constructor),
@@ -519,6 +662,26 @@ def gpu_sections(args, shapes, report):
     report['launches'] = kernel_launches(device, shapes)
     for r in report['launches']:
         print(f'  launches: {r}')
+    middle = shapes if toy else [s for s in PROFILE_SHAPES if s in shapes]
+    report['kernel_profile'] = kernel_profile(device, middle,
+                                              report['copy_gb_s'])
+    print('\nKernels of one call at the middle shapes (us; SN\'s streaming '
+          'kernels: fraction of copy bandwidth):')
+    for r in report['kernel_profile']:
+        print(f'  {r["shape"]} {r["layer"]} {r["mode"]}: ' + ', '.join(
+            f'{k["kernel"]} {k["us"]}' + (f' ({k["bw_fraction"]})'
+                                          if 'bw_fraction' in k else '')
+            for k in r['kernels']))
+    rows = torchvision_detector_step(device, max(args.repeats // 2, 1), toy)
+    report['mask_rcnn_step'] = rows
+    if rows is None:
+        print('\nMask R-CNN step: torchvision is not installed, skipped')
+    else:
+        print('\n| torchvision Mask R-CNN R50-FPN train step, 2 images '
+              f'{"64x96" if toy else "800x1216"}, bf16 | ms | vs GN(32) |')
+        print('|---|---|---|')
+        for r in rows:
+            print(f'| {r["norm"]} | {r["ms"]:.1f} | {r["vs_gn"]:.2f} |')
     batch, size = (2, 64) if toy else (32, 224)
     rows = resnet_step_times(device, max(args.repeats // 2, 1), batch, size)
     report['resnet50_step'] = dict(batch=batch, size=size, rows=rows)

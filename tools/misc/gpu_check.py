@@ -8,7 +8,9 @@ gpu-wheels`` put in ``gpu_wheels/`` (mmengine and what the image lacks)
 into a temporary folder, imports sn_mm from the working tree (no build: on
 a GPU SN runs on Triton or PyTorch ops) and then
 
-1. runs the GPU tests, ``tests/test_cuda.py`` (pytest marker ``cuda``);
+1. runs the GPU tests, ``tests/test_cuda.py`` and
+   ``tests/test_sync_sn_triton.py`` (SyncSN in two processes on the one
+   GPU; pytest marker ``cuda``);
 2. runs ``tools/analysis_tools/benchmark_norm.py --device cuda``: the layers
    at the detector shapes in float32 and bf16 with the bandwidth column and
    its two-read ceiling, the host cost per call, the kernels per call, and
@@ -33,6 +35,8 @@ import time
 import xml.etree.ElementTree as ET
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+# The GPU tests, and SyncSN in two processes on the one GPU.
+TEST_FILES = ('test_cuda.py', 'test_sync_sn_triton.py')
 
 
 def parse_args(argv=None):
@@ -66,12 +70,12 @@ def install_wheels(folder):
 
 
 def run_tests(env):
-    """``pytest -m cuda tests/test_cuda.py`` in a process of its own; each
+    """``pytest -m cuda`` on TEST_FILES in a process of its own; each
     test case as a check (name, ok, detail, seconds)."""
     junit = osp.join(tempfile.mkdtemp(prefix='sn_mm_gpu_tests_'), 'j.xml')
     subprocess.run([sys.executable, '-m', 'pytest', '-q', '-m', 'cuda',
                     '-rfEs', f'--junitxml={junit}',
-                    osp.join(ROOT, 'tests', 'test_cuda.py')],
+                    *[osp.join(ROOT, 'tests', f) for f in TEST_FILES]],
                    cwd=ROOT, env=env)
     checks = []
     if not osp.exists(junit):
@@ -153,7 +157,7 @@ def main(argv=None):
     out = args.out or osp.join(os.environ.get('OUT') or
                                osp.join(ROOT, 'work_dirs'), 'gpu_check.json')
     os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
-    print('\nTests (tests/test_cuda.py)', flush=True)
+    print(f'\nTests ({", ".join(TEST_FILES)})', flush=True)
     report['checks'] = run_tests(env)
     if not args.skip_bench:
         repeats = args.repeats or (10 if cuda else 1)
