@@ -24,12 +24,18 @@ def config_id(path):
 
 
 def distinct_models(paths):
-    """Scratch rows build the same network as their finetuned twins."""
-    return [p for p in paths if '-scratch' not in p]
+    """Scratch rows, and rows started from another checkpoint, build the
+    same network as their finetuned twins."""
+    return [p for p in paths if '-scratch' not in p and '-from-bn' not in p]
 
 
 def test_the_paper_rows_are_all_there():
     names = {config_id(p) for p in DET_CONFIGS}
+    # The SN / SN rows once more, from torchvision's BN ResNet-50.
+    from_bn = {n for n in names if '-from-bn' in n}
+    assert from_bn == {'faster-rcnn_r50-sn-from-bn_fpn_sn-head_1x_coco',
+                       'mask-rcnn_r50-sn-from-bn_fpn_sn-head_2x_coco'}
+    names -= from_bn
     assert len([n for n in names if '-c4_' in n]) == 7  # Table 4
     assert len([n for n in names if n.startswith('faster-rcnn') and
                 '_fpn_' in n]) == 5  # Table 5
@@ -67,7 +73,11 @@ def test_config_builds(path):
                     'preact-r101': 'resnet101v2_sn_8x32'}[backbone]
         if sparse:
             released = 'resnet50_ssn_8x2'
-        assert init.checkpoint == f'checkpoints/{released}_mm.pth'
+        if '-from-bn' in name:
+            assert init.type == 'SNPretrained' and init.ratios == 'uniform'
+            assert init.checkpoint == 'checkpoints/resnet50_torchvision.pth'
+        else:
+            assert init.checkpoint == f'checkpoints/{released}_mm.pth'
         assert cfg.model.backbone.norm_eval is False
     # Sparse SN everywhere (backbone, FPN, heads), its radius scheduled.
     assert all((m.ratio_fn == 'sparsestmax') == sparse for m in norms)

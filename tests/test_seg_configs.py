@@ -42,9 +42,11 @@ def row(path):
 
 
 def distinct_models(paths):
-    # R50 (8,4) and (8,32) rows differ from (8,2) only in the checkpoint.
+    # R50 (8,4), (8,32) and from-BN rows differ from (8,2) only in the
+    # checkpoint.
     return [p for p in paths if not (backbone_and_row(p)[0] == 'r50' and
-                                     row(p).endswith(('8x4', '8x32')))]
+                                     row(p).endswith(('8x4', '8x32',
+                                                      'from-bn')))]
 
 
 # The released backbone each (8,32)-and-beyond row starts from.
@@ -59,9 +61,10 @@ def build(cfg):
 
 
 def test_the_paper_rows_are_all_there():
-    # and the Sparse SN (8,2) row, from the released ResNet50v1+SSN
+    # and the Sparse SN (8,2) row, from the released ResNet50v1+SSN, and
+    # the SN row from torchvision's BN ResNet-50
     rows = {'syncbn', 'gn', 'sn-8x2', 'sn-8x4', 'sn-8x32', 'syncsn-8x2',
-            'syncsn-8x4', 'syncsn-8x32', 'ssn-8x2'}
+            'syncsn-8x4', 'syncsn-8x32', 'ssn-8x2', 'sn-from-bn'}
     for model in ('deeplabv3', 'pspnet'):
         for data in ('ade20k-450x450', 'cityscapes-713x713'):
             found = {row(p) for p in SEG_CONFIGS
@@ -103,7 +106,11 @@ def test_config_builds(path):
     assert cfg.param_scheduler[0].type == 'PolyLR'
     assert cfg.param_scheduler[0].power == 0.9
     assert cfg.train_dataloader.batch_size == 2
-    if norm in ('SN', 'SyncSN'):
+    if row(path) == 'sn-from-bn':
+        init = cfg.model.backbone.init_cfg
+        assert init.type == 'SNPretrained' and init.ratios == 'uniform'
+        assert init.checkpoint == 'checkpoints/resnet50_torchvision.pth'
+    elif norm in ('SN', 'SyncSN'):
         kind, pretrain = row(path).split('-')
         released = CHECKPOINTS[backbone_and_row(path)[0]]
         sparse = kind == 'ssn'

@@ -1,0 +1,7 @@
+# The SN (8,2) row on Cityscapes, the backbone started from torchvision's BN
+# ResNet-50 instead of the released SN one. No published result.
+_base_ = [
+    '../_base_/models/pspnet_r50-sn-from-bn-d8.py',
+    '../_base_/cityscapes-713x713_8xb2-74k.py'
+]
+model = {{_base_.dataset_model}}
