@@ -208,3 +208,15 @@ def test_from_bn_configs_start_from_the_bn_checkpoint(bn_checkpoint, config):
     torch.testing.assert_close(layer.running_var,
                                bn_model.layer3[2].bn2.running_var)
     assert layer.ratios()['mean']['bn'] == pytest.approx(1 / 3)
+
+
+def test_digits_study_runs():
+    from helpers import load_tool
+    study = load_tool('analysis_tools', 'digits_from_bn_study.py')
+    rows = study.main(['--epochs', '1', '--batches', '32'])
+    assert [r['start'] for r in rows] == [
+        'the BN source', 'BN source, ratios=uniform',
+        'BN source, ratios=source', 'scratch']
+    assert all(0 <= r['accuracy'] <= 1 for r in rows)
+    # Started at BN, the 'source' network's ratios are still BN's.
+    assert float(rows[2]['ratios'][0]) > 0.99
