@@ -325,7 +325,9 @@ def kernel_launches(device, shapes):
     return rows
 
 
-def _launches(layer, x, grad, mode, device):
+def _profiled_kernels(layer, x, grad, mode, device):
+    """(name, microseconds) of every kernel (on the CPU: operator) of one
+    train forward+backward or eval forward of ``layer``."""
     from torch.autograd import DeviceType
     layer.train(mode == 'train')
 
@@ -339,18 +341,20 @@ def _launches(layer, x, grad, mode, device):
     with torch.profiler.profile() as prof:
         timed(call)
     if device == 'cuda':
-        events = [e for e in prof.events()
-                  if e.device_type == DeviceType.CUDA]
-    else:
-        events = [e for e in prof.events()
-                  if e.name.startswith(('aten::', 'sn_mm::'))]
+        return [(e.name, getattr(e, 'device_time', None)
+                 or getattr(e, 'cuda_time', 0.)) for e in prof.events()
+                if e.device_type == DeviceType.CUDA]
+    return [(e.name, e.cpu_time) for e in prof.events()
+            if e.name.startswith(('aten::', 'sn_mm::'))]
+
+
+def _launches(layer, x, grad, mode, device):
     spent = {}
-    for e in events:
-        us = (getattr(e, 'device_time', None) or getattr(e, 'cuda_time', 0.)
-              if device == 'cuda' else e.cpu_time)
-        spent[e.name] = spent.get(e.name, 0.) + us
+    kernels = _profiled_kernels(layer, x, grad, mode, device)
+    for name, us in kernels:
+        spent[name] = spent.get(name, 0.) + us
     top = sorted(spent.items(), key=lambda kv: -kv[1])[:3]
-    return dict(kernels=len(events), us=round(sum(spent.values()), 1),
+    return dict(kernels=len(kernels), us=round(sum(spent.values()), 1),
                 top=[(k[:60], round(v, 1)) for k, v in top])
 
 
@@ -367,7 +371,6 @@ def kernel_profile(device, shapes, copy_gb_s):
     and GN(32) at the middle detector shapes (the toy shapes on the CPU):
     its device time and, for SN's kernels that stream the input, the
     fraction of copy bandwidth it reaches for the bytes it must move."""
-    from torch.autograd import DeviceType
     rows = []
     for shape in shapes:
         x = torch.randn(shape, device=device, requires_grad=True)
@@ -375,30 +378,12 @@ def kernel_profile(device, shapes, copy_gb_s):
         for name in ('GN(32)', 'SN'):
             layer = norm_layers(shape[1], device)[name]().to(device)
             for mode in ('train', 'eval'):
-                layer.train(mode == 'train')
-
-                def call():
-                    if mode == 'train':
-                        layer(x).backward(grad)
-                    else:
-                        with torch.no_grad():
-                            layer(x)
-                timed(call)
-                with torch.profiler.profile() as prof:
-                    timed(call)
                 kernels = []
-                for e in prof.events():
-                    if device == 'cuda' and e.device_type != DeviceType.CUDA:
-                        continue
-                    if device != 'cuda' and not e.name.startswith(
-                            ('aten::', 'sn_mm::')):
-                        continue
-                    us = (getattr(e, 'device_time', None)
-                          or getattr(e, 'cuda_time', 0.)
-                          if device == 'cuda' else e.cpu_time)
-                    row = dict(kernel=e.name[:60], us=round(us, 1))
+                for kernel, us in _profiled_kernels(layer, x, grad, mode,
+                                                    device):
+                    row = dict(kernel=kernel[:60], us=round(us, 1))
                     arrays = next((v for k, v in SN_KERNEL_ARRAYS.items()
-                                   if k in e.name), None)
+                                   if k in kernel), None)
                     if arrays and us > 0:
                         gb_s = arrays * x.numel() * 4 / (us * 1e-6) / 1e9
                         row['bw_fraction'] = round(gb_s / copy_gb_s, 2)
