@@ -1,17 +1,23 @@
-# `make test` and `make demo` create .venv/ on first use (about 12 minutes:
+# `make test` and `make demo` create .venv/ on first use (10-30 minutes:
 # mmcv 2.1.0 compiles from source); later runs reuse it and install nothing.
 #
 # Install order matters:
-# 1. torch first, pinned, so nothing later pulls a multi-GB CUDA build;
+# 1. torch and torchvision first, pinned: the CUDA 13 builds, which run on
+#    CPU-only machines too (torchvision, which mmpretrain imports, has no
+#    build that imports beside the CPU torch 2.13), so nothing later pulls
+#    another;
 # 2. setuptools<70, wheel, ninja: mmcv 2.1.0's build imports pkg_resources;
-# 3. mmcv built against that torch (--no-build-isolation);
-# 4. the rest; this brings setuptools back up to what torch 2.13 asks for;
+# 3. mmcv built against that torch (--no-build-isolation; --no-cache-dir, so
+#    that a wheel pip cached for another torch is not taken; C++20 through
+#    tools/misc/cxx20, which torch 2.14's headers need);
+# 4. the rest; this brings setuptools back up to what torch asks for;
 # 5. sn_mm itself, editable, compiling its native CPU kernels (~1 minute).
 PY        ?= python3
 VENV      := .venv
 VPY       := $(VENV)/bin/python
 PIP       := $(VPY) -m pip
-TORCH_VERSION ?= 2.13.0
+TORCH_VERSION ?= 2.14.1
+TORCHVISION_VERSION ?= 0.29.1
 # Written last: a .venv whose install broke half-way is completed next time.
 STAMP     := $(VENV)/.sn_mm-installed
 
@@ -28,12 +34,13 @@ $(STAMP): requirements/build.txt requirements/runtime.txt requirements/tests.txt
 		sn_mm/ops/csrc/sn_kernels.cpp
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install torch==$(TORCH_VERSION)
+	$(PIP) install torch==$(TORCH_VERSION) torchvision==$(TORCHVISION_VERSION)
 	$(PIP) install -r requirements/build.txt
 	$(PIP) install mmengine==0.10.7
-	MAX_JOBS=$${MAX_JOBS:-2} $(PIP) install --no-build-isolation mmcv==2.1.0
+	CXX=$(CURDIR)/tools/misc/cxx20 MAX_JOBS=$${MAX_JOBS:-2} \
+		$(PIP) install --no-build-isolation --no-cache-dir mmcv==2.1.0
 	$(PIP) install -r requirements/runtime.txt -r requirements/tests.txt \
-		torch==$(TORCH_VERSION)
+		torch==$(TORCH_VERSION) torchvision==$(TORCHVISION_VERSION)
 	$(PIP) install --no-build-isolation --no-deps -e .
 	touch $(STAMP)
 

@@ -73,3 +73,33 @@ def test_resnet50_train_step(scope, norm_type):
     # The ratio logits are learned like any other parameter.
     assert not torch.equal(model.layer1[0].sn1.mean_weight, ratio_before)
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize('arch', [
+    dict(type='ResNet', depth=50), dict(type='ResNetV1d', depth=50),
+    dict(type='ResNeXt', depth=50, groups=32, width_per_group=4)],
+    ids=lambda a: a['type'])
+@pytest.mark.parametrize('norm_type', NORMS)
+def test_mmpretrain_backbones(arch, norm_type):
+    """mmpretrain's models find SN and SyncSN too: a classifier whose
+    backbone has norm_cfg=dict(type='SN') builds in mmpretrain's scope with
+    no BN left, and takes a training step."""
+    from mmpretrain.registry import MODELS
+    from mmpretrain.utils import register_all_modules
+    register_all_modules(init_default_scope=False)
+    with DefaultScope.overwrite_default_scope('mmpretrain'):
+        model = MODELS.build(dict(
+            type='ImageClassifier',
+            backbone=dict(arch, norm_cfg=dict(type=norm_type)),
+            neck=dict(type='GlobalAveragePooling'),
+            head=dict(type='LinearClsHead', num_classes=10,
+                      in_channels=2048)))
+    norms = [m for m in model.modules() if isinstance(m, NORMS[norm_type])]
+    assert len(norms) >= 53
+    assert not any(isinstance(m, torch.nn.BatchNorm2d)
+                   for m in model.modules())
+    model.train()
+    loss = model(torch.randn(2, 3, 32, 32), mode='tensor').square().mean()
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert norms[0].mean_weight.grad is not None
