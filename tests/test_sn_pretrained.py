@@ -131,6 +131,45 @@ def test_from_an_sn_checkpoint_keeps_or_resets_ratios(tmp_path):
             ratios == 'source')
 
 
+@pytest.mark.parametrize('init', [
+    dict(type='SNPretrained', ratios='source'), dict(type='Pretrained')],
+    ids=lambda i: i['type'])
+def test_from_an_mmpretrain_sn_resnet50(tmp_path, init):
+    """An mmpretrain SN classifier's checkpoint (keys under ``backbone.``,
+    a head beside) starts mmdet's SN ResNet-50 as it is: every SN layer's
+    affine, ratio logits and running statistics."""
+    from mmpretrain.registry import MODELS
+    from mmpretrain.utils import register_all_modules
+    register_all_modules(init_default_scope=False)
+    with DefaultScope.overwrite_default_scope('mmpretrain'):
+        classifier = MODELS.build(dict(
+            type='ImageClassifier',
+            backbone=dict(type='ResNet', depth=50, norm_cfg=dict(type='SN')),
+            neck=dict(type='GlobalAveragePooling'),
+            head=dict(type='LinearClsHead', num_classes=10,
+                      in_channels=2048)))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for layer in sn_layers(classifier).values():
+            for t in (layer.weight, layer.bias, layer.mean_weight,
+                      layer.var_weight, layer.running_mean):
+                t.copy_(torch.randn(t.shape, generator=gen))
+            layer.running_var.copy_(torch.rand(layer.running_var.shape,
+                                               generator=gen) + .5)
+    path = tmp_path / 'mmpretrain_sn.pth'
+    torch.save(dict(state_dict=classifier.state_dict(), meta={}), path)
+    model = resnet('SN', init_cfg=dict(init, checkpoint=str(path),
+                                       prefix='backbone.'))
+    model.init_weights()
+    want = {k[len('backbone.'):]: v
+            for k, v in classifier.state_dict().items()
+            if k.startswith('backbone.')}
+    got = model.state_dict()
+    assert set(got) == set(want)
+    for key, value in got.items():
+        assert torch.equal(value, want[key]), key
+
+
 def test_shapes_that_do_not_fit_are_refused_with_nothing_loaded(
         bn_checkpoint):
     path, _ = bn_checkpoint

@@ -1,0 +1,7 @@
+# Table 2's BN (8,2) row, the baseline to SN's: the same recipe with
+# BN (statistics per GPU, moving averages for inference) in every norm layer.
+_base_ = './resnet50-sn_8xb32_in1k.py'
+model = dict(backbone=dict(norm_cfg=dict(type='BN', requires_grad=True)))
+train_dataloader = dict(batch_size=2)
+optim_wrapper = dict(optimizer=dict(lr=0.00625))  # 0.1 x 16 / 256
+custom_hooks = []  # no SN layer

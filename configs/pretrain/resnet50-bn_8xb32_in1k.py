@@ -1,0 +1,7 @@
+# Table 2's BN (8,32) row, the baseline to SN's: the same recipe with
+# BN (statistics per GPU, moving averages for inference) in every norm layer.
+_base_ = './resnet50-sn_8xb32_in1k.py'
+model = dict(backbone=dict(norm_cfg=dict(type='BN', requires_grad=True)))
+train_dataloader = dict(batch_size=32)
+optim_wrapper = dict(optimizer=dict(lr=0.1))  # 0.1 x 256 / 256
+custom_hooks = []  # no SN layer
