@@ -26,7 +26,8 @@ def config_id(path):
 def distinct_models(paths):
     """Scratch rows, and rows started from another checkpoint, build the
     same network as their finetuned twins."""
-    return [p for p in paths if '-scratch' not in p and '-from-bn' not in p]
+    return [p for p in paths if not any(
+        tag in p for tag in ('-scratch', '-from-bn', '-pretrained'))]
 
 
 def test_the_paper_rows_are_all_there():

@@ -131,13 +131,12 @@ def test_from_an_sn_checkpoint_keeps_or_resets_ratios(tmp_path):
             ratios == 'source')
 
 
-@pytest.mark.parametrize('init', [
-    dict(type='SNPretrained', ratios='source'), dict(type='Pretrained')],
-    ids=lambda i: i['type'])
-def test_from_an_mmpretrain_sn_resnet50(tmp_path, init):
-    """An mmpretrain SN classifier's checkpoint (keys under ``backbone.``,
-    a head beside) starts mmdet's SN ResNet-50 as it is: every SN layer's
-    affine, ratio logits and running statistics."""
+@pytest.fixture(scope='module')
+def mmpretrain_checkpoint(tmp_path_factory):
+    """An mmpretrain SN ResNet-50 classifier's training checkpoint: the
+    backbone under ``backbone.``, a head beside, and mmengine's log history
+    (objects PyTorch's safe loader refuses)."""
+    from mmengine.logging import HistoryBuffer
     from mmpretrain.registry import MODELS
     from mmpretrain.utils import register_all_modules
     register_all_modules(init_default_scope=False)
@@ -156,18 +155,88 @@ def test_from_an_mmpretrain_sn_resnet50(tmp_path, init):
                 t.copy_(torch.randn(t.shape, generator=gen))
             layer.running_var.copy_(torch.rand(layer.running_var.shape,
                                                generator=gen) + .5)
-    path = tmp_path / 'mmpretrain_sn.pth'
-    torch.save(dict(state_dict=classifier.state_dict(), meta={}), path)
-    model = resnet('SN', init_cfg=dict(init, checkpoint=str(path),
+    path = tmp_path_factory.mktemp('mmpretrain') / 'epoch_100.pth'
+    torch.save(dict(state_dict=classifier.state_dict(), meta={},
+                    message_hub=dict(log_scalars=dict(
+                        loss=HistoryBuffer([1.0, 0.5], [1, 1])))), path)
+    backbone = {k[len('backbone.'):]: v
+                for k, v in classifier.state_dict().items()
+                if k.startswith('backbone.')}
+    return path, backbone
+
+
+def assert_loaded_as_is(model, backbone_state):
+    got = model.state_dict()
+    assert set(got) == set(backbone_state)
+    for key, value in got.items():
+        assert torch.equal(value, backbone_state[key]), key
+
+
+def test_from_an_mmpretrain_sn_resnet50(mmpretrain_checkpoint, tmp_path):
+    """mmpretrain's SN ResNet-50 starts mmdet's as it is: every SN layer's
+    affine, ratio logits and running statistics. Its training checkpoint
+    needs trusted=True; its weights alone load with ``Pretrained`` too."""
+    path, backbone_state = mmpretrain_checkpoint
+    model = resnet('SN', init_cfg=dict(
+        type='SNPretrained', checkpoint=str(path), prefix='backbone.',
+        ratios='source', trusted=True))
+    model.init_weights()
+    assert_loaded_as_is(model, backbone_state)
+
+    with pytest.raises(RuntimeError, match='trusted=True'):
+        resnet('SN', init_cfg=dict(
+            type='SNPretrained', checkpoint=str(path),
+            prefix='backbone.')).init_weights()
+
+    weights = tmp_path / 'weights.pth'
+    torch.save(dict(state_dict={f'backbone.{k}': v
+                                for k, v in backbone_state.items()}), weights)
+    model = resnet('SN', init_cfg=dict(type='Pretrained',
+                                       checkpoint=str(weights),
                                        prefix='backbone.'))
     model.init_weights()
-    want = {k[len('backbone.'):]: v
-            for k, v in classifier.state_dict().items()
-            if k.startswith('backbone.')}
-    got = model.state_dict()
-    assert set(got) == set(want)
-    for key, value in got.items():
-        assert torch.equal(value, want[key]), key
+    assert_loaded_as_is(model, backbone_state)
+
+
+# The README's command for a checkpoint of configs/pretrain.
+README_OPTIONS = {
+    'model.backbone.init_cfg.type': 'SNPretrained',
+    'model.backbone.init_cfg.prefix': 'backbone.',
+    'model.backbone.init_cfg.ratios': 'source',
+    'model.backbone.init_cfg.trusted': True,
+}
+
+
+@pytest.mark.parametrize('config', [
+    'mask_rcnn/mask-rcnn_r50-sn_fpn_sn-head_2x_coco.py',
+    'faster_rcnn/faster-rcnn_r50-sn-c4_120k_coco.py',
+    'deeplabv3/deeplabv3_r50-sn-8x2-d8_8xb2-100k_ade20k-450x450.py',
+    'pspnet/pspnet_r50-sn-8x32-d8_8xb2-74k_cityscapes-713x713.py'])
+def test_mmpretrain_checkpoint_into_det_and_seg_configs(
+        mmpretrain_checkpoint, config):
+    import os.path as osp
+    from mmengine.config import Config
+    path, backbone_state = mmpretrain_checkpoint
+    root = osp.dirname(osp.dirname(osp.abspath(__file__)))
+    cfg = Config.fromfile(osp.join(root, 'configs', config))
+    cfg.merge_from_dict(dict(README_OPTIONS, **{
+        'model.backbone.init_cfg.checkpoint': str(path)}))
+    scope = 'mmdet' if 'rcnn' in config else 'mmseg'
+    if scope == 'mmseg':
+        from mmseg.registry import MODELS
+        from mmseg.utils import register_all_modules
+    else:
+        from mmdet.registry import MODELS
+        from mmdet.utils import register_all_modules
+    register_all_modules(init_default_scope=False)
+    with DefaultScope.overwrite_default_scope(scope):
+        backbone = MODELS.build(cfg.model.backbone)
+    backbone.init_weights()
+    # The C4 detector's backbone stops before layer4 (the RoI head's).
+    state = backbone.state_dict()
+    assert len(state) > 250
+    for key, value in state.items():
+        assert torch.equal(value, backbone_state[key]), key
 
 
 def test_shapes_that_do_not_fit_are_refused_with_nothing_loaded(

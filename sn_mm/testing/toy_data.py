@@ -1,9 +1,10 @@
 """Deterministic toy datasets of coloured shapes, generated locally.
 
-They let the demos and tests train real detectors and segmentors without
-downloading anything: COCO-format instances (boxes and polygon masks) under
-``data/toy_coco`` and ADE20K-style images with label PNGs under
-``data/toy_seg``.
+They let the demos and tests train real classifiers, detectors and
+segmentors without downloading anything: COCO-format instances (boxes and
+polygon masks) under ``data/toy_coco``, ADE20K-style images with label PNGs
+under ``data/toy_seg``, and one shape per image in class folders (the layout
+of mmpretrain's ``CustomDataset``) under ``data/toy_cls``.
 """
 import json
 import math
@@ -135,3 +136,33 @@ def make_toy_seg(root, num_train=300, num_val=60, size=96, max_objects=4,
                              cls + 2)
             cv2.imwrite(osp.join(img_dir, f'{i:05d}.png'), img)
             cv2.imwrite(osp.join(ann_dir, f'{i:05d}.png'), label)
+
+
+def make_toy_cls(root, num_train=800, num_val=200, size=64, min_radius=10,
+                 max_radius=28, seed=0):
+    """Write ``root/{train,val}/<class>/*.png``: one shape per image, the
+    classes of the detection set, for pretraining a backbone that the toy
+    detectors then start from. Each shape takes any class's colour, so that
+    the classifier must learn shapes, not colours. Deterministic in
+    ``seed``."""
+    for split, count, split_seed in (('train', num_train, seed + 20),
+                                     ('val', num_val, seed + 21)):
+        rng = np.random.default_rng(split_seed)
+        for name in SHAPE_CLASSES:
+            os.makedirs(osp.join(root, split, name), exist_ok=True)
+        for i in range(count):
+            label = i % len(SHAPE_CLASSES)
+            img = _background(rng, size)
+            r = float(rng.uniform(min(min_radius, size / 4),
+                                  min(max_radius, size / 2 - 2)))
+            cx, cy = rng.uniform(r + 1, size - r - 1, size=2)
+            poly = _shape_polygon(SHAPE_CLASSES[label], cx, cy, r,
+                                  float(rng.uniform(0, 2 * math.pi)))
+            colour = np.clip(
+                np.array(BASE_COLOURS[rng.integers(len(BASE_COLOURS))]) +
+                rng.integers(-30, 31, size=3), 0, 255)
+            cv2.fillPoly(img, [np.round(poly).astype(np.int32)],
+                         tuple(float(c) for c in colour))
+            cv2.imwrite(osp.join(root, split, SHAPE_CLASSES[label],
+                                 f'{i:05d}.png'),
+                        np.clip(img, 0, 255).astype(np.uint8))
