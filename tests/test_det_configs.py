@@ -37,6 +37,10 @@ def test_the_paper_rows_are_all_there():
     assert from_bn == {'faster-rcnn_r50-sn-from-bn_fpn_sn-head_1x_coco',
                        'mask-rcnn_r50-sn-from-bn_fpn_sn-head_2x_coco'}
     names -= from_bn
+    # Table 6's SN / SN row with group SN, two groups.
+    group_sn = {n for n in names if '-gsn' in n}
+    assert group_sn == {'mask-rcnn_r50-gsn2_fpn_gsn2-head_2x_coco'}
+    names -= group_sn
     assert len([n for n in names if '-c4_' in n]) == 7  # Table 4
     assert len([n for n in names if n.startswith('faster-rcnn') and
                 '_fpn_' in n]) == 5  # Table 5
@@ -66,7 +70,10 @@ def test_config_builds(path):
     assert bool(norms) == ('sn' in name.replace('scratch', ''))
     backbone = re.search(r'_((?:preact-)?r\d+)-', name).group(1)
     sparse = f'{backbone}-ssn' in name
-    assert backbone_sn == (f'{backbone}-sn' in name or sparse)
+    groups = 2 if f'{backbone}-gsn2' in name else 1
+    assert backbone_sn == (f'{backbone}-sn' in name or sparse or groups > 1)
+    # Group SN everywhere in its row, SN's single ratio vector elsewhere.
+    assert all(m.ratio_groups == groups for m in norms)
     if backbone_sn and 'scratch' not in name and 'toy' not in name:
         init = cfg.model.backbone.init_cfg
         released = {'r50': 'resnet50_sn_8x2', 'r101': 'resnet101_sn_8x32',

@@ -13,11 +13,18 @@ from .switchable_norm import SwitchableNorm
 
 def hard_ratio_terms(layer: SwitchableNorm) -> Optional[Tuple[str, str]]:
     """(mean term, variance term), e.g. ('bn', 'in'), if both of the
-    layer's ratios are fixed and one-hot; otherwise None."""
+    layer's ratios are fixed and one-hot (group SN: the same in every
+    group); otherwise None. (Groups that select differently keep their
+    layer: channels folded into the conv would change the LN statistics
+    the other groups take over all channels.)"""
     if not bool(layer.ratio_fixed.all()):
         return None
     terms = []
-    for row in layer.fixed_ratios:
+    for ratios in layer.fixed_ratios:
+        rows = ratios.reshape(-1, ratios.shape[-1])
+        if not (rows == rows[0]).all():
+            return None
+        row = rows[0]
         ones = (row == 1).nonzero().flatten()
         if len(ones) != 1 or int((row == 0).sum()) != row.numel() - 1:
             return None
@@ -58,7 +65,8 @@ class SelectedNorm(nn.Module):
         # The logits play no part (both ratios are fixed); SN's function
         # takes them for their shape.
         self.register_buffer('logits', torch.zeros_like(layer.mean_weight))
-        self.register_buffer('ratio_fixed', torch.ones(2, dtype=torch.bool))
+        self.register_buffer('ratio_fixed',
+                             torch.ones_like(layer.ratio_fixed))
         self.register_buffer('fixed_ratios', layer.fixed_ratios.clone())
         self.register_buffer('running_mean', layer.running_mean)
         self.register_buffer('running_var', layer.running_var)
@@ -93,6 +101,8 @@ def fuse_conv_sn(module: nn.Module) -> nn.Module:
       such conv, replaced by :class:`SNAffine`;
     - any other layer whose ratios are both fixed and one-hot becomes a
       :class:`SelectedNorm`, computing only the statistics it selected;
+    - group SN layers are treated so when every group selected the same
+      normalisers;
     - layers with learned (or soft fixed) ratios stay as they are.
 
     Returns ``module``, changed in place. Use the result in eval mode only.

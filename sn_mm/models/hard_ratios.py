@@ -12,24 +12,33 @@ from .switchable_norm import SwitchableNorm
 
 
 def _one_hot_argmax(ratio: torch.Tensor) -> torch.Tensor:
-    hard = torch.zeros_like(ratio)
-    hard[int(torch.argmax(ratio))] = 1
-    return hard
+    """One-hot of the largest of each vector (ties: the first) of (..., K)
+    ratios."""
+    return torch.zeros_like(ratio).scatter(
+        -1, torch.argmax(ratio, -1, keepdim=True), 1.)
+
+
+def _hard_ratios(groups) -> torch.Tensor:
+    """(2, K) one-hot ratios of a layer's :func:`group_ratios`, (2, G, K)
+    for group SN: each group's argmax."""
+    hard = torch.stack([
+        _one_hot_argmax(torch.tensor([list(g[stat].values())
+                                      for g in groups]))
+        for stat in ('mean', 'var')])
+    return hard[:, 0] if len(groups) == 1 else hard
 
 
 @torch.no_grad()
 def harden_sn(model: nn.Module) -> int:
     """Fix every SN (and SyncSN) layer's mean and variance ratios to the
     one-hot argmax of the ratios it mixes with now (ties: the first of IN,
-    LN, BN). Returns how many layers changed (a layer already fixed to its
-    argmax does not count)."""
+    LN, BN); group SN layers each group's to its own. Returns how many
+    layers changed (a layer already fixed to its argmax does not count)."""
     changed = 0
     for m in model.modules():
         if not isinstance(m, SwitchableNorm):
             continue
-        ratios = m.ratios()
-        hard = [_one_hot_argmax(torch.tensor(list(ratios[stat].values())))
-                for stat in ('mean', 'var')]
+        hard = _hard_ratios(m.group_ratios())
         before = (m.ratio_fixed.clone(), m.fixed_ratios.clone())
         m.fix_ratios(mean=hard[0], var=hard[1])
         if not (torch.equal(before[0], m.ratio_fixed)
@@ -45,12 +54,9 @@ def harden_state_dict(state: MutableMapping[str, torch.Tensor]) -> int:
     in ``.mean_weight`` with its ``.var_weight``) it writes ``ratio_fixed``
     and ``fixed_ratios`` entries. Returns how many layers changed."""
     changed = 0
-    for layer, ratios in state_dict_ratios(state).items():
-        hard = torch.stack([
-            _one_hot_argmax(torch.tensor(list(ratios[stat].values())))
-            for stat in ('mean', 'var')
-        ]).to(state[f'{layer}.mean_weight'].dtype)
-        fixed = torch.ones(2, dtype=torch.bool)
+    for layer, groups in state_dict_ratios(state, per_group=True).items():
+        hard = _hard_ratios(groups).to(state[f'{layer}.mean_weight'].dtype)
+        fixed = torch.ones(hard.shape[:-1], dtype=torch.bool)
         old = (state.get(f'{layer}.ratio_fixed'),
                state.get(f'{layer}.fixed_ratios'))
         if not (old[0] is not None and torch.equal(old[0], fixed)

@@ -1,6 +1,6 @@
 """Switchable Normalization (Luo et al., TPAMI), registered as ``'SN'``."""
 import operator
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 import torch.nn as nn
@@ -8,9 +8,10 @@ from mmengine.registry import MODELS
 from torch import Tensor
 
 from ..ops import check_kernels, switchable_norm
-from ..ops.ratios import RATIO_FNS, TERMS, layer_ratios
+from ..ops.ratios import RATIO_FNS, TERMS, group_ratios, layer_ratios
 
-def check_arguments(num_features, eps, momentum) -> None:
+
+def check_arguments(num_features, eps, momentum, ratio_groups=1) -> None:
     """ValueErrors naming an argument that cannot work."""
     try:
         count = operator.index(num_features)  # ints, numpy's too
@@ -24,6 +25,16 @@ def check_arguments(num_features, eps, momentum) -> None:
     if momentum is not None and not 0 <= momentum <= 1:
         raise ValueError(f'momentum must be in [0, 1] (or None for a '
                          f'cumulative average), got {momentum!r}')
+    try:
+        groups = operator.index(ratio_groups)
+    except TypeError:
+        groups = 0
+    if isinstance(ratio_groups, bool) or groups < 1:
+        raise ValueError(f'ratio_groups must be a positive integer, got '
+                         f'{ratio_groups!r}')
+    if count % groups:
+        raise ValueError(f'ratio_groups={ratio_groups} must divide '
+                         f'num_features={num_features}')
 
 
 # torch.fx records the whole layer as one call (its shape checks and
@@ -70,6 +81,17 @@ class SwitchableNorm(nn.Module):
             which :class:`sn_mm.engine.SSNRadiusHook` grows from 0 to 1 over
             training; in training, a ratio vector that has become one-hot
             is fixed, as below). Default: ``'softmax'``.
+        ratio_groups (int): Group SN (the paper's Sec. 3, "Variants of
+            SN"): the channels fall into G groups of C / G consecutive
+            channels, and channel c of group g = c // (C / G) mixes the IN,
+            LN and BN statistics (SN's own: LN still over all channels of a
+            sample) with ``softmax(mean_weight[g])`` and
+            ``softmax(var_weight[g])``; the logits then have shape (G, K).
+            G = 1 is SN (logits (K,)); G = C gives every channel its own
+            ratios. A checkpoint with one ratio vector per statistic
+            (SN's, e.g. the released backbones) starts every group from
+            it. Group SN runs on the reference implementation
+            (``kernels='auto'`` or ``'torch'``). Default: 1.
 
     Non-finite batches: a training batch whose BN statistics are not all
     finite (a NaN or an overflow in the input, e.g. the step that
@@ -82,7 +104,8 @@ class SwitchableNorm(nn.Module):
     vectors instead of ``softmax(logits)`` (e.g. the one-hot hard ratios of
     :func:`sn_mm.harden_sn`). They live in the buffers ``ratio_fixed`` (2,)
     and ``fixed_ratios`` (2, K), so they survive saving, loading, resuming
-    and SyncSN conversion, take no gradient and never move.
+    and SyncSN conversion, take no gradient and never move (group SN:
+    ``ratio_fixed`` (2, G), ``fixed_ratios`` (2, G, K), one per group).
     """
 
     _abbr_ = 'sn'
@@ -94,12 +117,14 @@ class SwitchableNorm(nn.Module):
                  using_bn: bool = True,
                  unbiased: bool = True,
                  kernels: Optional[str] = None,
-                 ratio_fn: str = 'softmax') -> None:
+                 ratio_fn: str = 'softmax',
+                 ratio_groups: int = 1) -> None:
         super().__init__()
         if ratio_fn not in RATIO_FNS:
             raise ValueError(f'unknown ratio_fn {ratio_fn!r} (choose from '
                              f'{", ".join(map(repr, RATIO_FNS))})')
-        check_arguments(num_features, eps, momentum)
+        check_arguments(num_features, eps, momentum, ratio_groups)
+        self.ratio_groups = int(ratio_groups)
         self.num_features = num_features
         self.eps = eps
         self.momentum = momentum
@@ -108,10 +133,12 @@ class SwitchableNorm(nn.Module):
         self.kernels = None if kernels is None else check_kernels(kernels)
         self.ratio_fn = ratio_fn
         num_terms = 3 if using_bn else 2
+        # SN's logits are (K,), as in the released checkpoints.
+        groups = () if self.ratio_groups == 1 else (self.ratio_groups, )
         self.weight = nn.Parameter(torch.ones(num_features))
         self.bias = nn.Parameter(torch.zeros(num_features))
-        self.mean_weight = nn.Parameter(torch.ones(num_terms))
-        self.var_weight = nn.Parameter(torch.ones(num_terms))
+        self.mean_weight = nn.Parameter(torch.ones(*groups, num_terms))
+        self.var_weight = nn.Parameter(torch.ones(*groups, num_terms))
         if using_bn:
             self.register_buffer('running_mean', torch.zeros(num_features))
             self.register_buffer('running_var', torch.ones(num_features))
@@ -124,9 +151,11 @@ class SwitchableNorm(nn.Module):
             self.register_buffer('running_var', None)
             self.register_buffer('num_batches_tracked', None)
             self.register_buffer('nonfinite_batches', None)
-        self.register_buffer('ratio_fixed', torch.zeros(2, dtype=torch.bool))
+        self.register_buffer('ratio_fixed',
+                             torch.zeros(2, *groups, dtype=torch.bool))
         self.register_buffer('fixed_ratios',
-                             torch.full((2, num_terms), 1. / num_terms))
+                             torch.full((2, *groups, num_terms),
+                                        1. / num_terms))
         # SparsestMax's radius: state (saved, resumed), not a parameter.
         self.register_buffer('radius', torch.zeros(()) if
                              ratio_fn == 'sparsestmax' else None)
@@ -140,6 +169,7 @@ class SwitchableNorm(nn.Module):
         for name in ('num_batches_tracked', 'nonfinite_batches'):
             if self.using_bn and prefix + name not in state_dict:
                 state_dict[prefix + name] = torch.tensor(0, dtype=torch.long)
+        self._expand_to_groups(state_dict, prefix)
         # Nor do they have fixed ratios: none fixed.
         if prefix + 'ratio_fixed' not in state_dict:
             state_dict[prefix + 'ratio_fixed'] = torch.zeros_like(
@@ -156,6 +186,19 @@ class SwitchableNorm(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, local_metadata,
                                       strict, missing_keys, unexpected_keys,
                                       error_msgs)
+
+    def _expand_to_groups(self, state_dict, prefix) -> None:
+        """An SN checkpoint's single ratio vector per statistic (and its
+        fixed ratios) into every group of a group SN layer."""
+        if self.ratio_groups == 1:
+            return
+        for name, group_dim in (('mean_weight', 0), ('var_weight', 0),
+                                ('ratio_fixed', 1), ('fixed_ratios', 1)):
+            value = state_dict.get(prefix + name)
+            own = getattr(self, name)
+            if value is not None and value.dim() == own.dim() - 1:
+                state_dict[prefix + name] = value.unsqueeze(
+                    group_dim).expand_as(own).clone()
 
     # -- forward ------------------------------------------------------------
     def _sync_group(self):
@@ -177,29 +220,36 @@ class SwitchableNorm(nn.Module):
 
     # -- fixed ratios -------------------------------------------------------
     def _check_ratio(self, ratio, stat: str) -> Tensor:
-        k = self.fixed_ratios.shape[1]
-        ratio = torch.as_tensor(ratio, dtype=torch.float64).flatten()
-        if ratio.numel() != k:
-            raise ValueError(f'{stat} ratio: expected {k} values '
-                             f'({", ".join(TERMS[:k])}), got {ratio.numel()}')
-        if not torch.isfinite(ratio).all() or (ratio < 0).any() or abs(
-                float(ratio.sum()) - 1) > 1e-6:
+        """The ratio as (K,), or (G, K) for group SN (a (K,) vector then
+        applies to every group)."""
+        k, groups = self.fixed_ratios.shape[-1], self.ratio_groups
+        ratio = torch.as_tensor(ratio, dtype=torch.float64)
+        if groups == 1 or ratio.dim() < 2:
+            ratio = ratio.flatten()
+        if tuple(ratio.shape) not in ((k, ), (groups, k)):
+            per_group = f' (or {groups} x {k})' if groups > 1 else ''
+            raise ValueError(
+                f'{stat} ratio: expected {k} values{per_group} '
+                f'({", ".join(TERMS[:k])}), got shape {tuple(ratio.shape)}')
+        if not torch.isfinite(ratio).all() or (ratio < 0).any() or (
+                ratio.sum(-1) - 1).abs().max() > 1e-6:
             raise ValueError(f'{stat} ratio must be non-negative and sum to '
                              f'1, got {ratio.tolist()}')
-        return ratio
+        return ratio.expand(self.fixed_ratios.shape[1:])
 
     @torch.no_grad()
     def fix_ratios(self, mean=None, var=None) -> None:
         """Use the given ratio vectors (K values each, non-negative, summing
         to 1, in the order IN, LN[, BN]) for the mean and/or the variance
         instead of the softmax of the logits; ``None`` leaves that one as it
-        is. Exact zeros stay exact."""
+        is. Exact zeros stay exact. Group SN: one vector for every group, or
+        (G, K), a vector per group."""
         for row, (stat, ratio) in enumerate((('mean', mean), ('var', var))):
             if ratio is None:
                 continue
             ratio = self._check_ratio(ratio, stat)
             self.fixed_ratios[row].copy_(ratio.to(self.fixed_ratios))
-            self.ratio_fixed[row] = True
+            self.ratio_fixed[row] = True  # (every group)
 
     @torch.no_grad()
     def set_radius(self, radius: float) -> None:
@@ -227,10 +277,17 @@ class SwitchableNorm(nn.Module):
         return layer_ratios(self.mean_weight, self.var_weight,
                             self.ratio_fixed, self.fixed_ratios, self.radius)
 
+    def group_ratios(self) -> List[Dict[str, Dict[str, float]]]:
+        """Each group's ratios, as :meth:`ratios` gives them (for group SN
+        that is their average over the groups); one entry for SN."""
+        return group_ratios(self.mean_weight, self.var_weight,
+                            self.ratio_fixed, self.fixed_ratios, self.radius)
+
     def fixed(self) -> Dict[str, bool]:
-        """Which of the mean and variance ratios are fixed."""
-        return dict(mean=bool(self.ratio_fixed[0]),
-                    var=bool(self.ratio_fixed[1]))
+        """Which of the mean and variance ratios are fixed (group SN: in
+        every group)."""
+        return dict(mean=bool(self.ratio_fixed[0].all()),
+                    var=bool(self.ratio_fixed[1].all()))
 
     def extra_repr(self) -> str:
         def fmt(ratio: Dict[str, float]) -> str:
@@ -241,6 +298,8 @@ class SwitchableNorm(nn.Module):
                 f'momentum={self.momentum}, using_bn={self.using_bn}, '
                 f'unbiased={self.unbiased}, '
                 + (f'kernels={self.kernels!r}, ' if self.kernels else '') +
+                (f'ratio_groups={self.ratio_groups}, '
+                 if self.ratio_groups > 1 else '') +
                 (f'ratio_fn={self.ratio_fn!r}, radius='
                  f'{float(self.radius):.3f}, ' if self.radius is not None
                  else '') +

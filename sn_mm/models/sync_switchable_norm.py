@@ -37,9 +37,10 @@ class SyncSwitchableNorm(SwitchableNorm):
                  unbiased: bool = True,
                  group: Optional[object] = None,
                  kernels: Optional[str] = None,
-                 ratio_fn: str = 'softmax') -> None:
+                 ratio_fn: str = 'softmax',
+                 ratio_groups: int = 1) -> None:
         super().__init__(num_features, eps, momentum, using_bn, unbiased,
-                         kernels, ratio_fn)
+                         kernels, ratio_fn, ratio_groups)
         self.group = group
 
     def _sync_group(self):
@@ -84,7 +85,8 @@ def convert_sync_sn(module: nn.Module, group=None) -> nn.Module:
     return _swap_norm(
         module, SwitchableNorm, lambda m: SyncSwitchableNorm(
             m.num_features, m.eps, m.momentum, m.using_bn, m.unbiased,
-            group=group, kernels=m.kernels, ratio_fn=m.ratio_fn))
+            group=group, kernels=m.kernels, ratio_fn=m.ratio_fn,
+            ratio_groups=m.ratio_groups))
 
 
 def revert_sync_sn(module: nn.Module) -> nn.Module:
@@ -93,4 +95,4 @@ def revert_sync_sn(module: nn.Module) -> nn.Module:
     return _swap_norm(
         module, SyncSwitchableNorm, lambda m: SwitchableNorm(
             m.num_features, m.eps, m.momentum, m.using_bn, m.unbiased,
-            m.kernels, m.ratio_fn))
+            m.kernels, m.ratio_fn, m.ratio_groups))

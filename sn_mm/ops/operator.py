@@ -233,6 +233,17 @@ def _triton_implementation(choice, x, weight, running_mean) -> str:
     return 'triton' if works else 'torch'
 
 
+def _group_sn_implementation(kernels: Optional[str], layer: str) -> str:
+    """Group SN (logits (G, K)) runs on the reference: the C++ and Triton
+    kernels mix one ratio vector per statistic."""
+    choice = kernels or default_kernels()
+    if choice in ('native', 'triton'):
+        raise ValueError(f'{layer}: kernels={choice!r} mixes one ratio vector '
+                         f'per statistic; ratio_groups > 1 runs with '
+                         f'kernels=\'auto\' or \'torch\'')
+    return 'torch'
+
+
 # -- the entry point --------------------------------------------------------
 def check_input(x: Tensor, num_features: int, layer: str) -> None:
     if not x.is_floating_point():
@@ -269,12 +280,15 @@ def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
     (an int64 scalar; None: not counted) instead. Arguments as
     :class:`sn_mm.SwitchableNorm`'s; ``group``: the process group sharing BN
     statistics (None: this device only); ``layer``: the name errors use;
-    ``ratio_fixed`` (2,) bool and ``fixed_ratios`` (2, K): mean and variance
-    ratios given instead of the softmax of the logits where set;
+    ``ratio_fixed`` (2,) bool and ``fixed_ratios`` (2, K) (group SN: (2, G)
+    and (2, G, K)): mean and variance ratios given instead of the softmax
+    of the logits where set;
     ``ratio_fn='sparsestmax'``: Sparse SN, the ratios are SparsestMax of the
     logits at ``radius`` (:func:`sn_mm.ops.ratios.sparsest_ratios`)."""
     check_input(x, weight.shape[0], layer)
     impl = implementation(kernels, x, weight, running_mean, group)
+    if mean_weight.dim() == 2 and impl != 'torch':
+        impl = _group_sn_implementation(kernels, layer)
     ratios_given = ratio_fn != 'softmax'
     if ratios_given:
         if ratio_fn not in RATIO_FNS:

@@ -9,8 +9,12 @@ introspection, the analysis tools, the converters and ``fuse_conv_sn`` use
   itself, exact zeros included;
 * where IN is undefined (one spatial position), the IN term left out and the
   rest renormalised (LN alone where the vector selected IN alone).
+
+Group SN (``ratio_groups=G > 1``) has one such vector per group of channels:
+logits (G, K), fixed ratios (G, K) per statistic with a flag per group, and
+the rule applied to each row.
 """
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 from torch import Tensor
@@ -30,10 +34,10 @@ def ratio_without_in(ratio: Tensor) -> Tensor:
     """A ratio vector (IN first) for an input without IN: the other terms
     renormalised, or LN alone where the vector selected IN alone (LN is the
     other per-sample statistic)."""
-    rest = ratio[1:]
-    total = rest.sum()
+    rest = ratio[..., 1:]
+    total = rest.sum(-1, keepdim=True)
     ln_only = torch.zeros_like(rest)
-    ln_only[0] = 1
+    ln_only[..., 0] = 1
     return torch.where(total > 0, rest / total.clamp_min(1e-30), ln_only)
 
 
@@ -44,17 +48,19 @@ def mixing_ratio(logits: Tensor, fixed: Optional[Tensor],
     where ``fixed`` (a bool scalar tensor) is set, ``fixed_ratio``. Without
     IN the IN term is left out (:func:`ratio_without_in`). ``given``:
     ``logits`` already is the ratio vector (SparsestMax's, see
-    :func:`sparsest_ratios`), used as it is. No branch on tensor values:
-    nothing waits on the device and tracers see one graph."""
+    :func:`sparsest_ratios`), used as it is. Group SN: logits (G, K) and
+    fixed_ratio (G, K) with ``fixed`` (G,) give (G, K) ratios, row by row.
+    No branch on tensor values: nothing waits on the device and tracers see
+    one graph."""
     if given:
-        soft = logits if has_in else logits[1:]
+        soft = logits if has_in else logits[..., 1:]
     else:
-        soft = torch.softmax(logits if has_in else logits[1:], 0)
+        soft = torch.softmax(logits if has_in else logits[..., 1:], -1)
     if fixed is None:
         return soft
     if not has_in:
         fixed_ratio = ratio_without_in(fixed_ratio)
-    return torch.where(fixed, fixed_ratio, soft)
+    return torch.where(fixed.unsqueeze(-1), fixed_ratio, soft)
 
 
 def sparsest_ratios(mean_logits: Tensor, var_logits: Tensor, radius: Tensor,
@@ -68,21 +74,34 @@ def sparsest_ratios(mean_logits: Tensor, var_logits: Tensor, radius: Tensor,
     renormalised. The results go to the kernels as given ratios."""
     ratios = []
     for row, logits in enumerate((mean_logits, var_logits)):
-        p = sparsestmax(logits.double(), radius.double())
+        p = _sparsest_rows(logits.double(), radius.double())
         if training:
             with torch.no_grad():
-                newly = is_one_hot(p) & ~ratio_fixed[row]
-                hot = torch.zeros_like(fixed_ratios[row])
-                hot = hot.scatter(0, torch.argmax(p).reshape(1),
-                                  torch.ones_like(hot[:1]))
-                fixed_ratios[row].copy_(
-                    torch.where(newly, hot, fixed_ratios[row]))
+                newly = _one_hot_rows(p) & ~ratio_fixed[row]
+                hot = torch.zeros_like(fixed_ratios[row]).scatter(
+                    -1, torch.argmax(p, -1, keepdim=True), 1.)
+                fixed_ratios[row].copy_(torch.where(
+                    newly.unsqueeze(-1), hot, fixed_ratios[row]))
                 ratio_fixed[row] |= newly
         p = p.to(logits.dtype)
         if not has_in:
-            p = torch.cat([p.new_zeros(1), ratio_without_in(p)])
+            p = torch.cat([torch.zeros_like(p[..., :1]),
+                           ratio_without_in(p)], -1)
         ratios.append(p)
     return ratios
+
+
+def _sparsest_rows(logits: Tensor, radius: Tensor) -> Tensor:
+    """SparsestMax of a logit vector (K,), or of each row of (G, K)."""
+    if logits.dim() == 1:
+        return sparsestmax(logits, radius)
+    return torch.vmap(sparsestmax, in_dims=(0, None))(logits, radius)
+
+
+def _one_hot_rows(p: Tensor) -> Tensor:
+    if p.dim() == 1:
+        return is_one_hot(p)
+    return torch.vmap(is_one_hot)(p)
 
 
 @torch.no_grad()
@@ -93,26 +112,46 @@ def layer_ratios(mean_logits: Tensor, var_logits: Tensor,
     """A layer's ratios as numbers, ``{'mean': {'in': .., 'ln': ..[, 'bn':
     ..]}, 'var': {...}}``: its fixed ratios where fixed, else SparsestMax at
     ``radius`` (Sparse SN) or the softmax of the logits. Works on a layer's
-    tensors and on a state dict's alike."""
-    result = {}
-    for row, (stat, logits) in enumerate(zip(STATS,
-                                             (mean_logits, var_logits))):
-        logits = logits.detach().flatten()
-        if ratio_fixed is not None and bool(ratio_fixed[row]):
-            probs = fixed_ratios[row].double()
-        elif radius is not None:
-            probs = sparsestmax(logits.double(),
-                                radius.double().flatten()[0])
+    tensors and on a state dict's alike. Group SN: the average over the
+    groups (every group has as many channels); :func:`group_ratios` gives
+    each group's."""
+    groups = group_ratios(mean_logits, var_logits, ratio_fixed, fixed_ratios,
+                          radius)
+    if len(groups) == 1:
+        return groups[0]
+    return {stat: {term: sum(g[stat][term] for g in groups) / len(groups)
+                   for term in groups[0][stat]} for stat in STATS}
+
+
+@torch.no_grad()
+def group_ratios(mean_logits: Tensor, var_logits: Tensor,
+                 ratio_fixed: Optional[Tensor] = None,
+                 fixed_ratios: Optional[Tensor] = None,
+                 radius: Optional[Tensor] = None) -> 'List[Ratios]':
+    """:func:`layer_ratios` of each group of a group SN layer (logits (G,
+    K)), in channel order; one entry for an SN layer."""
+    rows = []
+    for row, logits in enumerate((mean_logits, var_logits)):
+        logits = logits.detach().double().reshape(-1, logits.shape[-1])
+        if radius is not None:
+            probs = _sparsest_rows(logits, radius.double().flatten()[0])
         else:
-            probs = torch.softmax(logits.double(), 0)
-        result[stat] = dict(zip(TERMS, probs.tolist()))
-    return result
+            probs = torch.softmax(logits, -1)
+        if ratio_fixed is not None:
+            fixed = ratio_fixed[row].reshape(-1, 1)
+            probs = torch.where(fixed, fixed_ratios[row].double().reshape(
+                probs.shape), probs)
+        rows.append(probs.tolist())
+    return [{stat: dict(zip(TERMS, rows[i][g]))
+             for i, stat in enumerate(STATS)} for g in range(len(rows[0]))]
 
 
-def state_dict_ratios(state) -> 'Dict[str, Ratios]':
+def state_dict_ratios(state, per_group: bool = False) -> 'Dict[str, Ratios]':
     """:func:`layer_ratios` of every SN layer in a state dict (a key ending
     in ``.mean_weight`` with its ``.var_weight``; any key prefix), in the
-    dict's order, keyed by layer name."""
+    dict's order, keyed by layer name; with ``per_group``,
+    :func:`group_ratios` (a list per layer)."""
+    ratio_fn = group_ratios if per_group else layer_ratios
     result = {}
     for key, logits in state.items():
         if not key.endswith('.mean_weight'):
@@ -121,7 +160,7 @@ def state_dict_ratios(state) -> 'Dict[str, Ratios]':
         var_logits = state.get(f'{layer}.var_weight')
         if var_logits is None:
             continue
-        result[layer] = layer_ratios(logits, var_logits,
+        result[layer] = ratio_fn(logits, var_logits,
                                      state.get(f'{layer}.ratio_fixed'),
                                      state.get(f'{layer}.fixed_ratios'),
                                      state.get(f'{layer}.radius'))

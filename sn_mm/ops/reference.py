@@ -143,7 +143,8 @@ def reference_forward(x3: Tensor, weight: Tensor, bias: Tensor,
     statistics' update (else three Nones). ``running_mean`` None: no BN
     branch; in training they stand in for a batch without samples.
     ``ratio_fixed``/``fixed_ratios``: fixed ratios; ``ratios_given``: the
-    logits are the ratio vectors (see :func:`mixing_ratio`)."""
+    logits are the ratio vectors (see :func:`mixing_ratio`). Logits (G, K):
+    group SN, channel c mixing with row ``c // (C / G)``'s ratios."""
     n, c, length = x3.shape
     has_in = length > 1
     bn_batch = running_mean is not None and training
@@ -162,6 +163,9 @@ def reference_forward(x3: Tensor, weight: Tensor, bias: Tensor,
     given = (None, None) if fixed_ratios is None else fixed_ratios
     wm = mixing_ratio(mean_logits, fixed[0], given[0], has_in, ratios_given)
     wv = mixing_ratio(var_logits, fixed[1], given[1], has_in, ratios_given)
+    if wm.dim() == 2:  # group SN: each channel takes its group's ratios
+        wm = wm.repeat_interleave(c // wm.shape[0], 0)
+        wv = wv.repeat_interleave(c // wv.shape[0], 0)
     # The mixed mean as one statistic plus weighted differences from it
     # (the ratios sum to 1): the ratio gradients are then sums of small
     # differences, not of |mean|-sized terms that cancel in float32.
@@ -175,11 +179,11 @@ def reference_forward(x3: Tensor, weight: Tensor, bias: Tensor,
         variances.append(bn[1])
     # (One term: its ratio, 1, multiplies it, so that the logits are still
     # inputs of the output and take a zero gradient.)
-    mu = means[0] if len(means) > 1 else wm[0] * means[0]
-    var = wv[0] * variances[0]
+    mu = means[0] if len(means) > 1 else wm[..., 0] * means[0]
+    var = wv[..., 0] * variances[0]
     for j in range(1, len(means)):
-        mu = mu + wm[j] * (means[j] - means[0])
-        var = var + wv[j] * variances[j]
+        mu = mu + wm[..., j] * (means[j] - means[0])
+        var = var + wv[..., j] * variances[j]
     scale = weight * (var + eps).rsqrt()
     y = torch.addcmul(bias.unsqueeze(-1), x3 - mu.unsqueeze(-1),
                       scale.unsqueeze(-1))

@@ -20,72 +20,12 @@ Example (about 2 minutes on 2 CPU cores)::
 import argparse
 
 import torch
-import torch.nn as nn
 
 import sn_mm  # noqa: F401
-from sn_mm import SwitchableNorm
 from sn_mm.analysis import average_ratios, sn_ratios
 from sn_mm.engine import sn_state_from
-
-
-class DigitsCNN(nn.Module):
-    """conv-norm-ReLU x3, global average pooling, a linear classifier; the
-    norm layers named bn1..bn3 (BN) or sn1..sn3 (SN), as mmcv names them."""
-
-    def __init__(self, norm: str):
-        super().__init__()
-        widths = (1, 16, 32, 64)
-        for i in range(1, 4):
-            self.add_module(f'conv{i}', nn.Conv2d(widths[i - 1], widths[i],
-                                                  3, padding=1, bias=False))
-            layer = (nn.BatchNorm2d(widths[i]) if norm == 'BN' else
-                     SwitchableNorm(widths[i]))
-            self.add_module(f'{norm.lower()}{i}', layer)
-        self.norm = norm.lower()
-        self.fc = nn.Linear(64, 10)
-
-    def forward(self, x):
-        for i in range(1, 4):
-            x = getattr(self, f'conv{i}')(x)
-            x = torch.relu(getattr(self, f'{self.norm}{i}')(x))
-            if i == 2:
-                x = nn.functional.max_pool2d(x, 2)
-        return self.fc(x.mean((2, 3)))
-
-
-def digits(seed):
-    from sklearn.datasets import load_digits
-    data = load_digits()
-    x = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.
-    y = torch.tensor(data.target)
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(
-        seed))
-    x, y = (x[order] - 0.3) / 0.4, y[order]
-    return (x[:1500], y[:1500]), (x[1500:], y[1500:])
-
-
-def train(model, data, batch, epochs, lr, seed):
-    x, y = data
-    gen = torch.Generator().manual_seed(seed)
-    optim = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9,
-                            weight_decay=1e-4)
-    model.train()
-    for _ in range(epochs):
-        order = torch.randperm(len(y), generator=gen)
-        for i in range(0, len(y) - batch + 1, batch):
-            idx = order[i:i + batch]
-            loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
-            optim.zero_grad()
-            loss.backward()
-            optim.step()
-    return model
-
-
-@torch.no_grad()
-def accuracy(model, data):
-    model.eval()
-    x, y = data
-    return (model(x).argmax(1) == y).float().mean().item()
+from sn_mm.testing.digits import (DigitsCNN, digits_accuracy,
+                                  load_digits_split, train_digits)
 
 
 def bn_ratios(model):
@@ -111,11 +51,11 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     torch.manual_seed(args.seed)
-    train_set, test_set = digits(args.seed)
-    source = train(DigitsCNN('BN'), train_set, 32, args.epochs, args.lr,
+    train_set, test_set = load_digits_split(args.seed)
+    source = train_digits(DigitsCNN('BN'), train_set, 32, args.epochs, args.lr,
                    args.seed)
     print(f'BN source, batch 32, {args.epochs} epochs: test accuracy '
-          f'{accuracy(source, test_set):.3f}\n')
+          f'{digits_accuracy(source, test_set):.3f}\n')
     print('| network | start | finetuning batch | test accuracy | '
           'BN ratio (mean) | BN ratio (var) |')
     print('|---|---|---|---|---|---|')
@@ -130,14 +70,14 @@ def main(argv=None):
             elif start != 'scratch':
                 model.load_state_dict(sn_state_from(
                     model, source.state_dict(), start)[0])
-            train(model, train_set, batch, args.epochs,
+            train_digits(model, train_set, batch, args.epochs,
                   args.lr * batch / 32, args.seed + 2)
             row = dict(network='BN' if start == 'BN source' else 'SN',
                        start={'BN source': 'the BN source',
                               'uniform': 'BN source, ratios=uniform',
                               'source': 'BN source, ratios=source',
                               'scratch': 'scratch'}[start],
-                       batch=batch, accuracy=accuracy(model, test_set),
+                       batch=batch, accuracy=digits_accuracy(model, test_set),
                        ratios=bn_ratios(model))
             rows.append(row)
             print(f'| {row["network"]} | {row["start"]} | {batch} | '
