@@ -9,17 +9,28 @@ from .models import SwitchableNorm
 from .ops.ratios import TERMS, Ratios, state_dict_ratios
 
 
-def sn_ratios(source: Union[nn.Module, Mapping[str, torch.Tensor]]
-              ) -> 'OrderedDict[str, Ratios]':
+def sn_ratios(source: Union[nn.Module, Mapping[str, torch.Tensor]],
+              per_group: bool = False) -> 'OrderedDict[str, Ratios]':
     """Each SN layer's ratios (softmax of its logits -- SparsestMax at the
     stored radius for a Sparse SN layer -- or its fixed ratios),
     in network order, keyed by layer name. ``source`` is a model or a state
-    dict (any key prefix)."""
+    dict (any key prefix). A group SN layer gives its groups' average, or
+    with ``per_group`` one entry per group, keyed ``'<layer>[g]'``."""
     if isinstance(source, nn.Module):
-        return OrderedDict((name, m.ratios())
-                           for name, m in source.named_modules()
-                           if isinstance(m, SwitchableNorm))
-    return OrderedDict(state_dict_ratios(source))
+        items = [(name, m.group_ratios() if per_group else m.ratios())
+                 for name, m in source.named_modules()
+                 if isinstance(m, SwitchableNorm)]
+    else:
+        items = list(state_dict_ratios(source, per_group).items())
+    if not per_group:
+        return OrderedDict(items)
+    result = OrderedDict()
+    for name, groups in items:
+        if len(groups) == 1:
+            result[name] = groups[0]
+        else:
+            result.update((f'{name}[{g}]', r) for g, r in enumerate(groups))
+    return result
 
 
 def average_ratios(ratios: Mapping[str, Ratios]) -> Ratios:

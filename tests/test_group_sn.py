@@ -257,3 +257,24 @@ def test_digits_study_runs():
     assert rows[0]['spread'] == dict(mean=0.0, var=0.0)
     assert rows[1]['spread']['mean'] > 0
     assert all(0 <= r['accuracy'] <= 1 for r in rows)
+
+
+def test_plot_ratios_per_group_and_per_layer(tmp_path):
+    from helpers import load_tool
+    net = torch.nn.Sequential()
+    net.add_module('conv', torch.nn.Conv2d(3, 8, 3))
+    net.add_module('sn', group_layer(8, 2))
+    ckpt = tmp_path / 'group_sn.pth'
+    torch.save(dict(state_dict={f'neck.{k}': v
+                                for k, v in net.state_dict().items()}), ckpt)
+    tool = load_tool('analysis_tools', 'plot_ratios.py')
+    from sn_mm.analysis import sn_ratios
+    state = tool.load_state(str(ckpt))
+    per_group = sn_ratios(state, per_group=True)
+    assert list(per_group) == ['neck.sn[0]', 'neck.sn[1]']
+    assert per_group['neck.sn[1]'] == net.sn.group_ratios()[1]
+    assert list(sn_ratios(state)) == ['neck.sn']
+    assert tool.layer_kind(state, 'neck.sn[1]') == '3x3'
+    for extra in ([], ['--groups'], ['--hard', '--groups']):
+        tool.main([str(ckpt), '--out', str(tmp_path / 'r.png'), *extra])
+        assert (tmp_path / 'r.png').exists()

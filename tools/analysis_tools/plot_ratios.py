@@ -11,7 +11,9 @@ normaliser with the largest ratio for the mean and for the variance, the
 layers marked by what they normalise (a 3x3 conv, a 1x1 conv, a shortcut,
 other); it prints how many layers choose differently for the mean and the
 variance, and, given ``--compare OTHER``, how many layers changed their
-choice between the two checkpoints. Works on any checkpoint with SN layers: detection,
+choice between the two checkpoints. Group SN layers show each layer's
+average over its groups, or with ``--groups`` a bar (and a hard choice)
+per group. Works on any checkpoint with SN layers: detection,
 segmentation, converted ImageNet backbones. The checkpoint is loaded with
 weights_only=False (mmengine training checkpoints need it): use it on
 checkpoints you trust.
@@ -48,12 +50,16 @@ def parse_args(argv=None):
     parser.add_argument('--compare', metavar='OTHER',
                         help='with --hard: count the layers whose choice '
                         'differs in this other checkpoint')
+    parser.add_argument('--groups', action='store_true',
+                        help='group SN layers: a bar per group (default: '
+                        'each layer\'s average over its groups)')
     return parser.parse_args(argv)
 
 
 def layer_kind(state, layer):
     """What an SN layer normalises, from the conv beside it: '3x3', '1x1'
     (or another kernel size), 'shortcut', or 'other'."""
+    layer = layer.split('[')[0]  # a group's entry: its layer's
     if layer.endswith('downsample.1'):
         return 'shortcut'
     parent, _, leaf = layer.rpartition('.')
@@ -164,7 +170,7 @@ def load_state(path):
 
 
 def hard_view(args, state):
-    choices = hard_choices(sn_ratios(state))
+    choices = hard_choices(sn_ratios(state, per_group=args.groups))
     kinds = {n: layer_kind(state, n) for n in choices}
     print(f'{"layer":<40} {"conv":<8} mean var')
     for name, c in choices.items():
@@ -173,7 +179,8 @@ def hard_view(args, state):
     print(f'{differ} of {len(choices)} layers choose a different normaliser '
           'for the mean than for the variance')
     if args.compare:
-        other = hard_choices(sn_ratios(load_state(args.compare)))
+        other = hard_choices(sn_ratios(load_state(args.compare),
+                                       per_group=args.groups))
         common = [n for n in choices if n in other]
         moved = sum(choices[n] != other[n] for n in common)
         print(f'{moved} of {len(common)} layers changed their choice '
@@ -193,7 +200,7 @@ def main(argv=None):
     state = load_state(args.checkpoint)
     if args.hard:
         return hard_view(args, state)
-    ratios = sn_ratios(state)
+    ratios = sn_ratios(state, per_group=args.groups)
     kls = [symmetric_kl(r['mean'], r['var']) for r in ratios.values()]
     print_table(ratios, kls)
     plot(ratios, kls, args.out,
