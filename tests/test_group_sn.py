@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+from helpers import require_kernels
 from sn_mm import SwitchableNorm, fuse_conv_sn, harden_sn
 from sn_mm.models.hard_ratios import harden_state_dict
 
@@ -145,9 +146,60 @@ def test_groups_must_divide_the_channels():
         SwitchableNorm(8, ratio_groups=3)
     with pytest.raises(ValueError, match='ratio_groups must be a positive'):
         SwitchableNorm(8, ratio_groups=0)
-    layer = SwitchableNorm(8, ratio_groups=2, kernels='native')
-    with pytest.raises(ValueError, match='ratio_groups > 1'):
-        layer(torch.randn(2, 8, 3, 3))
+
+
+def run(layer, x, grad, kernels):
+    layer.kernels = kernels
+    layer.zero_grad()
+    x = x.detach().clone().requires_grad_()
+    out = layer(x)
+    (out * grad).sum().backward()
+    return [out, x.grad] + [p.grad for p in layer.parameters()] + [
+        b.clone() for b in layer.buffers() if b is not None]
+
+
+@pytest.mark.parametrize('groups', [1, 2, 8])
+@pytest.mark.parametrize('shape', [(3, 8, 4, 5), (3, 8), (2, 8, 1, 1),
+                                   (1, 8, 3, 3), (0, 8, 3, 3)],
+                         ids=['4d', '2d', 'one_position', 'one_sample',
+                              'empty'])
+@pytest.mark.parametrize('training', [True, False], ids=['train', 'eval'])
+def test_native_kernels_match_the_reference(groups, shape, training):
+    require_kernels('native')
+    layer = group_layer(8, groups)
+    layer.train(training)
+    x = inputs(shape)
+    grad = torch.randn(shape, dtype=torch.float64)
+    state = copy.deepcopy(layer.state_dict())
+    got = run(layer, x, grad, 'native')
+    layer.load_state_dict(state)
+    want = run(layer, x, grad, 'torch')
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize('fn', ['softmax', 'sparsestmax'])
+def test_native_kernels_with_fixed_ratios_per_group(fn):
+    require_kernels('native')
+    layer = group_layer(8, 4, ratio_fn=fn)
+    if fn == 'sparsestmax':
+        layer.set_radius(0.3)
+    with torch.no_grad():  # groups 1 and 3 of the mean fixed
+        layer.ratio_fixed[0, 1] = layer.ratio_fixed[0, 3] = True
+        layer.fixed_ratios[0, 1] = torch.tensor([0., 1, 0],
+                                                dtype=torch.float64)
+        layer.fixed_ratios[0, 3] = torch.tensor([.2, 0, .8],
+                                                dtype=torch.float64)
+    x = inputs((3, 8, 4, 5))
+    grad = torch.randn(3, 8, 4, 5, dtype=torch.float64)
+    state = copy.deepcopy(layer.state_dict())
+    got = run(layer, x, grad, 'native')
+    assert torch.equal(layer.mean_weight.grad[1], torch.zeros(
+        3, dtype=torch.float64))
+    layer.load_state_dict(state)
+    want = run(layer, x, grad, 'torch')
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
 
 
 def test_an_sn_checkpoint_starts_every_group():

@@ -234,13 +234,12 @@ def _triton_implementation(choice, x, weight, running_mean) -> str:
 
 
 def _group_sn_implementation(kernels: Optional[str], layer: str) -> str:
-    """Group SN (logits (G, K)) runs on the reference: the C++ and Triton
+    """Group SN (logits (G, K)) on the GPU runs on the reference: the Triton
     kernels mix one ratio vector per statistic."""
-    choice = kernels or default_kernels()
-    if choice in ('native', 'triton'):
-        raise ValueError(f'{layer}: kernels={choice!r} mixes one ratio vector '
-                         f'per statistic; ratio_groups > 1 runs with '
-                         f'kernels=\'auto\' or \'torch\'')
+    if (kernels or default_kernels()) == 'triton':
+        raise ValueError(f'{layer}: kernels=\'triton\' mixes one ratio '
+                         f'vector per statistic; ratio_groups > 1 runs with '
+                         f'kernels=\'auto\' or \'torch\' on GPUs')
     return 'torch'
 
 
@@ -287,7 +286,7 @@ def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
     logits at ``radius`` (:func:`sn_mm.ops.ratios.sparsest_ratios`)."""
     check_input(x, weight.shape[0], layer)
     impl = implementation(kernels, x, weight, running_mean, group)
-    if mean_weight.dim() == 2 and impl != 'torch':
+    if mean_weight.dim() == 2 and impl == 'triton':
         impl = _group_sn_implementation(kernels, layer)
     ratios_given = ratio_fn != 'softmax'
     if ratios_given:

@@ -558,6 +558,9 @@ def parse_args(argv=None):
                         help='the GPU sections on the CPU too')
     parser.add_argument('--json', default=None,
                         help='write every figure to this JSON file')
+    parser.add_argument('--group-sn', action='store_true',
+                        help='instead of the other tables: group SN '
+                        '(ratio_groups 2 and 32) against SN at each shape')
     parser.add_argument(
         '--allocator', choices=['steady', 'system'], default='steady',
         help='steady (default): restart under glibc malloc settings that '
@@ -596,6 +599,35 @@ def layer_section(args, shapes, report):
                 rows.append(row)
                 print(_layer_row(row, gpu))
     print_ratios(rows)
+
+
+GROUPS = (2, 32)
+
+
+def group_sn_section(args, shapes, report):
+    """Group SN against SN (G = 1), layer by layer, timed in turn."""
+    print('| shape | dtype | layer | forward ms | backward ms | fwd+bwd ms | '
+          'eval fwd ms | fwd+bwd / SN | eval fwd / SN |')
+    print('|---' * 9 + '|')
+    rows = report.setdefault('group_sn', [])
+    for shape in shapes:
+        c = shape[1]
+        makers = {'SN': lambda: SwitchableNorm(c)}
+        for g in GROUPS:
+            makers[f'SN G={g}'] = (
+                lambda g=g: SwitchableNorm(c, ratio_groups=g))
+        res = bench_shape(makers, shape, args.repeats, args.device)
+        sn = res['SN']
+        for name, r in res.items():
+            row = dict(shape='x'.join(map(str, shape)), layer=name,
+                       **{k: v * 1e3 for k, v in r.items() if k != 'saved'},
+                       both_vs_sn=r['both'] / sn['both'],
+                       eval_vs_sn=r['eval'] / sn['eval'])
+            rows.append(row)
+            print(f'| {row["shape"]} | float32 | {name} | {row["fwd"]:.2f} | '
+                  f'{row["bwd"]:.2f} | {row["both"]:.2f} | '
+                  f'{row["eval"]:.2f} | {row["both_vs_sn"]:.2f} | '
+                  f'{row["eval_vs_sn"]:.2f} |', flush=True)
 
 
 def _layer_row(r, gpu):
@@ -716,6 +748,9 @@ def main(argv=None):
                  f'kernels: {native_available()}, malloc: {args.allocator}')
     print(f'torch {torch.__version__}, {where}, median of {args.repeats}\n')
     report = dict(device=where, repeats=args.repeats)
+    if args.group_sn:
+        group_sn_section(args, shapes, report)
+        return report
     layer_section(args, shapes, report)
     if args.device == 'cuda' or args.gpu_sections:
         gpu_sections(args, shapes, report)

@@ -10,6 +10,7 @@
 #include <torch/library.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -336,10 +337,11 @@ template <typename T>
 struct NormalizeArgs {
   const T *x, *mean_in, *var_in, *mu_n, *var_n, *mu_c, *var_c, *weight,
       *bias;
-  T wm_in, wv_in, eps;
+  // Each channel's ratios, C values each: its group's (ChannelRatios).
+  const T *wm_n, *wv_in, *wv_n, *wm_c, *wv_c;
+  T eps;
   T *y, *mu, *rstd;
   int64_t channels, length;
-  T wm_n = 1, wv_n = 1, wm_c = 1, wv_c = 1;  // the terms' ratios
   bool stream = false;  // the output bypasses the caches (stream_row)
 };
 
@@ -394,14 +396,15 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
     const T* __restrict__ var_in = a.var_in + n * a.channels;
     T* __restrict__ mu = a.mu + n * a.channels;
     T* __restrict__ rstd = a.rstd + n * a.channels;
-    const T mu_n = a.mu_n[n], var_n = a.wv_n * a.var_n[n] + a.eps;
+    const T mu_n = a.mu_n[n], var_n = a.var_n[n];
     for (int64_t c = c0; c < r1 - n * a.channels; ++c) {
       // The row's mean plus weighted differences from it (the ratios sum
       // to 1): no |mean|-sized products to round.
-      mu[c] = mean_in[c] + a.wm_n * (mu_n - mean_in[c]) +
-              a.wm_c * (a.mu_c[c] - mean_in[c]);
-      rstd[c] = T(1) / std::sqrt(a.wv_in * var_in[c] + var_n +
-                                 a.wv_c * a.var_c[c]);
+      mu[c] = mean_in[c] + a.wm_n[c] * (mu_n - mean_in[c]) +
+              a.wm_c[c] * (a.mu_c[c] - mean_in[c]);
+      rstd[c] = T(1) / std::sqrt(a.wv_in[c] * var_in[c] +
+                                 (a.wv_n[c] * var_n + a.eps) +
+                                 a.wv_c[c] * a.var_c[c]);
     }
     r0 = r1;
   }
@@ -423,7 +426,8 @@ template <typename T>
 struct InputGradArgs {
   const T *g, *x, *sum_g, *sum_gxc, *mu, *rstd, *weight, *mean_in, *dvar_n,
       *dmean_n, *center_n, *dvar_c, *dmean_c, *center_c;
-  T wm_in, wv_in, two_over_divisor;
+  const T *wm_in, *wv_in;  // each channel's IN ratios
+  T two_over_divisor;
   T* dx;
   int64_t channels, length;
 };
@@ -451,8 +455,8 @@ SN_INLINE void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin,
       const T centred = a.sum_gxc[r] - (a.mu[r] - m) * a.sum_g[r];
       const T d_mu = -s * a.sum_g[r];
       const T d_var = T(-0.5) * s * rstd * rstd * centred;
-      const T d_var_in = dvar_n + a.dvar_c[c] + a.wv_in * d_var;
-      const T d_mean_in = dmean_n + a.dmean_c[c] + a.wm_in * d_mu +
+      const T d_var_in = dvar_n + a.dvar_c[c] + a.wv_in[c] * d_var;
+      const T d_mean_in = dmean_n + a.dmean_c[c] + a.wm_in[c] * d_mu +
                           T(2) * (m - center_n) * dvar_n +
                           T(2) * (m - a.center_c[c]) * a.dvar_c[c];
       scale[j] = s;
@@ -574,14 +578,19 @@ SN_INLINE void bn_dev_kernel(const BnDevArgs<T>& a, int64_t begin,
 template <typename T>
 struct GradReduceArgs {
   const T *s1, *s2, *mu, *rstd, *weight, *mean_in, *var_in, *mean_ln,
-      *mean_c;
+      *var_ln, *mean_c;
+  const T *wm_n, *wv_n;  // each channel's LN ratios
   int64_t channels;
   T *d_mu_n, *d_var_n;
-  double* acc;  // += grad_weight, grad_bias, d_mu_c, d_var_c (C each), dots
+  // += per channel: grad_weight, grad_bias, d_mu_c, d_var_c, and the ratio
+  // gradients' products (d_mu with the LN and the BN mean less mean_in,
+  // d_var with var_in and with the LN variance): 8 x C.
+  double* acc;
 };
 
 // Per sample, from the row sums (see grad_reductions): the sums over c of
-// d_mu and d_var, and into acc the per-channel sums and the three dots.
+// d_mu and d_var weighted by each channel's LN ratio, and into acc the
+// per-channel sums.
 template <typename T>
 SN_INLINE void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
                                   int64_t end) {
@@ -589,8 +598,8 @@ SN_INLINE void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
   double* acc = a.acc;
   for (int64_t n = begin; n < end; ++n) {
     const int64_t o = n * C;
-    const double ml = a.mean_ln[n];
-    D8 row_mu = {}, row_var = {}, dot_ln = {}, dot_bn = {}, dot_var = {};
+    const double ml = a.mean_ln[n], vl = a.var_ln[n];
+    D8 row_mu = {}, row_var = {};
     for (int64_t c = 0; c < C8; c += 8) {
       const D8 s1 = load_d(a.s1 + o + c), r = load_d(a.rstd + o + c),
                mi = load_d(a.mean_in + o + c);
@@ -603,13 +612,14 @@ SN_INLINE void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
       add_to(acc + C + c, s1);
       add_to(acc + 2 * C + c, d_mu);
       add_to(acc + 3 * C + c, d_var);
-      row_mu += d_mu;
-      row_var += d_var;
-      dot_ln += d_mu * (ml - mi);
-      dot_bn += d_mu * (load_d(a.mean_c + c) - mi);
-      dot_var += d_var * load_d(a.var_in + o + c);
+      add_to(acc + 4 * C + c, d_mu * (ml - mi));
+      add_to(acc + 5 * C + c, d_mu * (load_d(a.mean_c + c) - mi));
+      add_to(acc + 6 * C + c, d_var * load_d(a.var_in + o + c));
+      add_to(acc + 7 * C + c, d_var * vl);
+      row_mu += d_mu * load_d(a.wm_n + c);
+      row_var += d_var * load_d(a.wv_n + c);
     }
-    double t_mu = 0, t_var = 0, t_ln = 0, t_bn = 0, t_v = 0;
+    double t_mu = 0, t_var = 0;
     for (int64_t c = C8; c < C; ++c) {
       const int64_t r = o + c;
       const double centred =
@@ -621,17 +631,15 @@ SN_INLINE void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
       acc[C + c] += a.s1[r];
       acc[2 * C + c] += d_mu;
       acc[3 * C + c] += d_var;
-      t_mu += d_mu;
-      t_var += d_var;
-      t_ln += d_mu * (ml - double(a.mean_in[r]));
-      t_bn += d_mu * (double(a.mean_c[c]) - double(a.mean_in[r]));
-      t_v += d_var * a.var_in[r];
+      acc[4 * C + c] += d_mu * (ml - double(a.mean_in[r]));
+      acc[5 * C + c] += d_mu * (double(a.mean_c[c]) - double(a.mean_in[r]));
+      acc[6 * C + c] += d_var * a.var_in[r];
+      acc[7 * C + c] += d_var * vl;
+      t_mu += d_mu * a.wm_n[c];
+      t_var += d_var * a.wv_n[c];
     }
     a.d_mu_n[n] = static_cast<T>(hsum<8>(row_mu) + t_mu);
     a.d_var_n[n] = static_cast<T>(hsum<8>(row_var) + t_var);
-    acc[4 * C] += hsum<8>(dot_ln) + t_ln;
-    acc[4 * C + 1] += hsum<8>(dot_bn) + t_bn;
-    acc[4 * C + 2] += hsum<8>(dot_var) + t_v;
   }
 }
 
@@ -767,45 +775,75 @@ void reductions_into(const scalar_t* pm, const scalar_t* pv, int64_t samples,
 }
 
 // From the row sums of the output gradient (sum_gxc = sum g * (x - mean_in)):
-// the gradients of weight and bias, and the sums over c (per n) and over n
-// (per c) of the gradients of the mixed mean and variance, d_mu = -scale *
-// sum_g and d_var = -scale * rstd^2 / 2 * sum g * (x - mu), plus three dot
-// products for the ratio gradients: d_mu with the LN and the BN mean, each
-// less the row's IN mean (a shift common to all terms, which the softmax
-// gradient ignores, and which keeps large offsets from cancelling), and
-// d_var with the IN variance. per_c: grad_weight, grad_bias, d_mu_c,
-// d_var_c.
+// the gradients of weight and bias, and the sums over c (per n, weighted by
+// each channel's LN ratio) and over n (per c) of the gradients of the mixed
+// mean and variance, d_mu = -scale * sum_g and d_var = -scale * rstd^2 / 2 *
+// sum g * (x - mu), plus per channel the products for the ratio gradients:
+// d_mu with the LN and the BN mean, each less the row's IN mean (a shift
+// common to all terms, which the softmax gradient ignores, and which keeps
+// large offsets from cancelling), d_var with the IN and the LN variance.
+// per_c: grad_weight, grad_bias, d_mu_c, d_var_c; dots: the products (4 x C,
+// in double).
 template <typename scalar_t>
-void grad_reductions_into(const scalar_t* s1, const scalar_t* s2,
-                          const scalar_t* pmu, const scalar_t* pr,
-                          const scalar_t* pw, const scalar_t* pmi,
-                          const scalar_t* pvi, const scalar_t* pml,
-                          const scalar_t* pmc, int64_t samples,
-                          int64_t channels, scalar_t* pdmn, scalar_t* pdvn,
-                          scalar_t* const per_c[4], scalar_t* pd) {
-  // Accumulated over n: grad_weight, grad_bias, d_mu_c and d_var_c per
-  // channel, then the three dot products.
+void grad_reductions_into(const GradReduceArgs<scalar_t>& args,
+                          int64_t samples, scalar_t* const per_c[4],
+                          std::vector<double>& dots) {
+  const int64_t channels = args.channels;
   const auto cols = sum_over_samples(
-      samples, 4 * channels + 3, [&](int64_t n, double* acc) {
-        run(GradReduceArgs<scalar_t>{s1, s2, pmu, pr, pw, pmi, pvi, pml, pmc,
-                                     channels, pdmn, pdvn, acc},
-            n, n + 1);
+      samples, 8 * channels, [&](int64_t n, double* acc) {
+        GradReduceArgs<scalar_t> a = args;
+        a.acc = acc;
+        run(a, n, n + 1);
       });
   for (int i = 0; i < 4; ++i) {
     scalar_t* out = per_c[i];
     for (int64_t c = 0; c < channels; ++c)
       out[c] = static_cast<scalar_t>(cols[i * channels + c]);
   }
-  for (int i = 0; i < 3; ++i)
-    pd[i] = static_cast<scalar_t>(cols[4 * channels + i]);
+  dots.assign(cols.begin() + 4 * channels, cols.end());
 }
 
 // The ratio vectors in use: IN first where IN is defined (K entries, else
 // K - 1, LN first), and where LN sits (BN follows it).
+// Group SN: G such vectors one after the other, channel c taking group
+// c / (C / G)'s.
 struct Ratios {
   std::vector<double> mean, var;
   bool has_in = true;
   int64_t k_ln = 1;
+  int64_t groups = 1;
+  int64_t terms() const { return static_cast<int64_t>(mean.size()) / groups; }
+};
+
+// Each channel's ratios, C values each: IN's, LN's and BN's for the mean
+// and for the variance (IN's 0 where undefined, BN's 0 without a BN term),
+// in the computation's dtype.
+template <typename T>
+struct ChannelRatios {
+  std::vector<T> data;
+  int64_t channels;
+  ChannelRatios(const Ratios& w, int64_t channels, bool using_bn)
+      : data(6 * channels), channels(channels) {
+    const int64_t k = w.k_ln, terms = w.terms(),
+                  per_group = std::max<int64_t>(channels / w.groups, 1);
+    for (int64_t c = 0; c < channels; ++c) {
+      const int64_t at = (c / per_group) * terms;
+      const double* m = w.mean.data() + at;
+      const double* v = w.var.data() + at;
+      data[c] = static_cast<T>(w.has_in ? m[0] : 0.0);
+      data[channels + c] = static_cast<T>(w.has_in ? v[0] : 0.0);
+      data[2 * channels + c] = static_cast<T>(m[k]);
+      data[3 * channels + c] = static_cast<T>(v[k]);
+      data[4 * channels + c] = static_cast<T>(using_bn ? m[k + 1] : 0.0);
+      data[5 * channels + c] = static_cast<T>(using_bn ? v[k + 1] : 0.0);
+    }
+  }
+  const T* wm_in() const { return data.data(); }
+  const T* wv_in() const { return data.data() + channels; }
+  const T* wm_ln() const { return data.data() + 2 * channels; }
+  const T* wv_ln() const { return data.data() + 3 * channels; }
+  const T* wm_bn() const { return data.data() + 4 * channels; }
+  const T* wv_bn() const { return data.data() + 5 * channels; }
 };
 
 std::vector<double> read_doubles(const at::Tensor& t) {
@@ -819,12 +857,24 @@ std::vector<double> read_doubles(const at::Tensor& t) {
   return out;
 }
 
-std::array<bool, 2> read_fixed(const c10::optional<at::Tensor>& fixed) {
-  if (!(fixed.has_value() && fixed->defined())) return {false, false};
+// Which ratio vectors are fixed: 2 x G flags (mean's groups, then the
+// variance's), from ratio_fixed (2,) or, for group SN, (2, G).
+std::vector<bool> read_fixed(const c10::optional<at::Tensor>& fixed,
+                             int64_t groups) {
+  if (!(fixed.has_value() && fixed->defined()))
+    return std::vector<bool>(2 * groups, false);
   auto f = fixed->scalar_type() == at::kBool && fixed->is_contiguous()
                ? *fixed
                : fixed->to(at::kBool).contiguous();
-  return {f.data_ptr<bool>()[0], f.data_ptr<bool>()[1]};
+  TORCH_CHECK(f.numel() == 2 * groups, "switchable_norm: ratio_fixed must "
+              "hold 2 x ", groups, " flags, got ", f.sizes());
+  const bool* p = f.data_ptr<bool>();
+  return std::vector<bool>(p, p + 2 * groups);
+}
+
+// G: the rows of (G, K) logits (group SN), else 1.
+int64_t ratio_groups(const at::Tensor& logits) {
+  return logits.dim() == 2 ? logits.size(0) : 1;
 }
 
 // Where IN is undefined: the other terms renormalised, or LN alone if the
@@ -844,32 +894,39 @@ std::vector<double> without_in(const std::vector<double>& r) {
 
 Ratios mixing_ratios(const at::Tensor& mean_logits,
                      const at::Tensor& var_logits,
-                     const std::array<bool, 2>& is_fixed,
+                     const std::vector<bool>& is_fixed,
                      const c10::optional<at::Tensor>& fixed_ratios,
                      bool has_in, bool ratios_given) {
   Ratios out;
   out.has_in = has_in;
   out.k_ln = has_in ? 1 : 0;
+  out.groups = ratio_groups(mean_logits);
+  const int64_t groups = out.groups, k = mean_logits.numel() / groups;
   std::vector<double> given;
-  if (is_fixed[0] || is_fixed[1]) given = read_doubles(*fixed_ratios);
+  if (std::find(is_fixed.begin(), is_fixed.end(), true) != is_fixed.end())
+    given = read_doubles(*fixed_ratios);
   const at::Tensor* logits[2] = {&mean_logits, &var_logits};
   for (int row = 0; row < 2; ++row) {
-    std::vector<double> r;
-    const int64_t k = logits[row]->numel();
-    if (is_fixed[row]) {
-      r.assign(given.begin() + row * k, given.begin() + (row + 1) * k);
-      if (!has_in) r = without_in(r);
-    } else {
-      r = read_doubles(*logits[row]);
-      if (!has_in) r.erase(r.begin());
-      if (!ratios_given) {  // softmax; given ratios come renormalised
-        const double top = *std::max_element(r.begin(), r.end());
-        double total = 0;
-        for (double& v : r) total += (v = std::exp(v - top));
-        for (double& v : r) v /= total;
+    const std::vector<double> all = read_doubles(*logits[row]);
+    std::vector<double>& rows = row == 0 ? out.mean : out.var;
+    for (int64_t g = 0; g < groups; ++g) {
+      std::vector<double> r;
+      if (is_fixed[row * groups + g]) {
+        const auto at = given.begin() + (row * groups + g) * k;
+        r.assign(at, at + k);
+        if (!has_in) r = without_in(r);
+      } else {
+        r.assign(all.begin() + g * k, all.begin() + (g + 1) * k);
+        if (!has_in) r.erase(r.begin());
+        if (!ratios_given) {  // softmax; given ratios come renormalised
+          const double top = *std::max_element(r.begin(), r.end());
+          double total = 0;
+          for (double& v : r) total += (v = std::exp(v - top));
+          for (double& v : r) v /= total;
+        }
       }
+      rows.insert(rows.end(), r.begin(), r.end());
     }
-    (row == 0 ? out.mean : out.var) = r;
   }
   return out;
 }
@@ -1090,32 +1147,32 @@ std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
 template <typename T>
 NormalizeArgs<T> normalize_args(const Forward& f, const Stats<T>& s,
                                 std::pair<const T*, const T*> bn,
+                                const ChannelRatios<T>& w,
                                 const at::Tensor& weight,
-                                const at::Tensor& bias, bool using_bn,
-                                double eps, at::Tensor& y) {
-  const Ratios& w = f.ratios;
-  const int64_t k = w.k_ln;
-  return NormalizeArgs<T>{f.x3.data_ptr<T>(),
-                          s.mean_in,
-                          s.var_in,
-                          s.ln_mean,
-                          s.ln_var,
-                          bn.first,
-                          bn.second,
-                          weight.data_ptr<T>(),
-                          bias.data_ptr<T>(),
-                          static_cast<T>(w.has_in ? w.mean[0] : 0.0),
-                          static_cast<T>(w.has_in ? w.var[0] : 0.0),
-                          static_cast<T>(eps),
-                          y.data_ptr<T>(),
-                          s.mu,
-                          s.rstd,
-                          f.x3.size(1),
-                          f.x3.size(2),
-                          static_cast<T>(w.mean[k]),
-                          static_cast<T>(w.var[k]),
-                          static_cast<T>(using_bn ? w.mean[k + 1] : 0.0),
-                          static_cast<T>(using_bn ? w.var[k + 1] : 0.0)};
+                                const at::Tensor& bias, double eps,
+                                at::Tensor& y) {
+  NormalizeArgs<T> a;
+  a.x = f.x3.data_ptr<T>();
+  a.mean_in = s.mean_in;
+  a.var_in = s.var_in;
+  a.mu_n = s.ln_mean;
+  a.var_n = s.ln_var;
+  a.mu_c = bn.first;
+  a.var_c = bn.second;
+  a.weight = weight.data_ptr<T>();
+  a.bias = bias.data_ptr<T>();
+  a.wm_n = w.wm_ln();
+  a.wv_in = w.wv_in();
+  a.wv_n = w.wv_ln();
+  a.wm_c = w.wm_bn();
+  a.wv_c = w.wv_bn();
+  a.eps = static_cast<T>(eps);
+  a.y = y.data_ptr<T>();
+  a.mu = s.mu;
+  a.rstd = s.rstd;
+  a.channels = f.x3.size(1);
+  a.length = f.x3.size(2);
+  return a;
 }
 
 // Outputs of long rows far larger than the last-level cache are written
@@ -1132,8 +1189,8 @@ void forward_pass(Forward& f, at::Tensor& y, const at::Tensor& weight,
                 spatial = f.x3.size(2);
   const Stats<T> s(stats_buffer<T>(f, for_backward), samples, channels);
   const auto bn = statistics<T>(f, s, run_stats, for_backward);
-  auto args =
-      normalize_args(f, s, bn, weight, bias, run_stats.using_bn, eps, y);
+  const ChannelRatios<T> w(f.ratios, channels, run_stats.using_bn);
+  auto args = normalize_args(f, s, bn, w, weight, bias, eps, y);
   args.stream = spatial >= kStreamRow &&
                 y.numel() * int64_t(sizeof(T)) > kStreamBytes;
   run_rows(args, samples * channels, spatial);
@@ -1157,8 +1214,14 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
   f.x3 = rows_of(x);
   const bool has_in = f.x3.size(2) > 1;
   f.correction = (unbiased && has_in) ? 1 : 0;
-  f.ratios = mixing_ratios(mean_logits, var_logits, read_fixed(fixed),
-                           fixed_ratios, has_in, ratios_given);
+  const int64_t groups = ratio_groups(mean_logits);
+  TORCH_CHECK(groups >= 1 && x.size(1) % groups == 0 &&
+                  var_logits.sizes() == mean_logits.sizes(),
+              "switchable_norm: ", groups, " ratio groups do not divide ",
+              x.size(1), " channels (or the logits' shapes differ)");
+  f.ratios = mixing_ratios(mean_logits, var_logits,
+                           read_fixed(fixed, groups), fixed_ratios, has_in,
+                           ratios_given);
   const bool using_bn = defined(running_mean);
   f.bn_batch = using_bn && training;
   f.total = static_cast<double>(x.size(0));
@@ -1183,11 +1246,12 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
 // of the mixed statistics' gradients, zeros, and three dot products.
 template <typename T>
 struct GradSums {
-  T *s1, *s2, *d_mu_n, *d_var_n, *d_mu_c, *d_var_c, *zeros_c, *dots;
+  T *s1, *s2, *d_mu_n, *d_var_n, *d_mu_c, *d_var_c, *zeros_c;
+  std::vector<double> dots;  // per channel, see grad_reductions_into
   GradSums(int64_t samples, int64_t channels) {
     static thread_local std::vector<T> scratch;
     const int64_t rows = samples * channels;
-    const int64_t need = 2 * rows + 2 * samples + 3 * channels + 3;
+    const int64_t need = 2 * rows + 2 * samples + 3 * channels;
     if (static_cast<int64_t>(scratch.size()) < need) scratch.resize(need);
     s1 = scratch.data();
     s2 = s1 + rows;
@@ -1196,54 +1260,62 @@ struct GradSums {
     d_mu_c = d_var_n + samples;
     d_var_c = d_mu_c + channels;
     zeros_c = d_var_c + channels;
-    dots = zeros_c + channels;
     std::fill_n(zeros_c, channels, T(0));
+    dots.assign(4 * channels, 0.0);
   }
 };
 
-// d loss / d ratio, term by term (the mean terms less a per-row shift
-// common to all, which gradients on the simplex ignore), IN first where
-// IN is defined.
+// d loss / d ratio, term by term and group by group (the mean terms less a
+// per-row shift common to all, which gradients on the simplex ignore), IN
+// first where IN is defined: the per-channel products summed over each
+// group's channels.
 template <typename T>
-void ratio_grads(const GradSums<T>& gs, const T* ln_var, const T* bn_var,
-                 int64_t samples, int64_t channels, bool using_bn,
-                 bool has_in, std::vector<double>& d_wm,
+void ratio_grads(const GradSums<T>& gs, const T* bn_var, int64_t channels,
+                 bool using_bn, const Ratios& w, std::vector<double>& d_wm,
                  std::vector<double>& d_wv) {
-  double var_ln_dot = 0, var_bn_dot = 0;
-  for (int64_t n = 0; n < samples; ++n)
-    var_ln_dot += double(gs.d_var_n[n]) * ln_var[n];
-  d_wm.push_back(gs.dots[0]);
-  d_wv.push_back(var_ln_dot);
-  if (using_bn) {
-    for (int64_t c = 0; c < channels; ++c)
-      var_bn_dot += double(gs.d_var_c[c]) * bn_var[c];
-    d_wm.push_back(gs.dots[1]);
-    d_wv.push_back(var_bn_dot);
-  }
-  if (has_in) {
-    d_wm.insert(d_wm.begin(), 0.0);
-    d_wv.insert(d_wv.begin(), gs.dots[2]);
+  const int64_t per_group = std::max<int64_t>(channels / w.groups, 1);
+  const double* dot = gs.dots.data();
+  for (int64_t g = 0; g < w.groups; ++g) {
+    double ln_mean = 0, bn_mean = 0, in_var = 0, ln_var = 0, bn_var_dot = 0;
+    for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) {
+      ln_mean += dot[c];
+      bn_mean += dot[channels + c];
+      in_var += dot[2 * channels + c];
+      ln_var += dot[3 * channels + c];
+      if (using_bn) bn_var_dot += double(gs.d_var_c[c]) * bn_var[c];
+    }
+    if (w.has_in) {
+      d_wm.push_back(0.0);
+      d_wv.push_back(in_var);
+    }
+    d_wm.push_back(ln_mean);
+    d_wv.push_back(ln_var);
+    if (using_bn) {
+      d_wm.push_back(bn_mean);
+      d_wv.push_back(bn_var_dot);
+    }
   }
 }
 
 // Back through the LN (N, 1) and BN (C,) statistics to each row's IN mean
 // and variance (Eq. 5 reversed), in place; a batch without samples sends
 // nothing to BN's.
+// (The LN sums come weighted by each channel's LN ratio.)
 template <typename T>
 void through_shared_stats(const GradSums<T>& gs, const Forward& f,
-                          int64_t samples, int64_t channels, bool bn_grad) {
-  const Ratios& w = f.ratios;
-  const int64_t k = w.k_ln;
-  const double s_vn = w.var[k] / channels, s_mn = w.mean[k] / channels;
+                          const ChannelRatios<T>& w, int64_t samples,
+                          int64_t channels, bool bn_grad) {
+  const double s_n = 1.0 / channels;
   for (int64_t n = 0; n < samples; ++n) {
-    gs.d_var_n[n] = static_cast<T>(gs.d_var_n[n] * s_vn);
-    gs.d_mu_n[n] = static_cast<T>(gs.d_mu_n[n] * s_mn);
+    gs.d_var_n[n] = static_cast<T>(gs.d_var_n[n] * s_n);
+    gs.d_mu_n[n] = static_cast<T>(gs.d_mu_n[n] * s_n);
   }
-  const double s_mc = bn_grad ? w.mean[k + 1] / f.total : 0.0;
-  const double s_vc = bn_grad ? w.var[k + 1] / f.total : 0.0;
+  const double s_c = bn_grad ? 1.0 / f.total : 0.0;
+  const T* wm = w.wm_bn();
+  const T* wv = w.wv_bn();
   for (int64_t c = 0; c < channels; ++c) {
-    gs.d_mu_c[c] = static_cast<T>(gs.d_mu_c[c] * s_mc);
-    gs.d_var_c[c] = static_cast<T>(gs.d_var_c[c] * s_vc);
+    gs.d_mu_c[c] = static_cast<T>(gs.d_mu_c[c] * (wm[c] * s_c));
+    gs.d_var_c[c] = static_cast<T>(gs.d_var_c[c] * (wv[c] * s_c));
   }
 }
 
@@ -1272,53 +1344,60 @@ void backward_pass(const at::Tensor& g, const Forward& f,
   } else {
     std::fill_n(gs.s1, 2 * rows, T(0));
   }
+  const ChannelRatios<T> cw(w, channels, using_bn);
   T* const per_c[4] = {grad_weight.data_ptr<T>(), grad_bias.data_ptr<T>(),
                        gs.d_mu_c, gs.d_var_c};
-  grad_reductions_into(gs.s1, gs.s2, s.mu, s.rstd, weight.data_ptr<T>(),
-                       s.mean_in, s.var_in, s.ln_mean,
-                       using_bn ? bn_mean : gs.zeros_c, samples, channels,
-                       gs.d_mu_n, gs.d_var_n, per_c, gs.dots);
-  ratio_grads(gs, s.ln_var, bn_var, samples, channels, using_bn, w.has_in,
-              d_wm, d_wv);
-  through_shared_stats(gs, f, samples, channels, bn_grad);
+  const GradReduceArgs<T> rargs{
+      gs.s1, gs.s2, s.mu, s.rstd, weight.data_ptr<T>(), s.mean_in, s.var_in,
+      s.ln_mean, s.ln_var, using_bn ? bn_mean : gs.zeros_c, cw.wm_ln(),
+      cw.wv_ln(), channels, gs.d_mu_n, gs.d_var_n, nullptr};
+  grad_reductions_into(rargs, samples, per_c, gs.dots);
+  ratio_grads(gs, bn_var, channels, using_bn, w, d_wm, d_wv);
+  through_shared_stats(gs, f, cw, samples, channels, bn_grad);
   if (!f.x3.numel()) return;
   InputGradArgs<T> iargs{
       g.data_ptr<T>(), f.x3.data_ptr<T>(), gs.s1, gs.s2, s.mu, s.rstd,
       weight.data_ptr<T>(), s.mean_in, gs.d_var_n, gs.d_mu_n, s.ln_mean,
-      gs.d_var_c, gs.d_mu_c, bn_grad ? bn_mean : gs.zeros_c,
-      static_cast<T>(w.has_in ? w.mean[0] : 0.0),
-      static_cast<T>(w.has_in ? w.var[0] : 0.0),
+      gs.d_var_c, gs.d_mu_c, bn_grad ? bn_mean : gs.zeros_c, cw.wm_in(),
+      cw.wv_in(),
       static_cast<T>(2.0 / std::max<int64_t>(spatial - f.correction, 1)),
       grad_x.data_ptr<T>(), channels, spatial};
   run_rows(iargs, rows, spatial);
 }
 
 // From d loss / d ratio to the logits' gradient (through the softmax; as it
-// is for given ratios); fixed ratios and an IN logit that took no part get
-// zeros.
+// is for given ratios), group by group; fixed ratios and an IN logit that
+// took no part get zeros. `row`: 0 for the mean's, 1 for the variance's.
 at::Tensor logit_grad(const std::vector<double>& r,
                       const std::vector<double>& d, const at::Tensor& logits,
-                      bool is_fixed, bool has_in, bool ratios_given) {
-  auto out = at::zeros({logits.numel()}, logits.options());
-  if (is_fixed) return out;
-  double mean_d = 0;
-  for (size_t i = 0; i < r.size(); ++i) mean_d += r[i] * d[i];
-  const size_t off = has_in ? 0 : 1;
+                      const std::vector<bool>& is_fixed, int row,
+                      int64_t groups, bool has_in, bool ratios_given) {
+  auto out = at::zeros(logits.sizes(), logits.options());
+  const int64_t k = logits.numel() / groups,
+                used = static_cast<int64_t>(r.size()) / groups;
+  const int64_t off = has_in ? 0 : 1;
   AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "logit_grad", [&] {
     scalar_t* p = out.data_ptr<scalar_t>();
-    for (size_t i = 0; i < r.size(); ++i)
-      p[i + off] = static_cast<scalar_t>(ratios_given ? d[i]
-                                                      : r[i] * (d[i] - mean_d));
+    for (int64_t g = 0; g < groups; ++g) {
+      if (is_fixed[row * groups + g]) continue;
+      const double* rg = r.data() + g * used;
+      const double* dg = d.data() + g * used;
+      double mean_d = 0;
+      for (int64_t i = 0; i < used; ++i) mean_d += rg[i] * dg[i];
+      for (int64_t i = 0; i < used; ++i)
+        p[g * k + i + off] = static_cast<scalar_t>(
+            ratios_given ? dg[i] : rg[i] * (dg[i] - mean_d));
+    }
   });
   return out;
 }
 
 // The backward pass: gradients of x, weight, bias and the two logit (or,
-// with ratios_given, ratio) vectors.
+// with ratios_given, ratio) tensors.
 variable_list backward_impl(const at::Tensor& grad_y, const Forward& f,
                             const at::Tensor& weight,
                             const at::Tensor& mean_logits,
-                            const std::array<bool, 2>& is_fixed,
+                            const std::vector<bool>& is_fixed,
                             bool using_bn, bool ratios_given) {
   const auto dtype = f.x3.scalar_type();
   auto g = grad_y.reshape(f.x3.sizes());
@@ -1335,10 +1414,10 @@ variable_list backward_impl(const at::Tensor& grad_y, const Forward& f,
   });
   const Ratios& w = f.ratios;
   return {grad_x.view(grad_y.sizes()), grad_weight, grad_bias,
-          logit_grad(w.mean, d_wm, mean_logits, is_fixed[0], w.has_in,
-                     ratios_given),
-          logit_grad(w.var, d_wv, mean_logits, is_fixed[1], w.has_in,
-                     ratios_given)};
+          logit_grad(w.mean, d_wm, mean_logits, is_fixed, 0, w.groups,
+                     w.has_in, ratios_given),
+          logit_grad(w.var, d_wv, mean_logits, is_fixed, 1, w.groups,
+                     w.has_in, ratios_given)};
 }
 
 // The reference's output (sn_mm::switchable_norm_reference, PyTorch ops
@@ -1430,10 +1509,12 @@ class SwitchableNormOp : public torch::autograd::Function<SwitchableNormOp> {
     const auto& grad_y = grad_outputs[0];
     if (!grad_y.defined()) return result;
     if (at::GradMode::is_enabled()) return recorded_backward(ctx, grad_y);
-    const Forward f = unpack_meta(meta, saved[0], saved[5]);
+    Forward f = unpack_meta(meta, saved[0], saved[5]);
+    f.ratios.groups = ratio_groups(saved[3]);
     auto grads = backward_impl(grad_y, f, saved[1], saved[3],
-                               read_fixed(optional_of(saved[6])), using_bn,
-                               ratios_given);
+                               read_fixed(optional_of(saved[6]),
+                                          f.ratios.groups),
+                               using_bn, ratios_given);
     for (int i = 0; i < 5; ++i)
       if (ctx->needs_input_grad(i)) result[i] = grads[i];
     return result;
