@@ -48,3 +48,14 @@ def test_benchmark_compile_prints_its_table():
             if line.startswith('| DeepLabV3') or line.startswith('| Mask')]
     assert len(rows) == 2, result.stdout
     assert all(len(r.split('|')) == 11 for r in rows)
+
+
+def test_benchmark_group_sn_table():
+    result = run_python([
+        tool('analysis_tools', 'benchmark_norm.py'), '--group-sn', '--toy',
+        '--repeats', '1'], cwd=ROOT, timeout=300)
+    for layer in ('SN', 'SN G=2', 'SN G=32'):
+        assert re.search(rf'\| 2x32x8x8 \| float32 \| {layer} \|',
+                         result.stdout), result.stdout
+    assert re.search(r'\| 2x32x8x8 \| float32 \| SN \|( [\d.]+ \|){4} '
+                     r'1\.00 \| 1\.00 \|', result.stdout)

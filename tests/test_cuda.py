@@ -284,3 +284,34 @@ def test_nonfinite_batch_leaves_running_statistics(kernels):
     for name in ('running_mean', 'running_var', 'num_batches_tracked'):
         assert torch.equal(after[name], before[name]), name
     assert int(sn.nonfinite_batches) == 1
+
+
+@pytest.mark.parametrize('training', [True, False])
+def test_group_sn_on_the_device_equals_the_cpu(training):
+    """Group SN (ratio_groups=4) on the device, on whatever computes it
+    there, against the same layer on the CPU in float64: outputs,
+    gradients per group and running statistics."""
+    torch.manual_seed(0)
+    cpu = SwitchableNorm(8, ratio_groups=4).double()
+    with torch.no_grad():
+        for p in cpu.parameters():
+            p.normal_()
+        cpu.running_var.uniform_(.5, 1.5)
+    dev = SwitchableNorm(8, ratio_groups=4).to(DEVICE)
+    dev.load_state_dict(cpu.state_dict())
+    cpu.train(training)
+    dev.train(training)
+    x = sample((4, 8, 6, 5))
+    grad = torch.randn(4, 8, 6, 5, dtype=torch.float64)
+    results = []
+    for layer_, dtype in ((cpu, torch.float64), (dev, torch.float32)):
+        xi = x.to(DEVICE if layer_ is dev else 'cpu',
+                  dtype).detach().requires_grad_()
+        out = layer_(xi)
+        out.backward(grad.to(out))
+        results.append([out, xi.grad, layer_.mean_weight.grad,
+                        layer_.var_weight.grad, layer_.running_mean,
+                        layer_.running_var])
+    for want, got in zip(*results):
+        torch.testing.assert_close(got.double().cpu(), want,
+                                   rtol=1e-4, atol=1e-4)

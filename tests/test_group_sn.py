@@ -330,3 +330,16 @@ def test_plot_ratios_per_group_and_per_layer(tmp_path):
     for extra in ([], ['--groups'], ['--hard', '--groups']):
         tool.main([str(ckpt), '--out', str(tmp_path / 'r.png'), *extra])
         assert (tmp_path / 'r.png').exists()
+
+
+def test_onnx_export(tmp_path):
+    ort = pytest.importorskip('onnxruntime')
+    layer = group_layer(8, 2, dtype=torch.float32).eval()
+    x = torch.randn(2, 8, 5, 5)
+    path = tmp_path / 'group_sn.onnx'
+    torch.onnx.export(layer, (x, ), str(path), dynamo=False,
+                      opset_version=17)
+    session = ort.InferenceSession(str(path))
+    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    torch.testing.assert_close(torch.from_numpy(got), layer(x).detach(),
+                               rtol=1e-5, atol=1e-5)

@@ -90,8 +90,9 @@ class SwitchableNorm(nn.Module):
             G = 1 is SN (logits (K,)); G = C gives every channel its own
             ratios. A checkpoint with one ratio vector per statistic
             (SN's, e.g. the released backbones) starts every group from
-            it. Group SN runs on the reference implementation
-            (``kernels='auto'`` or ``'torch'``). Default: 1.
+            it. On GPUs group SN runs on the reference implementation
+            (the Triton kernels mix one ratio vector per statistic).
+            Default: 1.
 
     Non-finite batches: a training batch whose BN statistics are not all
     finite (a NaN or an overflow in the input, e.g. the step that
