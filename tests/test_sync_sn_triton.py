@@ -25,6 +25,9 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(
     reason='needs a GPU or Triton\'s interpreter')]
 WORLD = 2
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
+# Group SN's case runs on the reference (the Triton kernels mix one ratio
+# vector per statistic).
+CASES = [case for case in CASES if len(case) == 3]
 
 
 def worker(rank, port, result_file):
