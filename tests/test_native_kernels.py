@@ -91,6 +91,36 @@ def test_large_outputs_of_long_rows(dtype):
     torch.testing.assert_close(got, want)
 
 
+@pytest.mark.skipif(not native_available(), reason='extension not built')
+@pytest.mark.parametrize('shape,dtype', [
+    ((200, 256, 7, 7), torch.float32),   # rows of 196 bytes
+    ((600, 256, 17), torch.float32),     # a vector's length plus one
+    ((600, 256, 16), torch.float32),     # exactly a vector
+    ((1100, 256, 3, 3), torch.float64),  # a double vector's plus one
+], ids=['7x7', '17', '16', 'float64_9'])
+@pytest.mark.parametrize('training', [True, False], ids=['train', 'eval'])
+def test_short_rows_in_large_tasks(shape, dtype, training):
+    """Tasks of a million values or more in rows shorter than 4096 are
+    normalised as one span in whole aligned vectors, a vector that crosses
+    from one row into the next taking each lane's statistics from its row.
+    Every value against the reference, on one thread and on two."""
+    x = random_input(shape, dtype=dtype)
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            sn = make_sn(shape[1], dtype=dtype).train(training)
+            state = {k: v.clone() for k, v in sn.state_dict().items()}
+            with torch.no_grad():
+                got = sn(x)
+                sn.load_state_dict(state)
+                sn.kernels = 'torch'
+                want = sn(x)
+            torch.testing.assert_close(got, want)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize('training', [True, False])
 def test_pytorch_fallback_matches_reference(training):
     sn = make_sn(5, kernels='torch').train(training)

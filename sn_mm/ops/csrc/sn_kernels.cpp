@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 #include <vector>
 
 // The extension is built without -march flags so that it runs on any x86-64;
@@ -378,6 +380,68 @@ SN_INLINE void stream_row(const T* __restrict__ row, T* __restrict__ out,
   for (; i < n; ++i) out[i] = (row[i] - mu) * s + b;
 }
 
+// Rows of fewer than kFlatRow values, in tasks of at least kFlatSpan
+// values, are normalised as one flat span (normalize_flat): their own loops
+// would end in scalar tails and, where a row's bytes are not a multiple of
+// 64, store vectors split across cache lines. (In smaller tasks the
+// per-vector test for a row's end costs more than it saves.)
+constexpr int64_t kFlatRow = 4096, kFlatSpan = int64_t(1) << 20;
+
+// y = (x - mu) * s + b over rows [begin, end) as one span, in whole
+// 64-byte vectors stored at aligned addresses; a vector that crosses from
+// one row into the next takes each lane's parameters from its row (rows
+// are at least a vector long, so at most two rows meet in one).
+template <typename T>
+SN_INLINE void normalize_flat(const NormalizeArgs<T>& a, int64_t begin,
+                              int64_t end) {
+  constexpr int kW = 64 / sizeof(T);
+  using V = typename Vec<T, kW>::type;
+  using Int = typename std::conditional<sizeof(T) == 4, int32_t,
+                                        int64_t>::type;
+  using IV = typename Vec<Int, kW>::type;
+  IV lane;
+  for (int k = 0; k < kW; ++k) lane[k] = k;
+  const int64_t L = a.length, C = a.channels, stop = end * L;
+  const T* __restrict__ x = a.x;
+  T* __restrict__ y = a.y;
+  int64_t i = begin * L, r = begin, row_end = (begin + 1) * L,
+          c = begin % C;
+  T mu = a.mu[r], s = a.weight[c] * a.rstd[r], b = a.bias[c];
+  auto next_row = [&]() {
+    ++r;
+    row_end += L;
+    if (++c == C) c = 0;
+    if (r < end) {
+      mu = a.mu[r];
+      s = a.weight[c] * a.rstd[r];
+      b = a.bias[c];
+    }
+  };
+  for (; i < stop && reinterpret_cast<uintptr_t>(y + i) % 64; ++i) {
+    y[i] = (x[i] - mu) * s + b;
+    if (i + 1 == row_end) next_row();
+  }
+  for (; i + kW <= stop; i += kW) {
+    const V v = load<kW>(x + i);
+    if (i + kW < row_end) {
+      *reinterpret_cast<V*>(y + i) = (v - mu) * s + b;
+      continue;
+    }
+    const Int split = static_cast<Int>(row_end - i);  // lanes of row r
+    const IV first = lane < split;
+    const T mu0 = mu, s0 = s, b0 = b;
+    next_row();
+    const V mu_v = first ? V{} + mu0 : V{} + mu;
+    const V s_v = first ? V{} + s0 : V{} + s;
+    const V b_v = first ? V{} + b0 : V{} + b;
+    *reinterpret_cast<V*>(y + i) = (v - mu_v) * s_v + b_v;
+  }
+  for (; i < stop; ++i) {
+    y[i] = (x[i] - mu) * s + b;
+    if (i + 1 == row_end) next_row();
+  }
+}
+
 // Per row (n, c): mix the statistics, mu = wm_in * mean_in + wm_n * mu_n +
 // wm_c * mu_c (as mean_in + wm_n * (mu_n - mean_in) + ...) and likewise the
 // variance, then y = (x - mu) * scale + bias with
@@ -407,6 +471,11 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
                                  a.wv_c[c] * a.var_c[c]);
     }
     r0 = r1;
+  }
+  if (!a.stream && a.length >= 64 / int64_t(sizeof(T)) &&
+      a.length < kFlatRow && (end - begin) * a.length >= kFlatSpan) {
+    normalize_flat(a, begin, end);
+    return;
   }
   int64_t c = begin % a.channels;
   for (int64_t r = begin; r < end; ++r) {
