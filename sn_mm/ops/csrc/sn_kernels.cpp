@@ -653,8 +653,11 @@ struct GradReduceArgs {
   T *d_mu_n, *d_var_n;
   // += per channel: grad_weight, grad_bias, d_mu_c, d_var_c, and the ratio
   // gradients' products (d_mu with the LN and the BN mean less mean_in,
-  // d_var with var_in and with the LN variance): 8 x C.
+  // d_var with var_in and with the LN variance): 8 x C; for a single ratio
+  // group (per_channel false) the four products summed over the channels
+  // instead: 4 x C + 4.
   double* acc;
+  bool per_channel = true;
 };
 
 // Per sample, from the row sums (see grad_reductions): the sums over c of
@@ -668,7 +671,7 @@ SN_INLINE void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
   for (int64_t n = begin; n < end; ++n) {
     const int64_t o = n * C;
     const double ml = a.mean_ln[n], vl = a.var_ln[n];
-    D8 row_mu = {}, row_var = {};
+    D8 row_mu = {}, row_var = {}, dots[4] = {};
     for (int64_t c = 0; c < C8; c += 8) {
       const D8 s1 = load_d(a.s1 + o + c), r = load_d(a.rstd + o + c),
                mi = load_d(a.mean_in + o + c);
@@ -681,14 +684,19 @@ SN_INLINE void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
       add_to(acc + C + c, s1);
       add_to(acc + 2 * C + c, d_mu);
       add_to(acc + 3 * C + c, d_var);
-      add_to(acc + 4 * C + c, d_mu * (ml - mi));
-      add_to(acc + 5 * C + c, d_mu * (load_d(a.mean_c + c) - mi));
-      add_to(acc + 6 * C + c, d_var * load_d(a.var_in + o + c));
-      add_to(acc + 7 * C + c, d_var * vl);
+      const D8 products[4] = {d_mu * (ml - mi),
+                              d_mu * (load_d(a.mean_c + c) - mi),
+                              d_var * load_d(a.var_in + o + c), d_var * vl};
+      for (int j = 0; j < 4; ++j) {
+        if (a.per_channel)
+          add_to(acc + (4 + j) * C + c, products[j]);
+        else
+          dots[j] += products[j];
+      }
       row_mu += d_mu * load_d(a.wm_n + c);
       row_var += d_var * load_d(a.wv_n + c);
     }
-    double t_mu = 0, t_var = 0;
+    double t_mu = 0, t_var = 0, t_dots[4] = {};
     for (int64_t c = C8; c < C; ++c) {
       const int64_t r = o + c;
       const double centred =
@@ -700,15 +708,24 @@ SN_INLINE void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
       acc[C + c] += a.s1[r];
       acc[2 * C + c] += d_mu;
       acc[3 * C + c] += d_var;
-      acc[4 * C + c] += d_mu * (ml - double(a.mean_in[r]));
-      acc[5 * C + c] += d_mu * (double(a.mean_c[c]) - double(a.mean_in[r]));
-      acc[6 * C + c] += d_var * a.var_in[r];
-      acc[7 * C + c] += d_var * vl;
+      const double products[4] = {
+          d_mu * (ml - double(a.mean_in[r])),
+          d_mu * (double(a.mean_c[c]) - double(a.mean_in[r])),
+          d_var * a.var_in[r], d_var * vl};
+      for (int j = 0; j < 4; ++j) {
+        if (a.per_channel)
+          acc[(4 + j) * C + c] += products[j];
+        else
+          t_dots[j] += products[j];
+      }
       t_mu += d_mu * a.wm_n[c];
       t_var += d_var * a.wv_n[c];
     }
     a.d_mu_n[n] = static_cast<T>(hsum<8>(row_mu) + t_mu);
     a.d_var_n[n] = static_cast<T>(hsum<8>(row_var) + t_var);
+    if (!a.per_channel)
+      for (int j = 0; j < 4; ++j)
+        acc[4 * C + j] += hsum<8>(dots[j]) + t_dots[j];
   }
 }
 
@@ -859,7 +876,8 @@ void grad_reductions_into(const GradReduceArgs<scalar_t>& args,
                           std::vector<double>& dots) {
   const int64_t channels = args.channels;
   const auto cols = sum_over_samples(
-      samples, 8 * channels, [&](int64_t n, double* acc) {
+      samples, args.per_channel ? 8 * channels : 4 * channels + 4,
+      [&](int64_t n, double* acc) {
         GradReduceArgs<scalar_t> a = args;
         a.acc = acc;
         run(a, n, n + 1);
@@ -895,16 +913,17 @@ struct ChannelRatios {
       : data(6 * channels), channels(channels) {
     const int64_t k = w.k_ln, terms = w.terms(),
                   per_group = std::max<int64_t>(channels / w.groups, 1);
-    for (int64_t c = 0; c < channels; ++c) {
-      const int64_t at = (c / per_group) * terms;
-      const double* m = w.mean.data() + at;
-      const double* v = w.var.data() + at;
-      data[c] = static_cast<T>(w.has_in ? m[0] : 0.0);
-      data[channels + c] = static_cast<T>(w.has_in ? v[0] : 0.0);
-      data[2 * channels + c] = static_cast<T>(m[k]);
-      data[3 * channels + c] = static_cast<T>(v[k]);
-      data[4 * channels + c] = static_cast<T>(using_bn ? m[k + 1] : 0.0);
-      data[5 * channels + c] = static_cast<T>(using_bn ? v[k + 1] : 0.0);
+    for (int64_t g = 0; g < w.groups; ++g) {
+      const double* m = w.mean.data() + g * terms;
+      const double* v = w.var.data() + g * terms;
+      const T values[6] = {
+          static_cast<T>(w.has_in ? m[0] : 0.0),
+          static_cast<T>(w.has_in ? v[0] : 0.0), static_cast<T>(m[k]),
+          static_cast<T>(v[k]), static_cast<T>(using_bn ? m[k + 1] : 0.0),
+          static_cast<T>(using_bn ? v[k + 1] : 0.0)};
+      for (int i = 0; i < 6; ++i)
+        std::fill_n(data.data() + i * channels + g * per_group, per_group,
+                    values[i]);
     }
   }
   const T* wm_in() const { return data.data(); }
@@ -1330,7 +1349,6 @@ struct GradSums {
     d_var_c = d_mu_c + channels;
     zeros_c = d_var_c + channels;
     std::fill_n(zeros_c, channels, T(0));
-    dots.assign(4 * channels, 0.0);
   }
 };
 
@@ -1344,13 +1362,23 @@ void ratio_grads(const GradSums<T>& gs, const T* bn_var, int64_t channels,
                  std::vector<double>& d_wv) {
   const int64_t per_group = std::max<int64_t>(channels / w.groups, 1);
   const double* dot = gs.dots.data();
+  // One group: the four products come summed over the channels.
+  const int64_t stride = w.groups == 1 ? 1 : channels;
   for (int64_t g = 0; g < w.groups; ++g) {
     double ln_mean = 0, bn_mean = 0, in_var = 0, ln_var = 0, bn_var_dot = 0;
+    if (w.groups == 1) {
+      ln_mean = dot[0];
+      bn_mean = dot[1];
+      in_var = dot[2];
+      ln_var = dot[3];
+    }
     for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) {
-      ln_mean += dot[c];
-      bn_mean += dot[channels + c];
-      in_var += dot[2 * channels + c];
-      ln_var += dot[3 * channels + c];
+      if (w.groups > 1) {
+        ln_mean += dot[c];
+        bn_mean += dot[stride + c];
+        in_var += dot[2 * stride + c];
+        ln_var += dot[3 * stride + c];
+      }
       if (using_bn) bn_var_dot += double(gs.d_var_c[c]) * bn_var[c];
     }
     if (w.has_in) {
@@ -1419,7 +1447,7 @@ void backward_pass(const at::Tensor& g, const Forward& f,
   const GradReduceArgs<T> rargs{
       gs.s1, gs.s2, s.mu, s.rstd, weight.data_ptr<T>(), s.mean_in, s.var_in,
       s.ln_mean, s.ln_var, using_bn ? bn_mean : gs.zeros_c, cw.wm_ln(),
-      cw.wv_ln(), channels, gs.d_mu_n, gs.d_var_n, nullptr};
+      cw.wv_ln(), channels, gs.d_mu_n, gs.d_var_n, nullptr, w.groups > 1};
   grad_reductions_into(rargs, samples, per_c, gs.dots);
   ratio_grads(gs, bn_var, channels, using_bn, w, d_wm, d_wv);
   through_shared_stats(gs, f, cw, samples, channels, bn_grad);
