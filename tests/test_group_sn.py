@@ -343,3 +343,77 @@ def test_onnx_export(tmp_path):
     got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
     torch.testing.assert_close(torch.from_numpy(got), layer(x).detach(),
                                rtol=1e-5, atol=1e-5)
+
+
+def build_mmdet(cfg):
+    from mmdet.registry import MODELS
+    from mmdet.utils import register_all_modules
+    from mmengine.registry import DefaultScope
+    register_all_modules(init_default_scope=False)
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        return MODELS.build(cfg)
+
+
+def resnet18(norm_cfg, init_cfg=None):
+    return build_mmdet(dict(type='ResNet', depth=18, style='pytorch',
+                            norm_cfg=norm_cfg, init_cfg=init_cfg))
+
+
+def sn_layers(model):
+    return {n: m for n, m in model.named_modules()
+            if isinstance(m, SwitchableNorm)}
+
+
+def test_group_sn_configs_start_every_group_from_the_released_vectors(
+        tmp_path):
+    import os.path as osp
+    from mmengine.config import Config
+    root = osp.dirname(osp.dirname(osp.abspath(__file__)))
+    cfg = Config.fromfile(osp.join(
+        root, 'configs', 'mask_rcnn',
+        'mask-rcnn_r50-gsn2_fpn_gsn2-head_2x_coco.py'))
+    released = build_mmdet(dict(type='ResNet', depth=50, style='pytorch',
+                                norm_cfg=dict(type='SN')))
+    with torch.no_grad():
+        for layer in sn_layers(released).values():
+            layer.mean_weight.normal_()
+            layer.var_weight.normal_()
+    path = tmp_path / 'resnet50_sn_8x2_mm.pth'
+    torch.save(dict(state_dict=released.state_dict()), path)
+    cfg.model.backbone.init_cfg.checkpoint = str(path)
+    backbone = build_mmdet(cfg.model.backbone)
+    backbone.init_weights()
+    want = sn_layers(released)
+    for name, layer in sn_layers(backbone).items():
+        assert layer.ratio_groups == 2
+        for g in range(2):
+            assert torch.equal(layer.mean_weight[g], want[name].mean_weight)
+            assert torch.equal(layer.var_weight[g], want[name].var_weight)
+
+
+@pytest.mark.parametrize('ratios', ['uniform', 'source'])
+def test_sn_pretrained_into_group_sn(tmp_path, ratios):
+    from sn_mm.engine.pretrained import SOURCE_RATIO
+    bn = resnet18(dict(type='BN'))
+    sn = resnet18(dict(type='SN'))
+    with torch.no_grad():
+        for layer in sn_layers(sn).values():
+            layer.mean_weight.normal_()
+    torch.save(bn.state_dict(), tmp_path / 'bn.pth')
+    torch.save(sn.state_dict(), tmp_path / 'sn.pth')
+    gsn = dict(type='SN', ratio_groups=4)
+    from_bn = resnet18(gsn, dict(type='SNPretrained', ratios=ratios,
+                                 checkpoint=str(tmp_path / 'bn.pth')))
+    from_bn.init_weights()
+    bn_share = SOURCE_RATIO if ratios == 'source' else 1 / 3
+    for layer in sn_layers(from_bn).values():
+        for group in layer.group_ratios():
+            assert group['mean']['bn'] == pytest.approx(bn_share, abs=1e-6)
+    from_sn = resnet18(gsn, dict(type='SNPretrained', ratios=ratios,
+                                 checkpoint=str(tmp_path / 'sn.pth')))
+    from_sn.init_weights()
+    layer, source = sn_layers(from_sn)['layer2.1.sn2'], \
+        sn_layers(sn)['layer2.1.sn2']
+    for g in range(4):
+        assert torch.equal(layer.mean_weight[g], source.mean_weight) == (
+            ratios == 'source')

@@ -62,6 +62,16 @@ def _source_logits(kind: str, terms: int) -> Optional[torch.Tensor]:
     return torch.tensor([math.log(r) for r in ratios])
 
 
+def _to_groups(key: str, value: torch.Tensor,
+               own: torch.Tensor) -> torch.Tensor:
+    """An SN source's single ratio vector (and fixed ratios) for every
+    group of a group SN layer (``ratio_groups`` > 1); else as it is."""
+    if value.dim() != own.dim() - 1:
+        return value
+    group_dim = 0 if key in ('mean_weight', 'var_weight') else 1
+    return value.unsqueeze(group_dim).expand(own.shape).clone()
+
+
 def sn_state_from(module: nn.Module, state: Dict[str, torch.Tensor],
                   ratios: str = 'uniform') -> Tuple[dict, dict]:
     """The state dict that starts ``module`` from checkpoint ``state``, and
@@ -89,16 +99,17 @@ def sn_state_from(module: nn.Module, state: Dict[str, torch.Tensor],
             'running_mean', 'running_var', 'num_batches_tracked'])
         for key in keys:
             if f'{src}.{key}' in state and f'{name}.{key}' in own:
-                plan[f'{name}.{key}'] = state[f'{src}.{key}']
+                plan[f'{name}.{key}'] = _to_groups(
+                    key, state[f'{src}.{key}'], own[f'{name}.{key}'])
                 used.add(f'{src}.{key}')
         if ratios == 'uniform' or kind != 'SN':
-            terms = layer.mean_weight.numel()
-            logits = (_source_logits(kind, terms) if ratios == 'source'
+            shape = layer.mean_weight.shape  # (K,), or (G, K): group SN
+            logits = (_source_logits(kind, shape[-1]) if ratios == 'source'
                       else None)
             if logits is None:
-                logits = torch.zeros(terms)
+                logits = torch.zeros(shape[-1])
             for key in ('mean_weight', 'var_weight'):
-                plan[f'{name}.{key}'] = logits
+                plan[f'{name}.{key}'] = logits.expand(shape).clone()
     sn_keys = {f'{n}.{k}' for n in layers for k in own_keys(layers[n])}
     for key in own:
         if key not in sn_keys and key in state:
@@ -153,7 +164,8 @@ class SNPretrainedInit:
             in eval mode then computes what the BN network computes, within
             1e-3 of its output scale for a ResNet-50), IN's and LN's half of
             it each from a GN, LN or IN layer (GN's group statistics lie
-            between the two), and an SN layer's own logits.
+            between the two), and an SN layer's own logits. A group SN layer
+            (``ratio_groups`` > 1) starts every group so.
         map_location (str): As ``torch.load``'s. Default: ``'cpu'``.
         trusted (bool): Load a checkpoint holding objects beyond tensors
             (an mmengine training checkpoint of your own) with PyTorch's
