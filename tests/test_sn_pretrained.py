@@ -63,6 +63,30 @@ def sn_layers(model):
             if isinstance(m, SwitchableNorm)}
 
 
+def backbone_of(config, options):
+    """The backbone of ``configs/<config>`` with ``options`` merged in (as
+    ``--cfg-options`` does), built in its scope (mmseg's for the
+    segmentation configs, else mmdet's) and initialised."""
+    import os.path as osp
+    from mmengine.config import Config
+    root = osp.dirname(osp.dirname(osp.abspath(__file__)))
+    cfg = Config.fromfile(osp.join(root, 'configs', config))
+    cfg.merge_from_dict(options)
+    if config.startswith(('deeplabv3', 'pspnet')):
+        from mmseg.registry import MODELS
+        from mmseg.utils import register_all_modules
+        scope = 'mmseg'
+    else:
+        from mmdet.registry import MODELS
+        from mmdet.utils import register_all_modules
+        scope = 'mmdet'
+    register_all_modules(init_default_scope=False)
+    with DefaultScope.overwrite_default_scope(scope):
+        backbone = MODELS.build(cfg.model.backbone)
+    backbone.init_weights()
+    return backbone
+
+
 @pytest.mark.parametrize('ratios', ['uniform', 'source'])
 def test_from_a_torchvision_bn_resnet50(bn_checkpoint, ratios):
     path, bn_model = bn_checkpoint
@@ -215,23 +239,9 @@ README_OPTIONS = {
 def test_mmpretrain_checkpoint_into_det_and_seg_configs(
         mmpretrain_checkpoint, config):
     import os.path as osp
-    from mmengine.config import Config
     path, backbone_state = mmpretrain_checkpoint
-    root = osp.dirname(osp.dirname(osp.abspath(__file__)))
-    cfg = Config.fromfile(osp.join(root, 'configs', config))
-    cfg.merge_from_dict(dict(README_OPTIONS, **{
+    backbone = backbone_of(config, dict(README_OPTIONS, **{
         'model.backbone.init_cfg.checkpoint': str(path)}))
-    scope = 'mmdet' if 'rcnn' in config else 'mmseg'
-    if scope == 'mmseg':
-        from mmseg.registry import MODELS
-        from mmseg.utils import register_all_modules
-    else:
-        from mmdet.registry import MODELS
-        from mmdet.utils import register_all_modules
-    register_all_modules(init_default_scope=False)
-    with DefaultScope.overwrite_default_scope(scope):
-        backbone = MODELS.build(cfg.model.backbone)
-    backbone.init_weights()
     # The C4 detector's backbone stops before layer4 (the RoI head's).
     state = backbone.state_dict()
     assert len(state) > 250
@@ -295,23 +305,9 @@ def test_resnext_and_regnet(arch, tmp_path):
     'mask_rcnn/mask-rcnn_r50-sn-from-bn_fpn_sn-head_2x_coco.py',
     'deeplabv3/deeplabv3_r50-sn-from-bn-d8_8xb2-100k_ade20k-450x450.py'])
 def test_from_bn_configs_start_from_the_bn_checkpoint(bn_checkpoint, config):
-    import os.path as osp
-    from mmengine.config import Config
     path, bn_model = bn_checkpoint
-    root = osp.dirname(osp.dirname(osp.abspath(__file__)))
-    cfg = Config.fromfile(osp.join(root, 'configs', config))
-    cfg.model.backbone.init_cfg.checkpoint = str(path)
-    scope = 'mmseg' if 'deeplabv3' in config else 'mmdet'
-    if scope == 'mmseg':
-        from mmseg.registry import MODELS
-        from mmseg.utils import register_all_modules
-    else:
-        from mmdet.registry import MODELS
-        from mmdet.utils import register_all_modules
-    register_all_modules(init_default_scope=False)
-    with DefaultScope.overwrite_default_scope(scope):
-        backbone = MODELS.build(cfg.model.backbone)
-    backbone.init_weights()
+    backbone = backbone_of(
+        config, {'model.backbone.init_cfg.checkpoint': str(path)})
     layer = sn_layers(backbone)['layer3.2.sn2']
     torch.testing.assert_close(layer.running_var,
                                bn_model.layer3[2].bn2.running_var)

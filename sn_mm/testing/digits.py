@@ -36,6 +36,16 @@ class DigitsCNN(nn.Module):
         return self.fc(x.mean((2, 3)))
 
 
+def add_digits_arguments(parser, epochs_help: str) -> None:
+    """The flags the digits studies share: --epochs, --batches, --lr,
+    --seed."""
+    parser.add_argument('--epochs', type=int, default=20, help=epochs_help)
+    parser.add_argument('--batches', type=int, nargs='+', default=[2, 32])
+    parser.add_argument('--lr', type=float, default=0.05,
+                        help='learning rate at batch 32 (scaled linearly)')
+    parser.add_argument('--seed', type=int, default=0)
+
+
 def load_digits_split(seed):
     """(train, test): 1500 and 297 images, shuffled by ``seed``, scaled to
     about zero mean and unit spread."""

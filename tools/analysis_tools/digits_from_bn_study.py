@@ -24,8 +24,9 @@ import torch
 import sn_mm  # noqa: F401
 from sn_mm.analysis import average_ratios, sn_ratios
 from sn_mm.engine import sn_state_from
-from sn_mm.testing.digits import (DigitsCNN, digits_accuracy,
-                                  load_digits_split, train_digits)
+from sn_mm.testing.digits import (DigitsCNN, add_digits_arguments,
+                                  digits_accuracy, load_digits_split,
+                                  train_digits)
 
 
 def bn_ratios(model):
@@ -38,13 +39,8 @@ def bn_ratios(model):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--epochs', type=int, default=20,
-                        help='finetuning epochs (the BN source trains as '
-                        'many at batch 32)')
-    parser.add_argument('--batches', type=int, nargs='+', default=[2, 32])
-    parser.add_argument('--lr', type=float, default=0.05,
-                        help='learning rate at batch 32 (scaled linearly)')
-    parser.add_argument('--seed', type=int, default=0)
+    add_digits_arguments(parser, 'finetuning epochs (the BN source trains '
+                         'as many at batch 32)')
     return parser.parse_args(argv)
 
 
@@ -52,8 +48,8 @@ def main(argv=None):
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     train_set, test_set = load_digits_split(args.seed)
-    source = train_digits(DigitsCNN('BN'), train_set, 32, args.epochs, args.lr,
-                   args.seed)
+    source = train_digits(DigitsCNN('BN'), train_set, 32, args.epochs,
+                          args.lr, args.seed)
     print(f'BN source, batch 32, {args.epochs} epochs: test accuracy '
           f'{digits_accuracy(source, test_set):.3f}\n')
     print('| network | start | finetuning batch | test accuracy | '
@@ -71,7 +67,7 @@ def main(argv=None):
                 model.load_state_dict(sn_state_from(
                     model, source.state_dict(), start)[0])
             train_digits(model, train_set, batch, args.epochs,
-                  args.lr * batch / 32, args.seed + 2)
+                         args.lr * batch / 32, args.seed + 2)
             row = dict(network='BN' if start == 'BN source' else 'SN',
                        start={'BN source': 'the BN source',
                               'uniform': 'BN source, ratios=uniform',

@@ -23,8 +23,9 @@ import torch
 import sn_mm  # noqa: F401
 from sn_mm import SwitchableNorm
 from sn_mm.analysis import average_ratios, sn_ratios
-from sn_mm.testing.digits import (DigitsCNN, digits_accuracy,
-                                  load_digits_split, train_digits)
+from sn_mm.testing.digits import (DigitsCNN, add_digits_arguments,
+                                  digits_accuracy, load_digits_split,
+                                  train_digits)
 
 STATS = ('mean', 'var')
 
@@ -46,13 +47,9 @@ def group_spread(model):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--epochs', type=int, default=20)
-    parser.add_argument('--batches', type=int, nargs='+', default=[2, 32])
+    add_digits_arguments(parser, 'training epochs')
     parser.add_argument('--groups', nargs='+', default=['1', '2', '4', 'C'],
                         help="ratio_groups values; 'C': one per channel")
-    parser.add_argument('--lr', type=float, default=0.05,
-                        help='learning rate at batch 32 (scaled linearly)')
-    parser.add_argument('--seed', type=int, default=0)
     return parser.parse_args(argv)
 
 
