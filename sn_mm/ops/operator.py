@@ -29,6 +29,10 @@ Which implementation computes a call is decided in one place,
   reference, which computes the same thing;
 * ``'torch'``: the reference everywhere (for debugging).
 
+Group SN (logits (G, K)) runs on the C++ kernels on the CPU and on the
+reference on GPUs, where the Triton kernels mix one ratio vector per
+statistic.
+
 Under ``torch.compile``, ``torch.export``, ``torch.jit.trace`` and ONNX
 export every call takes the reference, which those tools trace like any
 other layer. SyncSN across processes (a ``group``) runs on the GPU on the
