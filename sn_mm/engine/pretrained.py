@@ -12,6 +12,7 @@ from mmengine.registry import WEIGHT_INITIALIZERS
 from mmengine.runner import CheckpointLoader
 
 from ..models import SwitchableNorm
+from ..models.switchable_norm import to_groups
 from .runner import trusted_torch_load
 
 RATIO_CHOICES = ('uniform', 'source')
@@ -62,16 +63,6 @@ def _source_logits(kind: str, terms: int) -> Optional[torch.Tensor]:
     return torch.tensor([math.log(r) for r in ratios])
 
 
-def _to_groups(key: str, value: torch.Tensor,
-               own: torch.Tensor) -> torch.Tensor:
-    """An SN source's single ratio vector (and fixed ratios) for every
-    group of a group SN layer (``ratio_groups`` > 1); else as it is."""
-    if value.dim() != own.dim() - 1:
-        return value
-    group_dim = 0 if key in ('mean_weight', 'var_weight') else 1
-    return value.unsqueeze(group_dim).expand(own.shape).clone()
-
-
 def sn_state_from(module: nn.Module, state: Dict[str, torch.Tensor],
                   ratios: str = 'uniform') -> Tuple[dict, dict]:
     """The state dict that starts ``module`` from checkpoint ``state``, and
@@ -99,7 +90,7 @@ def sn_state_from(module: nn.Module, state: Dict[str, torch.Tensor],
             'running_mean', 'running_var', 'num_batches_tracked'])
         for key in keys:
             if f'{src}.{key}' in state and f'{name}.{key}' in own:
-                plan[f'{name}.{key}'] = _to_groups(
+                plan[f'{name}.{key}'] = to_groups(
                     key, state[f'{src}.{key}'], own[f'{name}.{key}'])
                 used.add(f'{src}.{key}')
         if ratios == 'uniform' or kind != 'SN':

@@ -37,6 +37,21 @@ def check_arguments(num_features, eps, momentum, ratio_groups=1) -> None:
                          f'num_features={num_features}')
 
 
+# The ratio entries of an SN layer and the dimension a group SN layer adds
+# to each: the logits are (G, K), the fixed ratios (2, G[, K]).
+GROUP_DIMS = {'mean_weight': 0, 'var_weight': 0, 'ratio_fixed': 1,
+              'fixed_ratios': 1}
+
+
+def to_groups(name: str, value: Tensor, own: Tensor) -> Tensor:
+    """An SN layer's ratio entry ``name`` (one vector per statistic) for
+    every group of a group SN layer whose entry is ``own``; anything else as
+    it is."""
+    if name not in GROUP_DIMS or value.dim() != own.dim() - 1:
+        return value
+    return value.unsqueeze(GROUP_DIMS[name]).expand_as(own).clone()
+
+
 # torch.fx records the whole layer as one call (its shape checks and
 # branches would otherwise stop symbolic tracing).
 torch.fx.wrap('switchable_norm')
@@ -191,15 +206,10 @@ class SwitchableNorm(nn.Module):
     def _expand_to_groups(self, state_dict, prefix) -> None:
         """An SN checkpoint's single ratio vector per statistic (and its
         fixed ratios) into every group of a group SN layer."""
-        if self.ratio_groups == 1:
-            return
-        for name, group_dim in (('mean_weight', 0), ('var_weight', 0),
-                                ('ratio_fixed', 1), ('fixed_ratios', 1)):
-            value = state_dict.get(prefix + name)
-            own = getattr(self, name)
-            if value is not None and value.dim() == own.dim() - 1:
-                state_dict[prefix + name] = value.unsqueeze(
-                    group_dim).expand_as(own).clone()
+        for name in GROUP_DIMS:
+            if prefix + name in state_dict:
+                state_dict[prefix + name] = to_groups(
+                    name, state_dict[prefix + name], getattr(self, name))
 
     # -- forward ------------------------------------------------------------
     def _sync_group(self):
@@ -279,8 +289,8 @@ class SwitchableNorm(nn.Module):
                             self.ratio_fixed, self.fixed_ratios, self.radius)
 
     def group_ratios(self) -> List[Dict[str, Dict[str, float]]]:
-        """Each group's ratios, as :meth:`ratios` gives them (for group SN
-        that is their average over the groups); one entry for SN."""
+        """Each group's ratios, in channel order (:meth:`ratios` gives
+        their average); one entry for SN."""
         return group_ratios(self.mean_weight, self.var_weight,
                             self.ratio_fixed, self.fixed_ratios, self.radius)
 

@@ -190,17 +190,20 @@ _NATIVE_DTYPES = (torch.float32, torch.float64)
 
 
 def implementation(kernels: Optional[str], x: Tensor, weight: Tensor,
-                   running_mean: Optional[Tensor], group=None) -> str:
+                   running_mean: Optional[Tensor], group=None,
+                   grouped: bool = False) -> str:
     """``'native'``, ``'triton'`` or ``'torch'``: what computes SN on ``x``
-    for a layer's ``kernels`` setting (None: the global default). Unknown
-    settings, and settings that cannot run on ``x``, raise a ValueError or
-    RuntimeError naming the problem."""
+    for a layer's ``kernels`` setting (None: the global default);
+    ``grouped``: group SN (logits (G, K)). Unknown settings, and settings
+    that cannot run on ``x``, raise a ValueError or RuntimeError naming the
+    problem."""
     choice = kernels or default_kernels()
     if choice == 'torch' or is_tracing():
         check_kernels(choice)
         return 'torch'
     if choice == 'triton' or (x.is_cuda and choice == 'auto'):
-        return _triton_implementation(choice, x, weight, running_mean)
+        return _triton_implementation(choice, x, weight, running_mean,
+                                      grouped)
     if choice not in ('auto', 'native'):
         check_kernels(choice)
     if x.is_cpu and NATIVE and x.dtype is weight.dtype \
@@ -219,7 +222,7 @@ def implementation(kernels: Optional[str], x: Tensor, weight: Tensor,
     return 'torch'
 
 
-def _triton_implementation(choice, x, weight, running_mean) -> str:
+def _triton_implementation(choice, x, weight, running_mean, grouped) -> str:
     fused = triton_module()
     if choice == 'triton':
         if not (x.is_cuda or _INTERPRET):
@@ -229,22 +232,17 @@ def _triton_implementation(choice, x, weight, running_mean) -> str:
         if fused is None:
             raise RuntimeError('kernels=\'triton\': Triton cannot be '
                                'imported')
+        if grouped:
+            raise ValueError('kernels=\'triton\' mixes one ratio vector '
+                             'per statistic; ratio_groups > 1 runs with '
+                             'kernels=\'auto\' or \'torch\' on GPUs')
         # float64 and empty inputs: the reference computes the same thing.
         return 'triton' if fused.applies(x, weight, running_mean) \
             else 'torch'
-    works = (fused is not None and fused.applies(x, weight, running_mean)
-             and fused.works_on(x))
+    # Group SN on GPUs: the reference (see above).
+    works = (not grouped and fused is not None
+             and fused.applies(x, weight, running_mean) and fused.works_on(x))
     return 'triton' if works else 'torch'
-
-
-def _group_sn_implementation(kernels: Optional[str], layer: str) -> str:
-    """Group SN (logits (G, K)) on the GPU runs on the reference: the Triton
-    kernels mix one ratio vector per statistic."""
-    if (kernels or default_kernels()) == 'triton':
-        raise ValueError(f'{layer}: kernels=\'triton\' mixes one ratio '
-                         f'vector per statistic; ratio_groups > 1 runs with '
-                         f'kernels=\'auto\' or \'torch\' on GPUs')
-    return 'torch'
 
 
 # -- the entry point --------------------------------------------------------
@@ -289,9 +287,8 @@ def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
     ``ratio_fn='sparsestmax'``: Sparse SN, the ratios are SparsestMax of the
     logits at ``radius`` (:func:`sn_mm.ops.ratios.sparsest_ratios`)."""
     check_input(x, weight.shape[0], layer)
-    impl = implementation(kernels, x, weight, running_mean, group)
-    if mean_weight.dim() == 2 and impl == 'triton':
-        impl = _group_sn_implementation(kernels, layer)
+    impl = implementation(kernels, x, weight, running_mean, group,
+                          mean_weight.dim() == 2)
     ratios_given = ratio_fn != 'softmax'
     if ratios_given:
         if ratio_fn not in RATIO_FNS:

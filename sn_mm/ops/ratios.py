@@ -161,7 +161,7 @@ def state_dict_ratios(state, per_group: bool = False) -> 'Dict[str, Ratios]':
         if var_logits is None:
             continue
         result[layer] = ratio_fn(logits, var_logits,
-                                     state.get(f'{layer}.ratio_fixed'),
-                                     state.get(f'{layer}.fixed_ratios'),
-                                     state.get(f'{layer}.radius'))
+                                 state.get(f'{layer}.ratio_fixed'),
+                                 state.get(f'{layer}.fixed_ratios'),
+                                 state.get(f'{layer}.radius'))
     return result

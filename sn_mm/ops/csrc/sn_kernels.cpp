@@ -868,8 +868,9 @@ void reductions_into(const scalar_t* pm, const scalar_t* pv, int64_t samples,
 // d_mu with the LN and the BN mean, each less the row's IN mean (a shift
 // common to all terms, which the softmax gradient ignores, and which keeps
 // large offsets from cancelling), d_var with the IN and the LN variance.
-// per_c: grad_weight, grad_bias, d_mu_c, d_var_c; dots: the products (4 x C,
-// in double).
+// per_c: grad_weight, grad_bias, d_mu_c, d_var_c; dots: the products, in
+// double (4 x C, or 4 summed over the channels where args.per_channel is
+// false).
 template <typename scalar_t>
 void grad_reductions_into(const GradReduceArgs<scalar_t>& args,
                           int64_t samples, scalar_t* const per_c[4],
@@ -1335,7 +1336,9 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
 template <typename T>
 struct GradSums {
   T *s1, *s2, *d_mu_n, *d_var_n, *d_mu_c, *d_var_c, *zeros_c;
-  std::vector<double> dots;  // per channel, see grad_reductions_into
+  // The ratio gradients' products: per channel, or for one ratio group
+  // summed over the channels (grad_reductions_into).
+  std::vector<double> dots;
   GradSums(int64_t samples, int64_t channels) {
     static thread_local std::vector<T> scratch;
     const int64_t rows = samples * channels;
