@@ -74,6 +74,8 @@ def test_gpu_check_runs_its_cpu_parts(tmp_path):
     assert [r['norm'] for r in bench['resnet50_step']['rows']] == [
         'BN', 'GN(32)', 'SN']
     assert '| ResNet-50 train step' in result.stdout
+    groups = {r['layer'] for r in report['group_sn']['group_sn']}
+    assert groups == {'SN', 'SN G=2', 'SN G=32'}
     assert 'checks passed' in result.stdout
 
 

@@ -25,9 +25,6 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(
     reason='needs a GPU or Triton\'s interpreter')]
 WORLD = 2
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
-# Group SN's case runs on the reference (the Triton kernels mix one ratio
-# vector per statistic).
-CASES = [case for case in CASES if len(case) == 3]
 
 
 def worker(rank, port, result_file):
@@ -38,11 +35,12 @@ def worker(rank, port, result_file):
     real = triton_fused._combine_over_group
     triton_fused._combine_over_group = lambda *a: calls.append(1) or real(*a)
     results = {}
-    for i, (name, shape, split) in enumerate(CASES):
+    for i, (name, shape, split, *groups) in enumerate(CASES):
         x, grad_out = case_data(shape, seed=i)
         start = sum(split[:rank])
         sl = slice(start, start + split[rank])
-        layer = init_layer(SyncSwitchableNorm(shape[1], kernels='triton'),
+        layer = init_layer(SyncSwitchableNorm(shape[1], kernels='triton',
+                                              ratio_groups=max(groups + [1])),
                            seed=100 + i).to(DEVICE)
         results[name] = {k: v.cpu() for k, v in run_layer(
             layer, x[sl].float().to(DEVICE),
@@ -62,17 +60,18 @@ def sync_results(tmp_path_factory):
 def test_the_fused_path_ran(sync_results):
     # Two training steps per case, on every rank with samples.
     for rank, results in enumerate(sync_results):
-        expected = 2 * sum(1 for _, _, split in CASES if split[rank])
+        expected = 2 * sum(1 for _, _, split, *_ in CASES if split[rank])
         assert results['fused_calls'] == expected
 
 
 @pytest.mark.parametrize('case', range(len(CASES)), ids=[c[0] for c in CASES])
 def test_fused_sync_matches_sn_on_whole_batch(sync_results, case):
-    name, shape, split = CASES[case]
+    name, shape, split, *groups = CASES[case]
     x, grad_out = case_data(shape, seed=case)
     expected = run_layer(
-        init_layer(SwitchableNorm(shape[1], kernels='torch'), seed=100 + case),
-        x.float(), grad_out.float())
+        init_layer(SwitchableNorm(shape[1], kernels='torch',
+                                  ratio_groups=max(groups + [1])),
+                   seed=100 + case), x.float(), grad_out.float())
     per_rank = [r[name] for r in sync_results]
     tol = dict(rtol=1e-4, atol=1e-4)
     for key in ('out', 'x_grad'):

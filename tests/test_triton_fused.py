@@ -44,6 +44,16 @@ CASES = [
     ((2, 3, 2, 2, 3), False, True, True, torch.float32, {}),
     ((2, 3, 2, 2, 3), False, True, False, torch.float32,
      {'momentum': None}),
+    # Group SN: two groups, one per channel, fixed ratios in one group,
+    # SparsestMax per group, channels_last, split rows, bf16.
+    ((4, 6, 5, 3), False, True, True, torch.float32, {'ratio_groups': 2}),
+    ((4, 6, 5, 3), True, True, False, torch.float32, {'ratio_groups': 6}),
+    ((6, 8, 7, 7), False, True, True, torch.float32,
+     {'ratio_groups': 4, 'fixed': True}),
+    ((6, 8, 7, 7), False, False, True, torch.float32,
+     {'ratio_groups': 4, 'ratio_fn': 'sparsestmax'}),
+    ((2, 4, 40, 50), False, True, True, torch.bfloat16, {'ratio_groups': 2}),
+    ((2, 6, 1, 1), False, True, True, torch.float32, {'ratio_groups': 3}),
 ]
 
 
@@ -65,7 +75,9 @@ def test_the_comparison_can_fail(monkeypatch):
     def launch(kernel, key, grid, args, index):
         if kernel is triton_fused._input_grad_kernel:
             args = list(args)
-            args[15] = args[15] * 2  # two_over_divisor
+            at = triton_fused._input_grad_kernel.arg_names.index(
+                'two_over_divisor')
+            args[at] = args[at] * 2
             mutated.append(1)
         return real(kernel, None, grid, tuple(args), index)
     monkeypatch.setattr(triton_fused, '_launch', launch)
@@ -130,7 +142,8 @@ def test_fused_kernels_compile_for_nvidia_gpus():
         ok=False, timeout=600, base_env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stdout.splitlines() if 'cubin=' in line]
-    assert len(lines) == 48, result.stdout
+    assert len(lines) == 72, result.stdout
+    assert sum('grouped=True' in line for line in lines) == 24
     assert all(int(line.rsplit('=', 1)[1]) > 0 for line in lines)
 
 

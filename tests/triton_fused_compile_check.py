@@ -44,18 +44,26 @@ def compile_kernel(kernel, constexprs, data_type, arch):
                                                pointers), constexprs, arch)
 
 
+def blocks(c, groups):
+    gb, wb = tf.logit_blocks(c, groups)
+    return dict(GB=gb, WB=wb)
+
+
 def main():
     # (N, C, L, stride_c, stride_l): contiguous long rows (split), RoI
     # rows, channels_last, one position.
     shapes = [(2, 256, 60800, 60800, 1), (16, 256, 49, 49, 1),
               (8, 256, 3136, 1, 256), (4, 64, 1, 1, 1)]
-    for n, c, length, sc, sl in shapes:
+    # Group SN: two groups, or one per channel (a group's tile of 1).
+    for (n, c, length, sc, sl), groups in zip(shapes, (2, 2, 32, 64)):
         # (The CPU's plan: fewer chunks per row than a GPU's, the same code.)
         plan = tf._plan(n, c, length, sc, sl, tf.torch.device('cpu'))
         tiles = dict(SPLIT=plan['split'], ROWS=plan['rows'],
                      BLOCK=plan['block'])
         flags = dict(K=3, HAS_IN=length > 1, GIVEN=False, HAS_FIXED=True,
-                     BN_BATCH=True)
+                     BN_BATCH=True, GROUPED=False)
+        # Group SN: the kernels that take each row's ratios from its group.
+        grouped = dict(flags, GROUPED=True)
         cases = [
             ('_moments_kernel', dict(tiles, ONE_STEP=plan['chunk'] ==
                                      plan['block'])),
@@ -67,13 +75,22 @@ def main():
             ('_grad_sums_kernel', tiles),
             ('_grad_stats_kernel', dict(SPLIT=plan['split'], CB=plan['cb'],
                                         NB=plan['nb'], **flags)),
-            ('_input_grad_kernel', dict(tiles, PB=256, SYNC=True, **flags)),
+            ('_input_grad_kernel', dict(tiles, SYNC=True, **flags,
+                                        **blocks(c, 1))),
+            ('_normalize_kernel', dict(tiles, UPDATE=True, CB=plan['cb'],
+                                       CUMULATIVE=False, COUNT_BAD=True,
+                                       **grouped)),
+            ('_grad_stats_kernel', dict(SPLIT=plan['split'], CB=plan['cb'],
+                                        NB=plan['nb'], **grouped)),
+            ('_input_grad_kernel', dict(tiles, SYNC=False, **grouped,
+                                        **blocks(c, groups))),
         ]
         for name, constexprs in cases:
             for data_type in ('fp32', 'bf16'):
                 compiled = compile_kernel(getattr(tf, name), constexprs,
                                           data_type, 90)
-                print(f'{name} {n}x{c}x{length} {data_type} sm_90 '
+                print(f'{name} {n}x{c}x{length} {data_type} '
+                      f'grouped={constexprs.get("GROUPED", False)} sm_90 '
                       f'cubin={len(compiled.asm["cubin"])}', flush=True)
     return 0
 

@@ -105,9 +105,7 @@ class SwitchableNorm(nn.Module):
             G = 1 is SN (logits (K,)); G = C gives every channel its own
             ratios. A checkpoint with one ratio vector per statistic
             (SN's, e.g. the released backbones) starts every group from
-            it. On GPUs group SN runs on the reference implementation
-            (the Triton kernels mix one ratio vector per statistic).
-            Default: 1.
+            it. Default: 1.
 
     Non-finite batches: a training batch whose BN statistics are not all
     finite (a NaN or an overflow in the input, e.g. the step that

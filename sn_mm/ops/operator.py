@@ -29,9 +29,8 @@ Which implementation computes a call is decided in one place,
   reference, which computes the same thing;
 * ``'torch'``: the reference everywhere (for debugging).
 
-Group SN (logits (G, K)) runs on the C++ kernels on the CPU and on the
-reference on GPUs, where the Triton kernels mix one ratio vector per
-statistic.
+Group SN (logits (G, K)) runs on the same kernels: each channel takes its
+ratios from its group, and the ratio gradients are summed per group.
 
 Under ``torch.compile``, ``torch.export``, ``torch.jit.trace`` and ONNX
 export every call takes the reference, which those tools trace like any
@@ -190,20 +189,17 @@ _NATIVE_DTYPES = (torch.float32, torch.float64)
 
 
 def implementation(kernels: Optional[str], x: Tensor, weight: Tensor,
-                   running_mean: Optional[Tensor], group=None,
-                   grouped: bool = False) -> str:
+                   running_mean: Optional[Tensor], group=None) -> str:
     """``'native'``, ``'triton'`` or ``'torch'``: what computes SN on ``x``
-    for a layer's ``kernels`` setting (None: the global default);
-    ``grouped``: group SN (logits (G, K)). Unknown settings, and settings
-    that cannot run on ``x``, raise a ValueError or RuntimeError naming the
-    problem."""
+    for a layer's ``kernels`` setting (None: the global default). Unknown
+    settings, and settings that cannot run on ``x``, raise a ValueError or
+    RuntimeError naming the problem."""
     choice = kernels or default_kernels()
     if choice == 'torch' or is_tracing():
         check_kernels(choice)
         return 'torch'
     if choice == 'triton' or (x.is_cuda and choice == 'auto'):
-        return _triton_implementation(choice, x, weight, running_mean,
-                                      grouped)
+        return _triton_implementation(choice, x, weight, running_mean)
     if choice not in ('auto', 'native'):
         check_kernels(choice)
     if x.is_cpu and NATIVE and x.dtype is weight.dtype \
@@ -222,7 +218,7 @@ def implementation(kernels: Optional[str], x: Tensor, weight: Tensor,
     return 'torch'
 
 
-def _triton_implementation(choice, x, weight, running_mean, grouped) -> str:
+def _triton_implementation(choice, x, weight, running_mean) -> str:
     fused = triton_module()
     if choice == 'triton':
         if not (x.is_cuda or _INTERPRET):
@@ -232,16 +228,11 @@ def _triton_implementation(choice, x, weight, running_mean, grouped) -> str:
         if fused is None:
             raise RuntimeError('kernels=\'triton\': Triton cannot be '
                                'imported')
-        if grouped:
-            raise ValueError('kernels=\'triton\' mixes one ratio vector '
-                             'per statistic; ratio_groups > 1 runs with '
-                             'kernels=\'auto\' or \'torch\' on GPUs')
         # float64 and empty inputs: the reference computes the same thing.
         return 'triton' if fused.applies(x, weight, running_mean) \
             else 'torch'
-    # Group SN on GPUs: the reference (see above).
-    works = (not grouped and fused is not None
-             and fused.applies(x, weight, running_mean) and fused.works_on(x))
+    works = (fused is not None and fused.applies(x, weight, running_mean)
+             and fused.works_on(x))
     return 'triton' if works else 'torch'
 
 
@@ -287,8 +278,7 @@ def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
     ``ratio_fn='sparsestmax'``: Sparse SN, the ratios are SparsestMax of the
     logits at ``radius`` (:func:`sn_mm.ops.ratios.sparsest_ratios`)."""
     check_input(x, weight.shape[0], layer)
-    impl = implementation(kernels, x, weight, running_mean, group,
-                          mean_weight.dim() == 2)
+    impl = implementation(kernels, x, weight, running_mean, group)
     ratios_given = ratio_fn != 'softmax'
     if ratios_given:
         if ratio_fn not in RATIO_FNS:

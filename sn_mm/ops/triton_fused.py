@@ -7,7 +7,10 @@ statistics and one per channel for BN's, with the running-statistics update,
 logits) and the normalisation. Backward: (4) each row's gradient sums,
 (5) the per-sample and per-channel sums of the mixed statistics' gradients,
 grad_weight and grad_bias, (6) the input gradient, and in one program the
-ratio-logit gradients. Everything between the kernels stays on the device
+ratio-logit gradients. Group SN (logits (G, K)) runs on the same kernels:
+each row takes its ratios from its channel's group, and each sample's
+program sums the ratio gradients' terms group by group. Everything between
+the kernels stays on the device
 and nothing is computed by a chain of small PyTorch ops: on a GPU each such
 op is a kernel launch, which at small shapes costs more than the data.
 
@@ -41,7 +44,7 @@ FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _TILE = 2048  # elements per (rows x block) tile
 _INTERPRET = os.environ.get('TRITON_INTERPRET') == '1'
 _MAX_SPLIT = 64
-_PARTS = 5  # per (N + C) program: the ratio-gradient partial sums
+_PARTS = 5  # per channel: its terms of the ratio gradients
 # Sizes take no part in a kernel's specialisation (each distinct
 # specialisation is a compile, seconds on first use); strides and the row
 # length do: they decide alignment and vector loads.
@@ -91,12 +94,26 @@ def _shift_slot(R, C, SPLIT: tl.constexpr):
 
 
 @triton.jit
-def _ratios(log_ptr, fixed_ptr, fixed_ratio_ptr, ROW: tl.constexpr,
-            K: tl.constexpr, HAS_IN: tl.constexpr, GIVEN: tl.constexpr,
+def _group_of(c, C, G, GROUPED: tl.constexpr):
+    """The ratio group of channels ``c``: 0 (a scalar, so that the ratios
+    are computed once per program) unless the layer is a group SN one."""
+    if GROUPED:
+        g = c // (C // G)
+    else:
+        g = 0
+    return g
+
+
+@triton.jit
+def _ratios(log_ptr, fixed_ptr, fixed_ratio_ptr, slot, K: tl.constexpr,
+            HAS_IN: tl.constexpr, GIVEN: tl.constexpr,
             HAS_FIXED: tl.constexpr):
-    """The (IN, LN, BN) ratios of one logit vector: its softmax (without IN
-    at one position), the vector itself when ``GIVEN`` (SparsestMax's), or
-    the fixed ratios where the layer fixed them. BN's is 0 when K == 2."""
+    """The (IN, LN, BN) ratios of the logit vector(s) at ``log_ptr``: the
+    softmax (without IN at one position), the vector itself when ``GIVEN``
+    (SparsestMax's), or the fixed ratios where the layer fixed them. BN's is
+    0 when K == 2. ``slot`` indexes ``ratio_fixed`` (2, G) flattened: the
+    mean's group g is slot g, the variance's G + g. Pointers and slots can
+    be blocks (one group per row)."""
     l0 = tl.load(log_ptr).to(tl.float32)
     l1 = tl.load(log_ptr + 1).to(tl.float32)
     zero = l0 * 0.0
@@ -130,11 +147,11 @@ def _ratios(log_ptr, fixed_ptr, fixed_ratio_ptr, ROW: tl.constexpr,
         p1 = e1 / total
         p2 = e2 / total
     if HAS_FIXED:
-        fixed = tl.load(fixed_ptr + ROW) != 0
-        f0 = tl.load(fixed_ratio_ptr + ROW * K).to(tl.float32)
-        f1 = tl.load(fixed_ratio_ptr + ROW * K + 1).to(tl.float32)
+        fixed = tl.load(fixed_ptr + slot) != 0
+        f0 = tl.load(fixed_ratio_ptr + slot * K).to(tl.float32)
+        f1 = tl.load(fixed_ratio_ptr + slot * K + 1).to(tl.float32)
         if K == 3:
-            f2 = tl.load(fixed_ratio_ptr + ROW * K + 2).to(tl.float32)
+            f2 = tl.load(fixed_ratio_ptr + slot * K + 2).to(tl.float32)
         else:
             f2 = zero
         if not HAS_IN:  # the rest renormalised, or LN alone
@@ -150,12 +167,12 @@ def _ratios(log_ptr, fixed_ptr, fixed_ratio_ptr, ROW: tl.constexpr,
 
 
 @triton.jit
-def _ratio_grads(out_ptr, p0, p1, p2, d0, d1, d2, fixed_ptr, ROW: tl.constexpr,
+def _ratio_grads(out_ptr, p0, p1, p2, d0, d1, d2, fixed_ptr, slot, ok,
                  K: tl.constexpr, HAS_IN: tl.constexpr, GIVEN: tl.constexpr,
                  HAS_FIXED: tl.constexpr):
     """Stores the logits' gradient from the ratios' (through the softmax's
     Jacobian; as it is for given ratios; none for fixed ones or for IN at
-    one position)."""
+    one position), for a block of groups (``ok``: those that exist)."""
     if GIVEN:
         g0 = d0
         g1 = d1
@@ -168,14 +185,14 @@ def _ratio_grads(out_ptr, p0, p1, p2, d0, d1, d2, fixed_ptr, ROW: tl.constexpr,
     if not HAS_IN:
         g0 = g0 * 0.0
     if HAS_FIXED:
-        keep = tl.load(fixed_ptr + ROW) == 0
+        keep = tl.load(fixed_ptr + slot) == 0
         g0 = tl.where(keep, g0, 0.0)
         g1 = tl.where(keep, g1, 0.0)
         g2 = tl.where(keep, g2, 0.0)
-    tl.store(out_ptr, g0)
-    tl.store(out_ptr + 1, g1)
+    tl.store(out_ptr, g0, mask=ok)
+    tl.store(out_ptr + 1, g1, mask=ok)
     if K == 3:
-        tl.store(out_ptr + 2, g2)
+        tl.store(out_ptr + 2, g2, mask=ok)
 
 
 @triton.jit
@@ -376,14 +393,14 @@ def _update_running(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr, bad_ptr, N, C,
 @triton.jit(do_not_specialize=['N', 'C'])
 def _normalize_kernel(x_ptr, y_ptr, ws_ptr, w_ptr, b_ptr, mlog_ptr, vlog_ptr,
                       fixed_ptr, fixed_ratio_ptr, rmean_ptr, rvar_ptr,
-                      nbt_ptr, bad_ptr, N, C, L, chunk, divisor, eps,
+                      nbt_ptr, bad_ptr, N, C, G, L, chunk, divisor, eps,
                       momentum, sxn, sxc, sxl, SPLIT: tl.constexpr,
                       ROWS: tl.constexpr, BLOCK: tl.constexpr,
                       K: tl.constexpr, HAS_IN: tl.constexpr,
                       GIVEN: tl.constexpr, HAS_FIXED: tl.constexpr,
                       BN_BATCH: tl.constexpr, UPDATE: tl.constexpr,
                       CB: tl.constexpr, CUMULATIVE: tl.constexpr,
-                      COUNT_BAD: tl.constexpr):
+                      COUNT_BAD: tl.constexpr, GROUPED: tl.constexpr):
     # Reverse order: the data the moments pass read last is still in L2.
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
     s = tl.num_programs(1) - 1 - tl.program_id(1)
@@ -395,10 +412,11 @@ def _normalize_kernel(x_ptr, y_ptr, ws_ptr, w_ptr, b_ptr, mlog_ptr, vlog_ptr,
                                    SPLIT)
     mean_in += tl.load(ws_ptr + _shift_slot(R, C, SPLIT) + c, mask=row_ok,
                        other=0.0)
-    wm0, wm1, wm2 = _ratios(mlog_ptr, fixed_ptr, fixed_ratio_ptr, 0, K,
-                            HAS_IN, GIVEN, HAS_FIXED)
-    wv0, wv1, wv2 = _ratios(vlog_ptr, fixed_ptr, fixed_ratio_ptr, 1, K,
-                            HAS_IN, GIVEN, HAS_FIXED)
+    grp = _group_of(c, C, G, GROUPED)
+    wm0, wm1, wm2 = _ratios(mlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr,
+                            grp, K, HAS_IN, GIVEN, HAS_FIXED)
+    wv0, wv1, wv2 = _ratios(vlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr,
+                            G + grp, K, HAS_IN, GIVEN, HAS_FIXED)
     stats = 2 * R * SPLIT
     out = stats + 4 * R
     # The mean as the row's plus weighted differences from it (the ratios
@@ -474,51 +492,51 @@ def _grad_sums_kernel(g_ptr, x_ptr, ws_ptr, bws_ptr, R, C, L, chunk, sgn,
 
 
 @triton.jit
-def _sample_grads(ws_ptr, bws_ptr, w_ptr, n, N, C, SPLIT: tl.constexpr,
-                  CB: tl.constexpr):
+def _sample_grads(ws_ptr, bws_ptr, w_ptr, mlog_ptr, vlog_ptr, fixed_ptr,
+                  fixed_ratio_ptr, n, N, C, G, SPLIT: tl.constexpr,
+                  CB: tl.constexpr, K: tl.constexpr, HAS_IN: tl.constexpr,
+                  GIVEN: tl.constexpr, HAS_FIXED: tl.constexpr,
+                  GROUPED: tl.constexpr):
+    """The gradients of sample n's LN mean and variance: the sums over its
+    channels of the mixed statistics' gradients, each weighted by its
+    channel's LN ratios."""
     R = N * C
-    stats = 2 * R * SPLIT
     out = 2 * R * SPLIT  # in bws: after the row sums
-    parts = bws_ptr + out + 2 * N + 2 * C + n * 5
     idx = tl.arange(0, CB)
-    mean_ln = tl.load(ws_ptr + stats + 4 * R + n)
-    var_ln = tl.load(ws_ptr + stats + 4 * R + N + n)
     acc_mu = tl.zeros((CB, ), tl.float32)
     acc_var = tl.zeros((CB, ), tl.float32)
-    acc_m = tl.zeros((CB, ), tl.float32)
-    acc_v = tl.zeros((CB, ), tl.float32)
     for c0 in range(0, C, CB):
         cc = c0 + idx
         ok = cc < C
         w = tl.load(w_ptr + cc, mask=ok, other=0.0)
-        _, _, d_mu, d_var, mean_in, var_in, _ = _row_grads(
-            ws_ptr, bws_ptr, n * C + cc, ok, w, R, SPLIT)
-        acc_mu += tl.where(ok, d_mu, 0.0)
-        acc_var += tl.where(ok, d_var, 0.0)
-        # LN's mean less the row's: a shift common to every ratio term,
-        # which the softmax's gradient ignores, without cancellation.
-        acc_m += tl.where(ok, d_mu * (mean_ln - mean_in), 0.0)
-        acc_v += tl.where(ok, d_var * var_in, 0.0)
-    d_var_n = tl.sum(acc_var, 0)
+        _, _, d_mu, d_var, _, _, _ = _row_grads(ws_ptr, bws_ptr, n * C + cc,
+                                                ok, w, R, SPLIT)
+        grp = _group_of(tl.minimum(cc, C - 1), C, G, GROUPED)
+        _, wm1, _ = _ratios(mlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr,
+                            grp, K, HAS_IN, GIVEN, HAS_FIXED)
+        _, wv1, _ = _ratios(vlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr,
+                            G + grp, K, HAS_IN, GIVEN, HAS_FIXED)
+        acc_mu += tl.where(ok, wm1 * d_mu, 0.0)
+        acc_var += tl.where(ok, wv1 * d_var, 0.0)
     tl.store(bws_ptr + out + n, tl.sum(acc_mu, 0))
-    tl.store(bws_ptr + out + N + n, d_var_n)
-    tl.store(parts, tl.sum(acc_m, 0))
-    tl.store(parts + 1, 0.0)
-    tl.store(parts + 2, tl.sum(acc_v, 0))
-    tl.store(parts + 3, d_var_n * var_ln)
-    tl.store(parts + 4, 0.0)
+    tl.store(bws_ptr + out + N + n, tl.sum(acc_var, 0))
 
 
 @triton.jit
 def _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
-                   mlog_ptr, vlog_ptr, fixed_ptr, fixed_ratio_ptr, c, N, C,
+                   mlog_ptr, vlog_ptr, fixed_ptr, fixed_ratio_ptr, c, N, C, G,
                    SPLIT: tl.constexpr, NB: tl.constexpr, K: tl.constexpr,
                    HAS_IN: tl.constexpr, GIVEN: tl.constexpr,
-                   HAS_FIXED: tl.constexpr, BN_BATCH: tl.constexpr):
+                   HAS_FIXED: tl.constexpr, BN_BATCH: tl.constexpr,
+                   GROUPED: tl.constexpr):
+    """Channel c's sums over samples: the BN statistics' gradients,
+    grad_weight, grad_bias, and its terms of the ratio gradients (the dot
+    products of the mixed statistics' gradients with each normaliser's
+    statistics), which _logit_grads sums over each group's channels."""
     R = N * C
     stats = 2 * R * SPLIT
     out = 2 * R * SPLIT
-    parts = bws_ptr + out + 2 * N + 2 * C + (N + c) * 5
+    parts = bws_ptr + out + 2 * N + 2 * C + c  # five planes of C
     idx = tl.arange(0, NB)
     w = tl.load(w_ptr + c)
     if K == 3:
@@ -532,95 +550,129 @@ def _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
     acc_var = tl.zeros((NB, ), tl.float32)
     acc_w = tl.zeros((NB, ), tl.float32)
     acc_b = tl.zeros((NB, ), tl.float32)
-    acc_m = tl.zeros((NB, ), tl.float32)
+    acc_ln_m = tl.zeros((NB, ), tl.float32)
+    acc_bn_m = tl.zeros((NB, ), tl.float32)
+    acc_in_v = tl.zeros((NB, ), tl.float32)
+    acc_ln_v = tl.zeros((NB, ), tl.float32)
     for n0 in range(0, N, NB):
         ok = n0 + idx < N
-        s1, centred, d_mu, d_var, mean_in, _, rstd = _row_grads(
+        s1, centred, d_mu, d_var, mean_in, var_in, rstd = _row_grads(
             ws_ptr, bws_ptr, (n0 + idx) * C + c, ok, w, R, SPLIT)
+        mean_ln = tl.load(ws_ptr + stats + 4 * R + n0 + idx, mask=ok,
+                          other=0.0)
+        var_ln = tl.load(ws_ptr + stats + 4 * R + N + n0 + idx, mask=ok,
+                         other=0.0)
         acc_mu += tl.where(ok, d_mu, 0.0)
         acc_var += tl.where(ok, d_var, 0.0)
         acc_w += tl.where(ok, centred * rstd, 0.0)
         acc_b += tl.where(ok, s1, 0.0)
+        # Means less the row's: a shift common to every ratio term, which
+        # the softmax's gradient ignores, without cancellation.
+        acc_ln_m += tl.where(ok, d_mu * (mean_ln - mean_in), 0.0)
+        acc_in_v += tl.where(ok, d_var * var_in, 0.0)
+        acc_ln_v += tl.where(ok, d_var * var_ln, 0.0)
         if K == 3:
-            acc_m += tl.where(ok, d_mu * (mean_bn - mean_in), 0.0)
+            acc_bn_m += tl.where(ok, d_mu * (mean_bn - mean_in), 0.0)
     d_var_c = tl.sum(acc_var, 0)
     # The gradients of the BN mean and variance, weighted by their ratios:
     # what SyncSN all-reduces (as its chain of kernels does).
-    _, _, wm2 = _ratios(mlog_ptr, fixed_ptr, fixed_ratio_ptr, 0, K, HAS_IN,
-                        GIVEN, HAS_FIXED)
-    _, _, wv2 = _ratios(vlog_ptr, fixed_ptr, fixed_ratio_ptr, 1, K, HAS_IN,
-                        GIVEN, HAS_FIXED)
+    grp = _group_of(c, C, G, GROUPED)
+    _, _, wm2 = _ratios(mlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr, grp,
+                        K, HAS_IN, GIVEN, HAS_FIXED)
+    _, _, wv2 = _ratios(vlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr,
+                        G + grp, K, HAS_IN, GIVEN, HAS_FIXED)
     tl.store(bws_ptr + out + 2 * N + c, wm2 * tl.sum(acc_mu, 0))
     tl.store(bws_ptr + out + 2 * N + C + c, wv2 * d_var_c)
     tl.store(pg_ptr + c, tl.sum(acc_w, 0))
     tl.store(pg_ptr + C + c, tl.sum(acc_b, 0))
-    tl.store(parts, 0.0)
-    tl.store(parts + 1, tl.sum(acc_m, 0))
-    tl.store(parts + 2, 0.0)
-    tl.store(parts + 3, 0.0)
+    tl.store(parts, tl.sum(acc_ln_m, 0))
+    tl.store(parts + C, tl.sum(acc_bn_m, 0))
+    tl.store(parts + 2 * C, tl.sum(acc_in_v, 0))
+    tl.store(parts + 3 * C, tl.sum(acc_ln_v, 0))
     if K == 3:
-        tl.store(parts + 4, d_var_c * var_bn)
+        tl.store(parts + 4 * C, d_var_c * var_bn)
     else:
-        tl.store(parts + 4, 0.0)
+        tl.store(parts + 4 * C, 0.0)
 
 
 @triton.jit(do_not_specialize=['N', 'C'])
 def _grad_stats_kernel(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
                        mlog_ptr, vlog_ptr, fixed_ptr, fixed_ratio_ptr, N, C,
-                       SPLIT: tl.constexpr, CB: tl.constexpr,
+                       G, SPLIT: tl.constexpr, CB: tl.constexpr,
                        NB: tl.constexpr, K: tl.constexpr,
                        HAS_IN: tl.constexpr, GIVEN: tl.constexpr,
-                       HAS_FIXED: tl.constexpr, BN_BATCH: tl.constexpr):
+                       HAS_FIXED: tl.constexpr, BN_BATCH: tl.constexpr,
+                       GROUPED: tl.constexpr):
     """Programs 0..N-1: sums over channels of sample n; programs N..: sums
-    over samples of channel c, grad_weight and grad_bias. Each also leaves
-    its share of the ratio gradients' dot products."""
+    over samples of channel c (see _sample_grads and _channel_grads)."""
     pid = tl.program_id(0)
     if pid < N:
-        _sample_grads(ws_ptr, bws_ptr, w_ptr, pid, N, C, SPLIT, CB)
+        _sample_grads(ws_ptr, bws_ptr, w_ptr, mlog_ptr, vlog_ptr, fixed_ptr,
+                      fixed_ratio_ptr, pid, N, C, G, SPLIT, CB, K, HAS_IN,
+                      GIVEN, HAS_FIXED, GROUPED)
     else:
         _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
                        mlog_ptr, vlog_ptr, fixed_ptr, fixed_ratio_ptr,
-                       pid - N, N, C, SPLIT, NB, K, HAS_IN, GIVEN, HAS_FIXED,
-                       BN_BATCH)
+                       pid - N, N, C, G, SPLIT, NB, K, HAS_IN, GIVEN,
+                       HAS_FIXED, BN_BATCH, GROUPED)
 
 
 @triton.jit
-def _logit_grads(bws_ptr, pg_ptr, fixed_ptr, wm0, wm1, wm2, wv0, wv1, wv2, N,
-                 C, SPLIT: tl.constexpr, PB: tl.constexpr, K: tl.constexpr,
+def _logit_grads(bws_ptr, pg_ptr, mlog_ptr, vlog_ptr, fixed_ptr,
+                 fixed_ratio_ptr, N, C, G, SPLIT: tl.constexpr,
+                 GB: tl.constexpr, WB: tl.constexpr, K: tl.constexpr,
                  HAS_IN: tl.constexpr, GIVEN: tl.constexpr,
                  HAS_FIXED: tl.constexpr):
+    """The logit gradients of every ratio group, GB groups at a time: the
+    channels' ratio-gradient terms summed over each group's C / G channels
+    (WB at a time)."""
     parts = bws_ptr + 2 * N * C * SPLIT + 2 * N + 2 * C
-    idx = tl.arange(0, PB)
-    a0 = tl.zeros((PB, ), tl.float32)
-    a1 = tl.zeros((PB, ), tl.float32)
-    a2 = tl.zeros((PB, ), tl.float32)
-    a3 = tl.zeros((PB, ), tl.float32)
-    a4 = tl.zeros((PB, ), tl.float32)
-    for p0 in range(0, N + C, PB):
-        ok = p0 + idx < N + C
-        at = parts + (p0 + idx) * 5
-        a0 += tl.load(at, mask=ok, other=0.0)
-        a1 += tl.load(at + 1, mask=ok, other=0.0)
-        a2 += tl.load(at + 2, mask=ok, other=0.0)
-        a3 += tl.load(at + 3, mask=ok, other=0.0)
-        a4 += tl.load(at + 4, mask=ok, other=0.0)
-    zero = tl.sum(a0, 0) * 0.0
-    _ratio_grads(pg_ptr + 2 * C, wm0, wm1, wm2, zero, tl.sum(a0, 0),
-                 tl.sum(a1, 0), fixed_ptr, 0, K, HAS_IN, GIVEN, HAS_FIXED)
-    _ratio_grads(pg_ptr + 2 * C + K, wv0, wv1, wv2, tl.sum(a2, 0),
-                 tl.sum(a3, 0), tl.sum(a4, 0), fixed_ptr, 1, K, HAS_IN,
-                 GIVEN, HAS_FIXED)
+    width = C // G
+    gi = tl.arange(0, GB)
+    wi = tl.arange(0, WB)
+    for g0 in range(0, G, GB):
+        grp = g0 + gi
+        gok = grp < G
+        a0 = tl.zeros((GB, WB), tl.float32)
+        a1 = tl.zeros((GB, WB), tl.float32)
+        a2 = tl.zeros((GB, WB), tl.float32)
+        a3 = tl.zeros((GB, WB), tl.float32)
+        a4 = tl.zeros((GB, WB), tl.float32)
+        for j0 in range(0, width, WB):
+            ok = gok[:, None] & (j0 + wi < width)[None, :]
+            at = parts + grp[:, None] * width + j0 + wi[None, :]
+            a0 += tl.load(at, mask=ok, other=0.0)
+            a1 += tl.load(at + C, mask=ok, other=0.0)
+            a2 += tl.load(at + 2 * C, mask=ok, other=0.0)
+            a3 += tl.load(at + 3 * C, mask=ok, other=0.0)
+            a4 += tl.load(at + 4 * C, mask=ok, other=0.0)
+        safe = tl.minimum(grp, G - 1)
+        wm0, wm1, wm2 = _ratios(mlog_ptr + safe * K, fixed_ptr,
+                                fixed_ratio_ptr, safe, K, HAS_IN, GIVEN,
+                                HAS_FIXED)
+        wv0, wv1, wv2 = _ratios(vlog_ptr + safe * K, fixed_ptr,
+                                fixed_ratio_ptr, G + safe, K, HAS_IN, GIVEN,
+                                HAS_FIXED)
+        s0 = tl.sum(a0, 1)
+        _ratio_grads(pg_ptr + 2 * C + safe * K, wm0, wm1, wm2, s0 * 0.0, s0,
+                     tl.sum(a1, 1), fixed_ptr, safe, gok, K, HAS_IN, GIVEN,
+                     HAS_FIXED)
+        _ratio_grads(pg_ptr + 2 * C + (G + safe) * K, wv0, wv1, wv2,
+                     tl.sum(a2, 1), tl.sum(a3, 1), tl.sum(a4, 1), fixed_ptr,
+                     G + safe, gok, K, HAS_IN, GIVEN, HAS_FIXED)
 
 
 @triton.jit(do_not_specialize=['N', 'C'])
 def _input_grad_kernel(g_ptr, x_ptr, dx_ptr, ws_ptr, bws_ptr, pg_ptr, w_ptr,
                        mlog_ptr, vlog_ptr, fixed_ptr, fixed_ratio_ptr, N, C,
-                       L, chunk, two_over_divisor, sgn, sgc, sgl, sxn, sxc,
+                       G, L, chunk, two_over_divisor, sgn, sgc, sgl, sxn, sxc,
                        sxl, SPLIT: tl.constexpr, ROWS: tl.constexpr,
-                       BLOCK: tl.constexpr, PB: tl.constexpr,
+                       BLOCK: tl.constexpr, GB: tl.constexpr,
+                       WB: tl.constexpr,
                        K: tl.constexpr, HAS_IN: tl.constexpr,
                        GIVEN: tl.constexpr, HAS_FIXED: tl.constexpr,
-                       BN_BATCH: tl.constexpr, SYNC: tl.constexpr):
+                       BN_BATCH: tl.constexpr, SYNC: tl.constexpr,
+                       GROUPED: tl.constexpr):
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
     s = tl.num_programs(1) - 1 - tl.program_id(1)
     R = N * C
@@ -628,21 +680,22 @@ def _input_grad_kernel(g_ptr, x_ptr, dx_ptr, ws_ptr, bws_ptr, pg_ptr, w_ptr,
     row_ok = r < R
     n, c, xbase = _row_offsets(r, C, sxn, sxc)
     _, _, gbase = _row_offsets(r, C, sgn, sgc)
-    wm0, wm1, wm2 = _ratios(mlog_ptr, fixed_ptr, fixed_ratio_ptr, 0, K,
-                            HAS_IN, GIVEN, HAS_FIXED)
-    wv0, wv1, wv2 = _ratios(vlog_ptr, fixed_ptr, fixed_ratio_ptr, 1, K,
-                            HAS_IN, GIVEN, HAS_FIXED)
+    grp = _group_of(c, C, G, GROUPED)
+    wm0, _, _ = _ratios(mlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr, grp,
+                        K, HAS_IN, GIVEN, HAS_FIXED)
+    wv0, _, _ = _ratios(vlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr,
+                        G + grp, K, HAS_IN, GIVEN, HAS_FIXED)
     w = tl.load(w_ptr + c, mask=row_ok, other=0.0)
     _, _, d_mu, d_var, mean_in, _, rstd = _row_grads(ws_ptr, bws_ptr, r,
                                                      row_ok, w, R, SPLIT)
     stats = 2 * R * SPLIT
     out = 2 * R * SPLIT
-    # Back through LN's (per sample) and BN's (per channel) statistics to
-    # each row's IN mean and variance (Eq. 5 reversed).
-    dvar_n = wv1 * tl.load(bws_ptr + out + N + n, mask=row_ok,
-                           other=0.0) / C
+    # Back through LN's (per sample; the sums carry their ratios) and BN's
+    # (per channel) statistics to each row's IN mean and variance (Eq. 5
+    # reversed).
+    dvar_n = tl.load(bws_ptr + out + N + n, mask=row_ok, other=0.0) / C
     d_var_in = dvar_n + wv0 * d_var
-    d_mean_in = (wm1 * tl.load(bws_ptr + out + n, mask=row_ok, other=0.0) / C
+    d_mean_in = (tl.load(bws_ptr + out + n, mask=row_ok, other=0.0) / C
                  + wm0 * d_mu + 2.0 * dvar_n * (
                      mean_in - tl.load(ws_ptr + stats + 4 * R + n,
                                        mask=row_ok, other=0.0)))
@@ -676,8 +729,9 @@ def _input_grad_kernel(g_ptr, x_ptr, dx_ptr, ws_ptr, bws_ptr, pg_ptr, w_ptr,
               + shift[:, None])
         tl.store(dx_ptr + at, dx.to(dx_ptr.dtype.element_ty), mask=ok)
     if (tile == 0) & (s == 0):  # one program: the ratio-logit gradients
-        _logit_grads(bws_ptr, pg_ptr, fixed_ptr, wm0, wm1, wm2, wv0, wv1, wv2,
-                     N, C, SPLIT, PB, K, HAS_IN, GIVEN, HAS_FIXED)
+        _logit_grads(bws_ptr, pg_ptr, mlog_ptr, vlog_ptr, fixed_ptr,
+                     fixed_ratio_ptr, N, C, G, SPLIT, GB, WB, K, HAS_IN,
+                     GIVEN, HAS_FIXED)
 
 
 # -- host side ------------------------------------------------------------
@@ -731,7 +785,7 @@ def _plan(n: int, c: int, length: int, stride_c: int, stride_l: int,
                 nb=nb, grid=(tiles, split), ws=2 * rows_total * split +
                 4 * rows_total + 2 * n + 3 * c + 1,
                 bws=2 * rows_total * split + 2 * n + 2 * c +
-                _PARTS * (n + c))
+                _PARTS * c)
     _PLANS[key] = plan
     return plan
 
@@ -776,6 +830,19 @@ def _launch(kernel, key, grid, args, device_index):
         _COMPILED[key] = compiled
 
 
+def logit_blocks(c: int, groups: int):
+    """The logit gradients' tile: (groups, channels of a group)."""
+    wb = min(_pow2(c // groups), 256)
+    return min(_pow2(groups), max(1024 // wb, 1)), wb
+
+
+def _ratio_groups(mean_logits: Tensor):
+    """(G, K): group SN's logits are (G, K), SN's (K,)."""
+    if mean_logits.dim() == 2:
+        return mean_logits.shape[0], mean_logits.shape[1]
+    return 1, mean_logits.shape[0]
+
+
 def _aligned(*tensors) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in tensors)
 
@@ -793,7 +860,7 @@ def _forward(x3, weight, bias, mean_logits, var_logits, running_mean,
     using_bn = running_mean is not None
     bn_batch = using_bn and training
     sync = bn_batch and group is not None
-    k = mean_logits.shape[0]
+    groups, k = _ratio_groups(mean_logits)
     ws = torch.empty(plan['ws'], device=x3.device, dtype=torch.float32)
     y = torch.empty_strided(x3.shape, x3.stride(), dtype=x3.dtype,
                             device=x3.device)
@@ -813,8 +880,8 @@ def _forward(x3, weight, bias, mean_logits, var_logits, running_mean,
             x3, weight, bias, mean_logits, var_logits, rmean, rvar, count,
             bad, fixed, fixed_r):
         device_index = x3.get_device()
-        key = (plan['key'], x3.dtype, k, has_in, ratios_given, has_fixed,
-               bn_batch, cumulative, sync, count_bad)
+        key = (plan['key'], x3.dtype, groups, k, has_in, ratios_given,
+               has_fixed, bn_batch, cumulative, sync, count_bad)
     _launch(_moments_kernel, key and ('m', ) + key, grid,
             (x3, ws, n * c, c, length, chunk, sxn, sxc, sxl, split, rows,
              block, chunk == block), device_index)
@@ -827,10 +894,11 @@ def _forward(x3, weight, bias, mean_logits, var_logits, running_mean,
                             momentum, group, nonfinite)
     _launch(_normalize_kernel, key and ('n', ) + key, grid,
             (x3, y, ws, weight, bias, mean_logits, var_logits, fixed,
-             fixed_r, rmean, rvar, count, bad, n, c, length, chunk, divisor,
-             float(eps), 0. if cumulative else float(momentum), sxn, sxc,
-             sxl, split, rows, block, k, has_in, ratios_given, has_fixed,
-             bn_batch, update, plan['cb'], cumulative, count_bad),
+             fixed_r, rmean, rvar, count, bad, n, c, groups, length, chunk,
+             divisor, float(eps), 0. if cumulative else float(momentum), sxn,
+             sxc, sxl, split, rows, block, k, has_in, ratios_given,
+             has_fixed, bn_batch, update, plan['cb'], cumulative, count_bad,
+             groups > 1),
             device_index)
     if update:
         _bump(running_mean, running_var, nbt,
@@ -904,12 +972,13 @@ class TritonSwitchableNorm(torch.autograd.Function):
         divisor = max(length - (1 if unbiased and has_in else 0), 1)
         bn_batch = running_mean is not None and training
         sync = bn_batch and group is not None
-        k = mean_logits.shape[0]
+        groups, k = _ratio_groups(mean_logits)
         sgn, sgc, sgl = grad_y.stride()
         sxn, sxc, sxl = x3.stride()
         bws = torch.empty(plan['bws'], device=x3.device, dtype=torch.float32)
-        pg = torch.empty(2 * c + 2 * k, device=x3.device,
+        pg = torch.empty(2 * c + 2 * groups * k, device=x3.device,
                          dtype=torch.float32)
+        gb, wb = logit_blocks(c, groups)
         dx = torch.empty_strided(x3.shape, x3.stride(), dtype=x3.dtype,
                                  device=x3.device)
         if rmean is None:
@@ -929,8 +998,10 @@ class TritonSwitchableNorm(torch.autograd.Function):
                  sxn, sxc, sxl, split, rows, block), device_index)
         _launch(_grad_stats_kernel, key and ('gt', ) + key, (n + c, 1),
                 (ws, bws, pg, weight, rmean, rvar, mean_logits, var_logits,
-                 fixed, fixed_r, n, c, split, plan['cb'], plan['nb'], k,
-                 has_in, ratios_given, has_fixed, bn_batch), device_index)
+                 fixed, fixed_r, n, c, groups, split, plan['cb'],
+                 plan['nb'], k, has_in, ratios_given, has_fixed, bn_batch,
+                 groups > 1),
+                device_index)
         if sync:
             # The shared BN statistics collect gradient from every rank.
             start = 2 * n * c * split + 2 * n
@@ -938,12 +1009,14 @@ class TritonSwitchableNorm(torch.autograd.Function):
                                          group=group)
         _launch(_input_grad_kernel, key and ('ig', ) + key, grid,
                 (grad_y, x3, dx, ws, bws, pg, weight, mean_logits,
-                 var_logits, fixed, fixed_r, n, c, length, chunk,
+                 var_logits, fixed, fixed_r, n, c, groups, length, chunk,
                  2.0 / divisor, sgn, sgc, sgl, sxn, sxc, sxl, split, rows,
-                 block, 256, k, has_in, ratios_given, has_fixed, bn_batch,
-                 sync), device_index)
-        return (dx, pg[:c], pg[c:2 * c], pg[2 * c:2 * c + k],
-                pg[2 * c + k:], None)
+                 block, gb, wb, k, has_in, ratios_given, has_fixed,
+                 bn_batch, sync, groups > 1), device_index)
+        logits = groups * k
+        return (dx, pg[:c], pg[c:2 * c],
+                pg[2 * c:2 * c + logits].view(mean_logits.shape),
+                pg[2 * c + logits:].view(var_logits.shape), None)
 
 
 def _recorded_backward(ctx, grad_y):

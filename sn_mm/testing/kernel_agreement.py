@@ -14,9 +14,10 @@ from ..models import SwitchableNorm
 SHAPES = [((4, 6, 5, 3), False), ((4, 6, 5, 3), True), ((3, 5), False),
           ((2, 5, 1, 1), False), ((2, 3, 40, 50), False),
           ((6, 8, 7, 7), False), ((2, 3, 2, 2, 3), False)]
-# Layer options beyond the defaults.
+# Layer options beyond the defaults; group SN where the channels divide.
 VARIANTS = [dict(), dict(momentum=None), dict(fixed=True),
-            dict(ratio_fn='sparsestmax')]
+            dict(ratio_fn='sparsestmax'), dict(ratio_groups=2),
+            dict(ratio_groups=2, fixed=True)]
 
 
 def make_layer(c, using_bn=True, kernels=None, fixed=False, seed=0,
@@ -35,10 +36,11 @@ def make_layer(c, using_bn=True, kernels=None, fixed=False, seed=0,
         if using_bn:
             layer.running_mean.copy_(torch.randn(c, generator=gen))
             layer.running_var.copy_(torch.rand(c, generator=gen) + 0.5)
-        if fixed:  # the mean ratios fixed, the variance ratios learnt
-            k = layer.fixed_ratios.shape[1]
-            layer.ratio_fixed[0] = True
-            layer.fixed_ratios[0] = torch.tensor([0.2, 0.8, 0.][:k])
+        if fixed:  # the mean ratios fixed (group SN: the first group's)
+            k = layer.fixed_ratios.shape[-1]
+            at = (0, 0) if layer.ratio_groups > 1 else 0
+            layer.ratio_fixed[at] = True
+            layer.fixed_ratios[at] = torch.tensor([0.2, 0.8, 0.][:k])
         if layer.radius is not None:
             layer.radius.fill_(0.3)
     return layer
@@ -109,7 +111,8 @@ def all_cases(dtypes=(torch.float32, torch.bfloat16)):
     return [(shape, cl, using_bn, training, dtype, variant)
             for (shape, cl), using_bn, training, dtype, variant in
             itertools.product(SHAPES, (True, False), (True, False), dtypes,
-                              VARIANTS)]
+                              VARIANTS)
+            if shape[1] % variant.get('ratio_groups', 1) == 0]
 
 
 def compare_all(device, dtypes=(torch.float32, torch.bfloat16)):

@@ -14,7 +14,8 @@ a GPU SN runs on Triton or PyTorch ops) and then
 2. runs ``tools/analysis_tools/benchmark_norm.py --device cuda``: the layers
    at the detector shapes in float32 and bf16 with the bandwidth column and
    its two-read ceiling, the host cost per call, the kernels per call, and
-   a ResNet-50 training step.
+   a ResNet-50 training step; then ``--group-sn``: group SN (2 and 32
+   ratio groups) against SN at every shape.
 
 It prints one summary, writes every result to a JSON file and exits 1 if a
 test fails. Without a GPU it says so and runs both on the CPU at toy sizes
@@ -166,8 +167,14 @@ def main(argv=None):
         flags += ['--device', 'cuda'] if cuda else ['--toy', '--gpu-sections']
         print('\nTimings (tools/analysis_tools/benchmark_norm.py '
               f'{" ".join(flags)})', flush=True)
+        group_flags = ['--group-sn', '--repeats', str(max(repeats // 2, 1)),
+                       '--allocator', 'system'] + (
+                           ['--device', 'cuda'] if cuda else ['--toy'])
         try:
             report['bench'] = load_benchmark().main(flags)
+            print('\nGroup SN (benchmark_norm.py '
+                  f'{" ".join(group_flags)})', flush=True)
+            report['group_sn'] = load_benchmark().main(group_flags)
         except Exception as err:  # a result to report; the tests stand
             report['checks'].append(dict(check='timings ran', ok=False,
                                          detail=repr(err)[:300], seconds=0))
