@@ -119,12 +119,14 @@ def test_bfloat16_in_bfloat16_out_without_a_float32_copy():
 
 
 @needs_interpreter_or_gpu
-@pytest.mark.parametrize('training', [True, False])
-def test_double_backward_equals_pytorch_kernels(training):
+@pytest.mark.parametrize('training,groups', [(True, 1), (False, 1),
+                                             (True, 5)])
+def test_double_backward_equals_pytorch_kernels(training, groups):
     results = []
     for kernels in ('triton', 'torch'):
         torch.manual_seed(0)
-        layer = agreement.make_layer(5, True, kernels).to(DEVICE)
+        layer = agreement.make_layer(5, True, kernels,
+                                     ratio_groups=groups).to(DEVICE)
         layer.train(training)
         x = (torch.randn(3, 5, 4, 4) * 2 + 1).to(DEVICE).requires_grad_()
         y = layer(x)
