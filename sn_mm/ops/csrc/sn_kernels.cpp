@@ -966,19 +966,15 @@ int64_t ratio_groups(const at::Tensor& logits) {
   return logits.dim() == 2 ? logits.size(0) : 1;
 }
 
-// Where IN is undefined: the other terms renormalised, or LN alone if the
-// vector selected IN alone (sn_mm/ops/ratios.py's ratio_without_in).
-std::vector<double> without_in(const std::vector<double>& r) {
-  std::vector<double> rest(r.begin() + 1, r.end());
+// Where IN is undefined: the other terms of src (k values) renormalised
+// into dst (k - 1), or LN alone if the vector selected IN alone
+// (sn_mm/ops/ratios.py's ratio_without_in).
+void without_in(const double* src, int64_t k, double* dst) {
   double total = 0;
-  for (double v : rest) total += v;
-  if (total > 0) {
-    for (double& v : rest) v /= std::max(total, 1e-30);
-  } else {
-    std::fill(rest.begin(), rest.end(), 0.0);
-    rest[0] = 1;
-  }
-  return rest;
+  for (int64_t i = 1; i < k; ++i) total += src[i];
+  for (int64_t i = 1; i < k; ++i)
+    dst[i - 1] = total > 0 ? src[i] / std::max(total, 1e-30) : 0.0;
+  if (!(total > 0)) dst[0] = 1;
 }
 
 Ratios mixing_ratios(const at::Tensor& mean_logits,
@@ -991,30 +987,35 @@ Ratios mixing_ratios(const at::Tensor& mean_logits,
   out.k_ln = has_in ? 1 : 0;
   out.groups = ratio_groups(mean_logits);
   const int64_t groups = out.groups, k = mean_logits.numel() / groups;
+  const int64_t terms = has_in ? k : k - 1;
   std::vector<double> given;
   if (std::find(is_fixed.begin(), is_fixed.end(), true) != is_fixed.end())
     given = read_doubles(*fixed_ratios);
   const at::Tensor* logits[2] = {&mean_logits, &var_logits};
+  // In place, group by group: group SN's host work stays a few hundred
+  // flops, without an allocation per group.
   for (int row = 0; row < 2; ++row) {
     const std::vector<double> all = read_doubles(*logits[row]);
     std::vector<double>& rows = row == 0 ? out.mean : out.var;
+    rows.resize(groups * terms);
     for (int64_t g = 0; g < groups; ++g) {
-      std::vector<double> r;
+      double* r = rows.data() + g * terms;
       if (is_fixed[row * groups + g]) {
-        const auto at = given.begin() + (row * groups + g) * k;
-        r.assign(at, at + k);
-        if (!has_in) r = without_in(r);
-      } else {
-        r.assign(all.begin() + g * k, all.begin() + (g + 1) * k);
-        if (!has_in) r.erase(r.begin());
-        if (!ratios_given) {  // softmax; given ratios come renormalised
-          const double top = *std::max_element(r.begin(), r.end());
-          double total = 0;
-          for (double& v : r) total += (v = std::exp(v - top));
-          for (double& v : r) v /= total;
-        }
+        const double* src = given.data() + (row * groups + g) * k;
+        if (has_in)
+          std::copy_n(src, k, r);
+        else
+          without_in(src, k, r);
+        continue;
       }
-      rows.insert(rows.end(), r.begin(), r.end());
+      std::copy_n(all.data() + g * k + (has_in ? 0 : 1), terms, r);
+      if (!ratios_given) {  // softmax; given ratios come renormalised
+        const double top = *std::max_element(r, r + terms);
+        double total = 0;
+        for (int64_t i = 0; i < terms; ++i)
+          total += (r[i] = std::exp(r[i] - top));
+        for (int64_t i = 0; i < terms; ++i) r[i] /= total;
+      }
     }
   }
   return out;
