@@ -121,6 +121,53 @@ def test_short_rows_in_large_tasks(shape, dtype, training):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.skipif(not native_available(), reason='extension not built')
+@pytest.mark.parametrize('case', [
+    dict(shape=(8, 64, 24, 24), dtype=torch.float32),   # 144 KiB a sample
+    dict(shape=(9, 64, 16, 32), dtype=torch.float64),   # 256 KiB
+    dict(shape=(8, 64, 24, 24), dtype=torch.float32, ratio_groups=4),
+    dict(shape=(9, 64, 16, 32), dtype=torch.float64, using_bn=False,
+         training=True),
+], ids=['float32', 'float64', 'group_sn', 'train_without_bn'])
+def test_samples_normalised_one_by_one(case):
+    """Without the batch's BN statistics, samples of 128-512 KiB in batches
+    that keep every thread busy are taken one at a time (moments, LN
+    statistics, normalisation while the sample is in cache): output, and in
+    training every gradient, against the reference on one thread and on
+    two."""
+    case = dict(case)
+    shape, dtype = case.pop('shape'), case.pop('dtype')
+    training = case.pop('training', False)
+    x = random_input(shape, dtype=dtype)
+    grad = random_input(shape, seed=3, dtype=dtype)
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            results = []
+            for kernels in ('native', 'torch'):
+                sn = SwitchableNorm(shape[1], kernels=kernels, **case).to(
+                    dtype).train(training)
+                with torch.no_grad():
+                    sn.mean_weight.normal_(generator=torch.Generator()
+                                           .manual_seed(0))
+                    sn.var_weight.normal_(generator=torch.Generator()
+                                          .manual_seed(1))
+                    if sn.running_var is not None:
+                        sn.running_mean.fill_(0.5)
+                        sn.running_var.fill_(2.0)
+                xs = x.clone().requires_grad_(training)
+                y = sn(xs)
+                if training:
+                    y.backward(grad)
+                results.append([y.detach()] + ([xs.grad] + [
+                    p.grad for p in sn.parameters()] if training else []))
+            for got, want in zip(*results):
+                torch.testing.assert_close(got, want)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize('training', [True, False])
 def test_pytorch_fallback_matches_reference(training):
     sn = make_sn(5, kernels='torch').train(training)
