@@ -8,11 +8,12 @@ logits) and the normalisation. Backward: (4) each row's gradient sums,
 (5) the per-sample and per-channel sums of the mixed statistics' gradients,
 grad_weight and grad_bias, (6) the input gradient, and in one program the
 ratio-logit gradients. Group SN (logits (G, K)) runs on the same kernels:
-each row takes its ratios from its channel's group, and each sample's
-program sums the ratio gradients' terms group by group. Everything between
-the kernels stays on the device
-and nothing is computed by a chain of small PyTorch ops: on a GPU each such
-op is a kernel launch, which at small shapes costs more than the data.
+each row takes its ratios from its channel's group, each channel's program
+leaves its terms of the ratio gradients, and the logit gradients sum them
+over each group's channels. Everything between the kernels stays on the
+device and nothing is computed by a chain of small PyTorch ops: on a GPU
+each such op is a kernel launch, which at small shapes costs more than the
+data.
 
 The input can be float32, bfloat16 or float16 (statistics in float32, the
 output in the input's dtype, so bf16 autocast keeps its bytes) and can be
