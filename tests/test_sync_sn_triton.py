@@ -35,12 +35,12 @@ def worker(rank, port, result_file):
     real = triton_fused._combine_over_group
     triton_fused._combine_over_group = lambda *a: calls.append(1) or real(*a)
     results = {}
-    for i, (name, shape, split, *groups) in enumerate(CASES):
+    for i, (name, shape, split, groups) in enumerate(CASES):
         x, grad_out = case_data(shape, seed=i)
         start = sum(split[:rank])
         sl = slice(start, start + split[rank])
         layer = init_layer(SyncSwitchableNorm(shape[1], kernels='triton',
-                                              ratio_groups=max(groups + [1])),
+                                              ratio_groups=groups),
                            seed=100 + i).to(DEVICE)
         results[name] = {k: v.cpu() for k, v in run_layer(
             layer, x[sl].float().to(DEVICE),
@@ -60,17 +60,17 @@ def sync_results(tmp_path_factory):
 def test_the_fused_path_ran(sync_results):
     # Two training steps per case, on every rank with samples.
     for rank, results in enumerate(sync_results):
-        expected = 2 * sum(1 for _, _, split, *_ in CASES if split[rank])
+        expected = 2 * sum(1 for _, _, split, _ in CASES if split[rank])
         assert results['fused_calls'] == expected
 
 
 @pytest.mark.parametrize('case', range(len(CASES)), ids=[c[0] for c in CASES])
 def test_fused_sync_matches_sn_on_whole_batch(sync_results, case):
-    name, shape, split, *groups = CASES[case]
+    name, shape, split, groups = CASES[case]
     x, grad_out = case_data(shape, seed=case)
     expected = run_layer(
         init_layer(SwitchableNorm(shape[1], kernels='torch',
-                                  ratio_groups=max(groups + [1])),
+                                  ratio_groups=groups),
                    seed=100 + case), x.float(), grad_out.float())
     per_rank = [r[name] for r in sync_results]
     tol = dict(rtol=1e-4, atol=1e-4)

@@ -10,13 +10,13 @@ from sn_mm import (SwitchableNorm, SyncSwitchableNorm, convert_sync_sn,
                    revert_sync_sn)
 
 WORLD = 2
-# (name, input shape of the whole batch, samples on rank 0, on rank 1[,
-# ratio groups])
+# (name, input shape of the whole batch, samples on rank 0, on rank 1,
+# ratio groups)
 CASES = [
-    ('4d_3+1', (4, 5, 3, 4), [3, 1]),
-    ('4d_4+0', (4, 5, 3, 4), [4, 0]),
-    ('2d_1+3', (4, 5), [1, 3]),
-    ('one_position_2+2', (4, 5, 1, 1), [2, 2]),
+    ('4d_3+1', (4, 5, 3, 4), [3, 1], 1),
+    ('4d_4+0', (4, 5, 3, 4), [4, 0], 1),
+    ('2d_1+3', (4, 5), [1, 3], 1),
+    ('one_position_2+2', (4, 5, 1, 1), [2, 2], 1),
     ('group_sn_3+1', (4, 6, 3, 4), [3, 1], 3),
 ]
 PARAMS = ('weight', 'bias', 'mean_weight', 'var_weight')
@@ -57,12 +57,12 @@ def worker(rank, port, result_file):
     dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}',
                             rank=rank, world_size=WORLD)
     results = {}
-    for i, (name, shape, split, *groups) in enumerate(CASES):
+    for i, (name, shape, split, groups) in enumerate(CASES):
         x, grad_out = case_data(shape, seed=i)
         start = sum(split[:rank])
         sl = slice(start, start + split[rank])
         layer = init_layer(SyncSwitchableNorm(
-            shape[1], ratio_groups=groups[0] if groups else 1).double(),
+            shape[1], ratio_groups=groups).double(),
             seed=100 + i)
         results[name] = run_layer(layer, x[sl], grad_out[sl])
     torch.save(results, f'{result_file}.{rank}')
@@ -78,12 +78,11 @@ def sync_results(tmp_path_factory):
 
 @pytest.mark.parametrize('case', range(len(CASES)), ids=[c[0] for c in CASES])
 def test_sync_matches_sn_on_whole_batch(sync_results, case):
-    name, shape, split, *groups = CASES[case]
+    name, shape, split, groups = CASES[case]
     x, grad_out = case_data(shape, seed=case)
     expected = run_layer(
-        init_layer(SwitchableNorm(shape[1], ratio_groups=groups[0] if groups
-                                  else 1).double(), seed=100 + case), x,
-        grad_out)
+        init_layer(SwitchableNorm(shape[1], ratio_groups=groups).double(),
+                   seed=100 + case), x, grad_out)
     per_rank = [r[name] for r in sync_results]
     # Outputs and input gradients: each rank holds its own slice.
     for key in ('out', 'x_grad'):

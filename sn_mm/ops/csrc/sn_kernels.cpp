@@ -1276,9 +1276,8 @@ constexpr int64_t kStreamBytes = int64_t(32) << 20, kStreamRow = 4096;
 // after the other while it is in this core's L2, so that the input comes
 // from memory once, as GroupNorm's does, rather than twice. Taken for
 // samples of kSampleMin to kSampleMax bytes when the samples keep every
-// thread busy (1024x256x14x14, eval SN/GN on two threads: 1.65 by passes
-// over all rows, 1.09-1.22 by sample); smaller ones (RoI features, 50 KB)
-// measured faster in the passes' long streams.
+// thread busy (docs/performance.md has the figures); smaller ones (RoI
+// features, 50 KB) measured faster in the passes' long streams.
 constexpr int64_t kSampleMin = int64_t(128) << 10,
                   kSampleMax = int64_t(512) << 10;
 
