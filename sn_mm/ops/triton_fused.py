@@ -30,6 +30,7 @@ and under ``TRITON_INTERPRET=1`` the kernels run on CPU tensors.
 """
 import os
 import warnings
+from collections import OrderedDict
 from typing import Optional
 
 import torch
@@ -741,8 +742,31 @@ def _pow2(v: int) -> int:
     return 1 << max(int(v) - 1, 0).bit_length()
 
 
+class _LRU(OrderedDict):
+    """A dict that keeps its ``size`` most recently used entries: with
+    mmdet's keep-ratio resizing nearly every batch brings new input sizes,
+    so a cache keyed on exact sizes must forget."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    def get(self, key, default=None):
+        value = super().get(key, default)
+        if value is not default:
+            self.move_to_end(key)
+        return value
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        if len(self) > self.size:
+            self.popitem(last=False)
+
+
 _SM_COUNT = {}
-_PLANS = {}
+# A detector's layers meet a few hundred (shape, layout) pairs at a few
+# image sizes; the bounds hold several of those at once.
+_PLANS = _LRU(1024)
 
 
 def _target_programs(device: torch.device) -> int:
@@ -811,7 +835,7 @@ def _dense(x3: Tensor) -> Tensor:
 # The key holds what that specialisation depends on (the sizes, strides and
 # dtypes of the plan, the flags, every pointer's 16-byte alignment).
 _DIRECT = {'on': not _INTERPRET}
-_COMPILED = {}
+_COMPILED = _LRU(4096)  # six kernels per plan
 
 
 def _launch(kernel, key, grid, args, device_index):

@@ -11,14 +11,18 @@ a GPU SN runs on Triton or PyTorch ops) and then
 1. runs the GPU tests, ``tests/test_cuda.py`` and
    ``tests/test_sync_sn_triton.py`` (SyncSN in two processes on the one
    GPU; pytest marker ``cuda``);
-2. runs ``tools/analysis_tools/benchmark_norm.py --device cuda``: the layers
+2. runs 200 training steps of SN layers over input sizes that change
+   every batch (``sn_mm.testing.varying_sizes``): Triton compilations per
+   step, the host caches' and the device memory's growth;
+3. runs ``tools/analysis_tools/benchmark_norm.py --device cuda``: the layers
    at the detector shapes in float32 and bf16 with the bandwidth column and
    its two-read ceiling, the host cost per call, the kernels per call, and
    a ResNet-50 training step; then ``--group-sn``: group SN (2 and 32
    ratio groups) against SN at every shape.
 
-It prints one summary, writes every result to a JSON file and exits 1 if a
-test fails. Without a GPU it says so and runs both on the CPU at toy sizes
+It prints one summary, writes every result to a JSON file (after each
+phase, so that a run stopped at its time limit keeps what it measured) and
+exits 1 if a check fails. Without a GPU it says so and runs both on the CPU at toy sizes
 (``SN_MM_TEST_DEVICE=cpu``, ``--toy``), so that it is tested before GPU
 minutes are spent.
 """
@@ -142,6 +146,23 @@ def environment(report, args):
     return env, cuda
 
 
+def varying_sizes(report, cuda):
+    """SN training steps over sizes that change every batch; a check that
+    compilations, caches and allocated memory settle."""
+    from sn_mm.testing import varying_sizes as vs
+    steps = 200 if cuda else 12
+    print(f'\nVarying sizes ({steps} training steps, a new image size and '
+          'RoI count each)', flush=True)
+    begin = time.perf_counter()
+    rows = vs.run('cuda' if cuda else 'cpu', steps=steps, toy=not cuda)
+    result = vs.summary(rows)
+    report['varying_sizes'] = dict(summary=result, rows=rows)
+    print(f'  {result}')
+    return dict(check='varying sizes settle', ok=result['stopped'],
+                detail=str(result)[:300],
+                seconds=round(time.perf_counter() - begin, 1))
+
+
 def main(argv=None):
     args = parse_args(argv)
     start = time.perf_counter()
@@ -158,8 +179,16 @@ def main(argv=None):
     out = args.out or osp.join(os.environ.get('OUT') or
                                osp.join(ROOT, 'work_dirs'), 'gpu_check.json')
     os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
+    def save():
+        report['seconds'] = round(time.perf_counter() - start, 1)
+        with open(out, 'w') as f:
+            json.dump(report, f, indent=1)
+
     print(f'\nTests ({", ".join(TEST_FILES)})', flush=True)
     report['checks'] = run_tests(env)
+    save()
+    report['checks'].append(varying_sizes(report, cuda))
+    save()
     if not args.skip_bench:
         repeats = args.repeats or (10 if cuda else 1)
         flags = ['--repeats', str(repeats), '--allocator', 'system',
@@ -172,15 +201,14 @@ def main(argv=None):
                            ['--device', 'cuda'] if cuda else ['--toy'])
         try:
             report['bench'] = load_benchmark().main(flags)
+            save()
             print('\nGroup SN (benchmark_norm.py '
                   f'{" ".join(group_flags)})', flush=True)
             report['group_sn'] = load_benchmark().main(group_flags)
         except Exception as err:  # a result to report; the tests stand
             report['checks'].append(dict(check='timings ran', ok=False,
                                          detail=repr(err)[:300], seconds=0))
-    report['seconds'] = round(time.perf_counter() - start, 1)
-    with open(out, 'w') as f:
-        json.dump(report, f, indent=1)
+    save()
     failed = [c['check'] for c in report['checks'] if not c['ok']]
     print(f'\n{len(report["checks"]) - len(failed)} of '
           f'{len(report["checks"])} checks passed'
