@@ -146,6 +146,12 @@ _LIB.impl('switchable_norm', _cuda_kernel, 'CUDA')
 _LIB.impl('switchable_norm', _cuda_kernel, 'AutogradCUDA')
 
 
+# How a CUDA call outside tracing reaches the Triton kernels: through the
+# dispatcher ('operator') or by calling them here ('direct'). Both compute
+# the same; benchmark_norm.py's route A/B (--device cuda) times the two.
+CUDA_ROUTE = {'via': 'operator'}
+
+
 # -- the kernel setting -----------------------------------------------------
 _default: Optional[str] = None
 _INTERPRET = _compat.getenv('TRITON_INTERPRET') == '1'
@@ -291,7 +297,8 @@ def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
             mean_weight, var_weight, radius, ratio_fixed, fixed_ratios,
             training, math.prod(x.shape[2:]) > 1)
     if impl == 'native' or (impl == 'triton' and x.is_cuda
-                            and group is None):
+                            and group is None
+                            and CUDA_ROUTE['via'] == 'operator'):
         return _OP(x, weight, bias, mean_weight, var_weight, running_mean,
                    running_var, num_batches_tracked, nonfinite_batches,
                    ratio_fixed, fixed_ratios, training, -1. if momentum is None else

@@ -31,6 +31,7 @@ Example::
         --skip-detector --json work_dirs/benchmark.json
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -43,6 +44,7 @@ import torch.nn as nn
 import sn_mm  # noqa: F401
 from sn_mm import SwitchableNorm, SyncSwitchableNorm
 from sn_mm.ops import default_kernels, native_available
+from sn_mm.ops.operator import CUDA_ROUTE
 from sn_mm.testing.timing import median_time, median_times, timed
 
 # glibc's malloc returns large freed blocks to the OS and page-faults them
@@ -433,6 +435,60 @@ def _one_rank_group(device):
                                 rank=0, world_size=1)
 
 
+@contextlib.contextmanager
+def cuda_route(via):
+    """SN's CUDA calls through the dispatcher ('operator') or straight
+    to the Triton module ('direct') inside the block."""
+    before = CUDA_ROUTE['via']
+    CUDA_ROUTE['via'] = via
+    try:
+        yield
+    finally:
+        CUDA_ROUTE['via'] = before
+
+
+def route_host_costs(device, rounds=5, calls=300):
+    """Host microseconds per SN call at 1x64x8x8 (calls queued) by route,
+    in alternating rounds: the layer through the dispatcher, the layer
+    calling the Triton module directly, and the Triton module's own entry
+    point alone (no layer, no router): where SN's per-call cost goes."""
+    from sn_mm.ops.operator import triton_module
+    shape = (1, 64, 8, 8)
+    x = torch.randn(shape, device=device, requires_grad=True)
+    grad = torch.randn(shape, device=device)
+    layer = SwitchableNorm(64).to(device)
+    fused = triton_module() if device == 'cuda' else None
+
+    def bare(training):
+        p, b = layer._parameters, layer._buffers
+        return fused.switchable_norm(
+            x, p['weight'], p['bias'], p['mean_weight'], p['var_weight'],
+            b['running_mean'], b['running_var'], b['num_batches_tracked'],
+            b['ratio_fixed'], b['fixed_ratios'], training, 0.1, 1e-5, True)
+
+    def variants(training):
+        out = {'layer, operator': ('operator', lambda: layer(x)),
+               'layer, direct': ('direct', lambda: layer(x))}
+        if fused is not None:
+            out['Triton entry point'] = ('direct', lambda: bare(training))
+        return out
+    times = {}
+    for mode in ('eval fwd', 'train fwd+bwd'):
+        training = mode != 'eval fwd'
+        layer.train(training)
+        for name, (via, call) in variants(training).items():
+            def fn(call=call, via=via):
+                with cuda_route(via), torch.set_grad_enabled(training):
+                    for _ in range(calls):
+                        y = call()
+                        if training:
+                            y.backward(grad)
+            fn()
+            times[f'{name} {mode}'] = fn
+    per_call = median_times(times, rounds)
+    return {k: round(t / calls * 1e6, 1) for k, t in per_call.items()}
+
+
 def torchvision_detector_step(device, repeats, toy):
     """One training step of torchvision's Mask R-CNN R50-FPN, 2 images of
     800x1216 (64x96 with ``toy``), bf16 autocast, SGD, with GN(32), SN and
@@ -456,19 +512,23 @@ def torchvision_detector_step(device, repeats, toy):
         targets.append(dict(boxes=boxes.to(device),
                             labels=torch.randint(1, 91, (4, ), generator=gen)
                             .to(device), masks=masks.to(device)))
-    norms = {'GN(32)': lambda c: nn.GroupNorm(32, c), 'SN': SwitchableNorm,
-             'SyncSN, one-rank group': SyncSwitchableNorm}
+    # (name, norm layer, how SN's CUDA calls reach the Triton kernels)
+    norms = [('GN(32)', lambda c: nn.GroupNorm(32, c), 'operator'),
+             ('SN', SwitchableNorm, 'operator'),
+             ('SN, direct route', SwitchableNorm, 'direct'),
+             ('SyncSN, one-rank group', SyncSwitchableNorm, 'operator')]
     steps = {}
-    for name, norm in norms.items():
+    for name, norm, via in norms:
         torch.manual_seed(0)
         model = torchvision_mask_rcnn(norm, toy).to(device).train()
         optim = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
 
-        def step(model=model, optim=optim):
-            with torch.autocast(device, dtype=torch.bfloat16):
-                loss = sum(model(images, targets).values())
-            optim.zero_grad(set_to_none=True)
-            loss.backward()
+        def step(model=model, optim=optim, via=via):
+            with cuda_route(via):
+                with torch.autocast(device, dtype=torch.bfloat16):
+                    loss = sum(model(images, targets).values())
+                optim.zero_grad(set_to_none=True)
+                loss.backward()
             optim.step()
         step()
         steps[name] = step
@@ -676,6 +736,10 @@ def gpu_sections(args, shapes, report):
               f'copy bandwidth; SN {sn["eval_bw_fraction"]:.2f}')
     report['host_us'] = host_costs(device, 20 if toy else 300)
     print(f'\nHost microseconds per call at 1x64x8x8: {report["host_us"]}')
+    report['route_host_us'] = route_host_costs(device, 3 if toy else 5,
+                                               20 if toy else 300)
+    print('Same, SN by route (alternating rounds): '
+          f'{report["route_host_us"]}', flush=True)
     report['launches'] = kernel_launches(device, shapes)
     for r in report['launches']:
         print(f'  launches: {r}')
