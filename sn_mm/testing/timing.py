@@ -26,12 +26,19 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(timed(fn) for _ in range(repeats))
 
 
-def median_times(fns: Dict[str, Callable[[], object]],
-                 repeats: int) -> Dict[str, float]:
+def median_times(fns: Dict[str, Callable[[], object]], repeats: int,
+                 warm: bool = False) -> Dict[str, float]:
     """Median seconds of each of ``fns``, every repeat timing all of them in
-    turn."""
-    times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            times[name].append(timed(fn))
-    return {name: statistics.median(t) for name, t in times.items()}
+    turn, each repeat starting one further along (so that no candidate
+    always runs right after the same other one, whose caches, allocator
+    state or clocks it would inherit). ``warm``: an untimed call right
+    before each timed one, so that a candidate is timed in the state its
+    own previous call left, as in a training loop."""
+    names = list(fns)
+    times = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            if warm:
+                fns[name]()
+            times[name].append(timed(fns[name]))
+    return {name: statistics.median(times[name]) for name in names}

@@ -477,7 +477,8 @@ def route_host_costs(device, rounds=5, calls=300):
         training = mode != 'eval fwd'
         layer.train(training)
         for name, (via, call) in variants(training).items():
-            def fn(call=call, via=via):
+            def fn(call=call, via=via, training=training):
+                layer.train(training)
                 with cuda_route(via), torch.set_grad_enabled(training):
                     for _ in range(calls):
                         y = call()
@@ -532,7 +533,7 @@ def torchvision_detector_step(device, repeats, toy):
             optim.step()
         step()
         steps[name] = step
-    times = median_times(steps, repeats)
+    times = median_times(steps, repeats, warm=True)
     return [dict(norm=name, ms=t * 1e3, vs_gn=t / times['GN(32)'])
             for name, t in times.items()]
 
@@ -594,7 +595,7 @@ def resnet_step_times(device, repeats, batch, size):
         for _ in range(2):
             step()
         steps[name] = step
-    times = median_times(steps, repeats)
+    times = median_times(steps, repeats, warm=True)
     return [dict(norm=name, ms=t * 1e3, vs_gn=t / times['GN(32)'])
             for name, t in times.items()]
 
