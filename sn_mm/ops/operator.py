@@ -146,10 +146,12 @@ _LIB.impl('switchable_norm', _cuda_kernel, 'CUDA')
 _LIB.impl('switchable_norm', _cuda_kernel, 'AutogradCUDA')
 
 
-# How a CUDA call outside tracing reaches the Triton kernels: through the
-# dispatcher ('operator') or by calling them here ('direct'). Both compute
-# the same; benchmark_norm.py's route A/B (--device cuda) times the two.
-CUDA_ROUTE = {'via': 'operator'}
+# How a CUDA call outside tracing reaches the Triton kernels: by calling
+# them here ('direct') or through the dispatcher ('operator', what
+# torch.ops.sn_mm.switchable_norm does). Both compute the same; the direct
+# call saves 18-39 us of host time per call and 8% of a Mask R-CNN training
+# step (docs/gpu_check.md#figures, benchmark_norm.py's route rows).
+CUDA_ROUTE = {'via': 'direct'}
 
 
 # -- the kernel setting -----------------------------------------------------
