@@ -60,7 +60,11 @@ def test_gpu_check_runs_its_cpu_parts(tmp_path):
                      'test_syncsn_collective_path_on_one_rank',
                      'test_fused_kernels_agree_with_the_reference'):
         assert expected in ran, expected
+    settle = next(c for c in checks if c['check'] == 'varying sizes settle')
+    assert settle['ok'] and report['varying_sizes']['summary']['steps'] == 12
     bench = report['bench']
+    assert {'layer, operator eval fwd', 'layer, direct train fwd+bwd'} <= \
+        set(bench['route_host_us'])
     layers = {(r['layer'], r['dtype']) for r in bench['layers']}
     for layer in ('SN', 'SyncSN', 'BN', 'GN(32)', 'IN', 'LN'):
         assert {(layer, 'float32'), (layer, 'bfloat16')} <= layers

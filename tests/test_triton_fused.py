@@ -176,3 +176,31 @@ def test_the_probe_refuses_failing_kernels_with_a_warning(monkeypatch):
     with pytest.warns(UserWarning, match='differ from the reference'):
         assert not triton_fused._probe(torch.device(DEVICE))
     assert wrong
+
+
+def test_host_caches_keep_the_most_recently_used(monkeypatch):
+    """Keep-ratio resizing brings a new size almost every batch: the plan
+    cache forgets the least recently used sizes instead of growing."""
+    monkeypatch.setattr(triton_fused, '_PLANS', triton_fused._LRU(64))
+    cpu = torch.device('cpu')
+    first = triton_fused._plan(2, 8, 1, 1, 8, cpu)
+    for length in range(2, 500):
+        triton_fused._plan(2, 8, length, 1, 8, cpu)
+        # the first size stays in use, as a layer seen every batch does
+        assert triton_fused._plan(2, 8, 1, 1, 8, cpu) is first
+    assert len(triton_fused._PLANS) == 64
+    assert (2, 8, 2, 1, 8, cpu) not in triton_fused._PLANS
+    assert (2, 8, 499, 1, 8, cpu) in triton_fused._PLANS
+
+
+def test_layers_over_changing_sizes_settle():
+    """SN training steps over a new image size and RoI count each step
+    (what the GPU check runs for 200 steps): the caches stay within their
+    bounds and the summary says so."""
+    from sn_mm.testing import varying_sizes
+    rows = varying_sizes.run('cpu', steps=3, toy=True, kernels='triton')
+    assert len({r['size'] for r in rows}) > 1
+    assert rows[-1]['plans'] > rows[0]['plans'] > 0  # the plans were used
+    summary = varying_sizes.summary(rows)
+    assert summary['stopped'] and summary['steps'] == 3
+    assert summary['plans'] <= summary['plan_bound']

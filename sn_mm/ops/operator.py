@@ -12,6 +12,10 @@ CUDA, AutogradCUDA the fused Triton kernels (:mod:`sn_mm.ops.triton_fused`)
 Meta (fake)        the output's shape, for tracers and ``meta`` tensors
 =================  ==========================================================
 
+A layer's own CUDA call (outside tracing) skips the dispatcher and calls
+the Triton module directly, which computes the same for less host time per
+call (``CUDA_ROUTE`` below).
+
 A double backward (``create_graph=True``) differentiates a recomputed
 forward of ``sn_mm::switchable_norm_reference``, the PyTorch-op reference
 (:mod:`sn_mm.ops.reference`), so that every higher derivative is exact.

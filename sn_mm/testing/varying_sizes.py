@@ -33,17 +33,19 @@ def host_cache_sizes():
     return len(triton_fused._PLANS), len(triton_fused._COMPILED)
 
 
-def run(device, steps=200, seed=0, toy=False):
+def run(device, steps=200, seed=0, toy=False, kernels=None):
     """``steps`` training steps of one SN layer per level at a random
     image size (height 512-800, width 512-1344, multiples of 32; toy:
     64-128) and 1-512 RoIs; one row per step: compilations so far, the
     plan and launch caches' sizes, device memory allocated and reserved
-    (MiB; 0 on the CPU)."""
+    (MiB; 0 on the CPU). ``kernels``: the layers' setting (None: the
+    default)."""
     rng = random.Random(seed)
     levels = [(s, c // 16 if toy else c) for s, c in LEVELS]
-    layers = [SwitchableNorm(c).to(device) for _, c in levels]
+    layers = [SwitchableNorm(c, kernels=kernels).to(device)
+              for _, c in levels]
     roi_c = ROI_CHANNELS // 16 if toy else ROI_CHANNELS
-    layers.append(SwitchableNorm(roi_c).to(device))
+    layers.append(SwitchableNorm(roi_c, kernels=kernels).to(device))
     cuda = torch.device(device).type == 'cuda'
     rows = []
     for step in range(steps):

@@ -154,7 +154,12 @@ def varying_sizes(report, cuda):
     print(f'\nVarying sizes ({steps} training steps, a new image size and '
           'RoI count each)', flush=True)
     begin = time.perf_counter()
-    rows = vs.run('cuda' if cuda else 'cpu', steps=steps, toy=not cuda)
+    try:
+        rows = vs.run('cuda' if cuda else 'cpu', steps=steps, toy=not cuda)
+    except Exception as err:  # a result to report; the other phases run
+        return dict(check='varying sizes settle', ok=False,
+                    detail=repr(err)[:300],
+                    seconds=round(time.perf_counter() - begin, 1))
     result = vs.summary(rows)
     report['varying_sizes'] = dict(summary=result, rows=rows)
     print(f'  {result}')
