@@ -53,7 +53,7 @@ def parse_args(argv=None):
                         help='JSON file (default: $OUT/gpu_check.json if '
                         '$OUT is set, else work_dirs/gpu_check.json)')
     parser.add_argument('--repeats', type=int, default=None,
-                        help='timed repeats per measurement (default: 10 '
+                        help='timed repeats per measurement (default: 6 '
                         'on a GPU, 1 on the CPU)')
     parser.add_argument('--skip-bench', action='store_true',
                         help='the tests only')
@@ -195,7 +195,7 @@ def main(argv=None):
     report['checks'].append(varying_sizes(report, cuda))
     save()
     if not args.skip_bench:
-        repeats = args.repeats or (10 if cuda else 1)
+        repeats = args.repeats or (6 if cuda else 1)
         flags = ['--repeats', str(repeats), '--allocator', 'system',
                  '--skip-detector', '--skip-resnet']
         flags += ['--device', 'cuda'] if cuda else ['--toy', '--gpu-sections']
