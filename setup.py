@@ -17,9 +17,13 @@ def extensions():
         return [], {}
     from torch.utils.cpp_extension import BuildExtension, CppExtension
     ext = CppExtension(
-        'sn_mm._ext', ['sn_mm/ops/csrc/sn_kernels.cpp'],
-        # -fno-math-errno: sqrt sets no errno, so loops with it vectorise.
-        extra_compile_args=['-O3', '-fopenmp', '-fno-math-errno'],
+        'sn_mm._ext', ['sn_mm/ops/csrc/sn_kernels.cpp'] + [
+            f'sn_mm/ops/csrc/row_kernels_{isa}.cpp'
+            for isa in ('avx512', 'avx2', 'baseline')],
+        # -fno-math-errno: sqrt sets no errno, so loops with it vectorise;
+        # -Wno-psabi: vectors pass by value only between inlined functions.
+        extra_compile_args=['-O3', '-fopenmp', '-fno-math-errno',
+                            '-Wno-psabi'],
         extra_link_args=['-fopenmp'])
     return [ext], {'build_ext': BuildExtension}
 
@@ -30,7 +34,7 @@ setup(
     version=read_version(),
     description='Switchable Normalization (SN, SyncSN) for OpenMMLab',
     packages=find_packages(exclude=('tests', 'configs', 'tools')),
-    package_data={'sn_mm': ['ops/csrc/*.cpp']},
+    package_data={'sn_mm': ['ops/csrc/*.cpp', 'ops/csrc/*.h']},
     ext_modules=ext_modules,
     cmdclass=cmdclass,
     python_requires='>=3.8',

@@ -10,6 +10,15 @@ if not torch.cuda.is_available():
     os.environ.setdefault('TRITON_INTERPRET', '1')
 
 
+def pytest_report_header(config):
+    from sn_mm.ops import cpu_isa, cpu_isas
+    if cpu_isa() is None:
+        return "SN's C++ kernels: not built"
+    return (f"SN's C++ kernels: {cpu_isa()} (this CPU runs "
+            f"{', '.join(cpu_isas())}; each test of tests/test_native_kernels"
+            ".py runs under every one)")
+
+
 @pytest.fixture(scope='session')
 def toy_seg_data(tmp_path_factory):
     """A small toy segmentation set, made once per test session."""

@@ -16,6 +16,21 @@ SHAPES = {'2d': (6, 5), '4d': (4, 5, 6, 7), '5d': (3, 5, 2, 4, 3),
           'one_position': (4, 5, 1, 1), 'empty': (0, 5, 3, 3)}
 
 
+@pytest.fixture(autouse=True, params=ops.cpu_isas() or [None])
+def isa(request):
+    """Every test here under every instruction set the kernels are built
+    for and this CPU runs (the best one is what runs by default)."""
+    if request.param is None:
+        yield None
+        return
+    before = ops.cpu_isa()
+    ops.set_cpu_isa(request.param)
+    try:
+        yield request.param
+    finally:
+        ops.set_cpu_isa(before)
+
+
 def test_extension_is_built():
     # make test builds it; SN_MM_NO_EXT=1 is the only way to go without.
     if os.environ.get('SN_MM_NO_EXT') == '1':
@@ -231,3 +246,32 @@ def test_native_refuses_what_it_cannot_run():
     sn = make_sn(3, dtype=torch.float32, kernels='native')
     with pytest.raises(ValueError, match="kernels='native' runs on"):
         sn(x)
+
+
+@pytest.mark.skipif(not native_available(), reason='extension not built')
+def test_instruction_sets(isa):
+    """The set chosen is the one that runs; the best one the CPU has comes
+    first; an unknown name and $SN_MM_CPU_ISA's are refused by name."""
+    assert ops.cpu_isa() == isa
+    assert ops.cpu_isas()[-1] == 'baseline'
+    with pytest.raises(ValueError, match="unknown instruction set 'sse9'"):
+        ops.set_cpu_isa('sse9')
+    assert ops.cpu_isa() == isa
+
+
+@pytest.mark.skipif(not native_available(), reason='extension not built')
+def test_the_environment_picks_the_instruction_set(isa):
+    import subprocess
+    import sys
+    if isa != ops.cpu_isas()[0]:
+        pytest.skip('a fresh process per set would repeat this')
+    code = 'from sn_mm.ops import cpu_isa; print(cpu_isa())'
+    for wanted in ops.cpu_isas():
+        out = subprocess.run([sys.executable, '-c', code], check=True,
+                             capture_output=True, text=True,
+                             env={**os.environ, 'SN_MM_CPU_ISA': wanted})
+        assert out.stdout.split()[-1] == wanted
+    bad = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                         text=True, env={**os.environ, 'SN_MM_CPU_ISA': 'x87'})
+    assert bad.returncode != 0
+    assert "unknown instruction set 'x87'" in bad.stderr

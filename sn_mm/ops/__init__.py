@@ -6,15 +6,17 @@ that picks an implementation; ``reference.py`` is SN in PyTorch ops;
 ``csrc/sn_kernels.cpp`` the C++ CPU kernels; ``triton_fused.py`` the fused
 Triton GPU kernels; ``ratios.py`` the rule from logits to ratio vectors.
 """
-from .operator import (KERNEL_CHOICES, KERNELS_ENV, check_kernels,
-                       default_kernels, implementation, native_available,
-                       set_default_kernels, switchable_norm)
+from .operator import (KERNEL_CHOICES, KERNELS_ENV, check_kernels, cpu_isa,
+                       cpu_isas, default_kernels, implementation,
+                       native_available, set_cpu_isa, set_default_kernels,
+                       switchable_norm)
 from .ratios import (RATIO_FNS, TERMS, layer_ratios, mixing_ratio,
                      ratio_without_in)
 from .sparsestmax import sparsemax, sparsestmax
 
 __all__ = [
-    'KERNEL_CHOICES', 'KERNELS_ENV', 'check_kernels', 'default_kernels',
+    'KERNEL_CHOICES', 'KERNELS_ENV', 'check_kernels', 'cpu_isa', 'cpu_isas',
+    'default_kernels', 'set_cpu_isa',
     'implementation', 'native_available', 'set_default_kernels',
     'switchable_norm', 'RATIO_FNS', 'TERMS', 'layer_ratios', 'mixing_ratio',
     'ratio_without_in', 'sparsemax', 'sparsestmax'

@@ -43,7 +43,7 @@ Triton kernels split at their collective boundary, elsewhere on the
 reference with one all-gather forward and one all-reduce backward.
 """
 import math
-from typing import Optional
+from typing import List, Optional
 
 import torch
 from torch import Tensor
@@ -104,10 +104,34 @@ def _switchable_norm_fake(x, weight, bias, mean_logits, var_logits,
 
 
 try:  # registers the CPU and AutogradCPU kernels
-    from .. import _ext  # noqa: F401
+    from .. import _ext
     NATIVE = True
 except ImportError:  # not built (SN_MM_NO_EXT=1): the reference on CPUs
+    _ext = None
     NATIVE = False
+if NATIVE:
+    _ext.cpu_isa()  # a bad $SN_MM_CPU_ISA fails here, naming itself
+
+
+def cpu_isa() -> Optional[str]:
+    """The instruction set the C++ kernels run with ('avx512', 'avx2' or
+    'baseline'): the best this CPU has unless ``$SN_MM_CPU_ISA`` or
+    :func:`set_cpu_isa` chose another; None without the extension."""
+    return _ext.cpu_isa() if NATIVE else None
+
+
+def cpu_isas() -> List[str]:
+    """The instruction sets the C++ kernels are built for and this CPU
+    runs, best first (empty without the extension)."""
+    return list(_ext.cpu_isas()) if NATIVE else []
+
+
+def set_cpu_isa(name: str) -> None:
+    """Run the C++ kernels with instruction set ``name`` (one of
+    :func:`cpu_isas`), e.g. to test or time AVX2 on a CPU with AVX-512."""
+    if not NATIVE:
+        raise RuntimeError('set_cpu_isa: the native extension was not built')
+    _ext.set_cpu_isa(name)
 
 _OP = torch.ops.sn_mm.switchable_norm
 

@@ -43,7 +43,8 @@ import torch.nn as nn
 
 import sn_mm  # noqa: F401
 from sn_mm import SwitchableNorm, SyncSwitchableNorm
-from sn_mm.ops import default_kernels, native_available
+from sn_mm.ops import (cpu_isa, cpu_isas, default_kernels, native_available,
+                       set_cpu_isa)
 from sn_mm.ops.operator import CUDA_ROUTE
 from sn_mm.testing.timing import median_time, median_times, timed
 
@@ -83,6 +84,24 @@ class NaiveSN(nn.Module):
         mean = sum(w * m for w, m in zip(wm, means))
         var = sum(w * v for w, v in zip(wv, variances))
         return (x - mean) / (var + 1e-5).sqrt() * self.weight + self.bias
+
+
+def cpu_model():
+    """The CPU's model name and its widest vector instructions, from
+    /proc/cpuinfo (Linux; 'unknown CPU' elsewhere)."""
+    try:
+        with open('/proc/cpuinfo') as f:
+            info = f.read()
+    except OSError:
+        return 'unknown CPU'
+    name = next((line.split(':', 1)[1].strip() for line in info.splitlines()
+                 if line.startswith('model name')), 'unknown CPU')
+    flags = set(next((line.split(':', 1)[1].split()
+                      for line in info.splitlines()
+                      if line.startswith(('flags', 'Features'))), []))
+    simd = [f for f in ('avx512f', 'avx2', 'fma', 'asimd', 'sve')
+            if f in flags]
+    return f'{name} ({" ".join(simd) or "no AVX2"})'
 
 
 def norm_layers(c, device):
@@ -622,6 +641,9 @@ def parse_args(argv=None):
     parser.add_argument('--group-sn', action='store_true',
                         help='instead of the other tables: group SN '
                         '(ratio_groups 2 and 32) against SN at each shape')
+    parser.add_argument('--cpu-isa', choices=['avx512', 'avx2', 'baseline'],
+                        help='instruction set of SN\'s C++ kernels (default: '
+                        '$SN_MM_CPU_ISA, else the best this CPU has)')
     parser.add_argument(
         '--allocator', choices=['steady', 'system'], default='steady',
         help='steady (default): restart under glibc malloc settings that '
@@ -810,8 +832,12 @@ def main(argv=None):
         where = (f'{torch.cuda.get_device_name()}, SN kernels: '
                  f'{default_kernels()}')
     else:
-        where = (f'{torch.get_num_threads()} CPU threads, native SN '
-                 f'kernels: {native_available()}, malloc: {args.allocator}')
+        if args.cpu_isa:
+            set_cpu_isa(args.cpu_isa)
+        isa = (f'{cpu_isa()} (this CPU: {", ".join(cpu_isas())})'
+               if native_available() else 'not built')
+        where = (f'{cpu_model()}, {torch.get_num_threads()} threads, SN\'s '
+                 f'C++ kernels: {isa}, malloc: {args.allocator}')
     print(f'torch {torch.__version__}, {where}, median of {args.repeats}\n')
     report = dict(device=where, repeats=args.repeats)
     if args.group_sn:

@@ -1,759 +1,142 @@
-// SN's CPU kernels, registered as the CPU and AutogradCPU kernels of the
-// operator sn_mm::switchable_norm (end of this file): the full-size passes
-// over a contiguous (N, C, L) input, one pass each and parallel over its
-// N x C rows, and the reductions of the (N, C) statistics between them; a
-// whole forward, a whole backward, or an eval forward in one call each, the
-// softmax mixing, BN statistics, running-statistics update and ratio
-// gradients included, with its autograd here in C++. The reference, in
-// PyTorch ops, is sn_mm/ops/reference.py.
+// SN's CPU operator, registered as the CPU and AutogradCPU kernels of
+// sn_mm::switchable_norm (end of this file): a whole forward, a whole
+// backward, or an eval forward in one call each, the softmax mixing, BN
+// statistics, running-statistics update and ratio gradients included, with
+// its autograd here in C++. The full-size passes are the row kernels
+// (row_kernels_impl.h), compiled once per instruction set; this file picks
+// the set the CPU runs ("instruction sets" below) and runs them in parallel
+// over rows. The reference, in PyTorch ops, is sn_mm/ops/reference.py.
 #include <torch/extension.h>
 #include <torch/library.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 #include <vector>
 
-// The extension is built without -march flags so that it runs on any x86-64;
-// GCC's target clones add AVX2 and AVX-512 versions of the kernels, picked at
-// load time for the CPU at hand.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
-    defined(__linux__)
-#define SN_ISA_CLONES \
-  __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define SN_ISA_CLONES
-#endif
-#define SN_INLINE __attribute__((always_inline)) inline
+#include "row_kernels.h"
 
+// --------------------------------------------------- instruction sets --
+// The extension is built without -march flags so that it runs on any CPU;
+// the row kernels are compiled for AVX-512, AVX2 and the compiler's
+// baseline, and the best set the CPU has runs unless SN_MM_CPU_ISA names
+// another (for tests and benchmarks: every set can be checked and timed on
+// a machine that has more).
 namespace {
+
+using sn_mm_rows::RowKernels;
+
+struct Isa {
+  const char* name;
+  const RowKernels* (*table)();
+  bool (*cpu_has)();
+};
+
+bool cpu_has_avx512() {
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+bool cpu_has_avx2() {
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+bool always() { return true; }
+
+// Best first.
+const Isa kIsas[] = {{"avx512", sn_mm_rows::row_kernels_avx512, cpu_has_avx512},
+                     {"avx2", sn_mm_rows::row_kernels_avx2, cpu_has_avx2},
+                     {"baseline", sn_mm_rows::row_kernels_baseline, always}};
+
+// The sets this build has and this CPU runs, best first.
+std::vector<std::string> cpu_isas() {
+  std::vector<std::string> names;
+  for (const Isa& isa : kIsas)
+    if (isa.table() != nullptr && isa.cpu_has()) names.push_back(isa.name);
+  return names;
+}
+
+std::atomic<const RowKernels*> active_kernels{nullptr};
+
+void set_cpu_isa(const std::string& name) {
+  for (const Isa& isa : kIsas) {
+    if (name != isa.name) continue;
+    TORCH_CHECK_VALUE(isa.table() != nullptr,
+                      "SN's CPU kernels: this build has no '", name,
+                      "' kernels (compiled by GCC for x86-64 only)");
+    TORCH_CHECK_VALUE(isa.cpu_has(), "SN's CPU kernels: this CPU cannot run "
+                      "the '", name, "' kernels; it runs ",
+                      c10::Join(", ", cpu_isas()));
+    active_kernels = isa.table();
+    return;
+  }
+  TORCH_CHECK_VALUE(false, "SN's CPU kernels: unknown instruction set '",
+                    name, "' (expected avx512, avx2 or baseline)");
+}
+
+// SN_MM_CPU_ISA where set, else the best the CPU runs.
+void choose_cpu_isa() {
+  const char* wanted = std::getenv("SN_MM_CPU_ISA");
+  set_cpu_isa(wanted != nullptr && *wanted ? std::string(wanted)
+                                           : cpu_isas().front());
+}
+
+const RowKernels& kernels() {
+  const RowKernels* table = active_kernels.load(std::memory_order_relaxed);
+  if (table == nullptr) {
+    choose_cpu_isa();
+    table = active_kernels.load();
+  }
+  return *table;
+}
+
+using sn_mm_rows::BnDevArgs;
+using sn_mm_rows::GradReduceArgs;
+using sn_mm_rows::GradSumsArgs;
+using sn_mm_rows::InputGradArgs;
+using sn_mm_rows::LnStatsArgs;
+using sn_mm_rows::MomentsArgs;
+using sn_mm_rows::NormalizeArgs;
+
+#define SN_RUN(kernel, Args)                                             \
+  void run(const Args<float>& a, int64_t begin, int64_t end) {           \
+    kernels().f32.kernel(a, begin, end);                                 \
+  }                                                                      \
+  void run(const Args<double>& a, int64_t begin, int64_t end) {          \
+    kernels().f64.kernel(a, begin, end);                                 \
+  }
+SN_RUN(moments, MomentsArgs)
+SN_RUN(grad_sums, GradSumsArgs)
+SN_RUN(normalize, NormalizeArgs)
+SN_RUN(input_grad, InputGradArgs)
+SN_RUN(ln_stats, LnStatsArgs)
+SN_RUN(bn_dev, BnDevArgs)
+SN_RUN(grad_reduce, GradReduceArgs)
+#undef SN_RUN
 
 // Rows per task: enough work per task to amortise scheduling.
 int64_t grain(int64_t length) {
   return std::max<int64_t>(1, 32768 / std::max<int64_t>(length, 1));
 }
 
-// ------------------------------------------------------------ row sums --
-// Row sums run in `Lanes` independent partial sums, which the compiler turns
-// into SIMD adds (one accumulator would serialise on its latency). Short rows
-// (RoI features: 7 x 7) take one vector's worth, several rows at a time, so
-// that little time goes to folding the lanes together; long rows take
-// several vectors.
-constexpr int64_t kShortRow = 128;
-
-template <int Lanes, typename T>
-SN_INLINE T fold(T* acc) {
-  for (int width = Lanes / 2; width > 0; width /= 2)
-    for (int k = 0; k < width; ++k) acc[k] += acc[k + width];
-  return acc[0];
-}
-
-template <int Lanes, typename T>
-SN_INLINE T row_sum(const T* __restrict__ x, int64_t n) {
-  T acc[Lanes] = {};
-  int64_t i = 0;
-  for (; i + Lanes <= n; i += Lanes)
-    for (int k = 0; k < Lanes; ++k) acc[k] += x[i + k];
-  T tail = 0;
-  for (; i < n; ++i) tail += x[i];
-  return fold<Lanes>(acc) + tail;
-}
-
-// sum of (x - shift): summing deviations from a value of the row (its first)
-// keeps the partial sums small when |mean| >> std, so the mean keeps the
-// precision of the data instead of that of the sum.
-template <int Lanes, typename T>
-SN_INLINE T row_sum_shifted(const T* __restrict__ x, int64_t n, T shift) {
-  T acc[Lanes] = {};
-  int64_t i = 0;
-  for (; i + Lanes <= n; i += Lanes)
-    for (int k = 0; k < Lanes; ++k) acc[k] += x[i + k] - shift;
-  T tail = 0;
-  for (; i < n; ++i) tail += x[i] - shift;
-  return fold<Lanes>(acc) + tail;
-}
-
-// sum of (x - mean)^2 as ((x - shift) - (mean - shift)): the mean rounded
-// to x's dtype could be off by half its unit in the last place, which
-// squared is not small beside a variance far below |mean|.
-template <int Lanes, typename T>
-SN_INLINE T row_sq_dev(const T* __restrict__ x, int64_t n, T shift,
-                       T mean_dev) {
-  T acc[Lanes] = {};
-  int64_t i = 0;
-  for (; i + Lanes <= n; i += Lanes)
-    for (int k = 0; k < Lanes; ++k) {
-      const T d = (x[i + k] - shift) - mean_dev;
-      acc[k] += d * d;
-    }
-  T tail = 0;
-  for (; i < n; ++i) {
-    const T d = (x[i] - shift) - mean_dev;
-    tail += d * d;
-  }
-  return fold<Lanes>(acc) + tail;
-}
-
-// Lanes values as one SIMD register (GCC/Clang vector extension): the
-// sums below keep two accumulators each, which the auto-vectoriser does not
-// reliably map to registers. (Every function passing these by value is
-// inlined, so GCC's note that such an ABI differs between ISAs is moot.)
-#pragma GCC diagnostic ignored "-Wpsabi"
-template <typename T, int Lanes>
-struct Vec {
-  typedef T type __attribute__((vector_size(sizeof(T) * Lanes)));
-};
-
-template <int Lanes, typename T>
-SN_INLINE typename Vec<T, Lanes>::type load(const T* p) {
-  typename Vec<T, Lanes>::type v;
-  __builtin_memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-template <int Lanes, typename T>
-SN_INLINE void store(T* p, typename Vec<T, Lanes>::type v) {
-  __builtin_memcpy(p, &v, sizeof(v));
-}
-
-template <int Lanes, typename V>
-SN_INLINE auto hsum(V v) {
-  // A tree of halving adds (log2(Lanes) steps, not Lanes - 1 in a chain).
-  static_assert(Lanes == 8, "hsum folds 8 lanes");
-  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
-  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
-  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
-  return v[0];
-}
-
-// For Rows consecutive short rows of length n at x: sums of (x - shift)
-// and (x - shift)^2 in one pass, shift each row's first value. Several rows
-// at once keep several independent chains of additions in flight (one
-// short row's chain is mostly latency). Cancellation in s2 - s1^2 / n costs
-// at most a factor n <= kShortRow of relative precision, since (mean -
-// shift)^2 <= n * var.
-template <int Lanes, int Rows, typename T>
-SN_INLINE void rows_shifted_sums(const T* __restrict__ x, int64_t n,
-                                 T* __restrict__ s1, T* __restrict__ s2) {
-  using V = typename Vec<T, Lanes>::type;
-  V a1[Rows], a2[Rows];
-  T shift[Rows], t1[Rows], t2[Rows];
-#pragma GCC unroll 8
-  for (int r = 0; r < Rows; ++r) {
-    a1[r] = V{};
-    a2[r] = V{};
-    shift[r] = x[r * n];
-    t1[r] = t2[r] = 0;
-  }
-  int64_t i = 0;
-  for (; i + Lanes <= n; i += Lanes)
-#pragma GCC unroll 8
-    for (int r = 0; r < Rows; ++r) {
-      const V d = load<Lanes>(x + r * n + i) - shift[r];
-      a1[r] += d;
-      a2[r] += d * d;
-    }
-  for (; i < n; ++i)
-#pragma GCC unroll 8
-    for (int r = 0; r < Rows; ++r) {
-      const T d = x[r * n + i] - shift[r];
-      t1[r] += d;
-      t2[r] += d * d;
-    }
-#pragma GCC unroll 8
-  for (int r = 0; r < Rows; ++r) {
-    s1[r] = hsum<Lanes>(a1[r]) + t1[r];
-    s2[r] = hsum<Lanes>(a2[r]) + t2[r];
-  }
-}
-
-// Likewise per row sums of g and of g * (x - m[row]).
-template <int Lanes, int Rows, typename T>
-SN_INLINE void rows_grad_sums(const T* __restrict__ g, const T* __restrict__ x,
-                              int64_t n, const T* __restrict__ m,
-                              T* __restrict__ sg, T* __restrict__ sgx) {
-  using V = typename Vec<T, Lanes>::type;
-  V a1[Rows], a2[Rows];
-  T t1[Rows], t2[Rows];
-#pragma GCC unroll 8
-  for (int r = 0; r < Rows; ++r) {
-    a1[r] = V{};
-    a2[r] = V{};
-    t1[r] = t2[r] = 0;
-  }
-  int64_t i = 0;
-  for (; i + Lanes <= n; i += Lanes)
-#pragma GCC unroll 8
-    for (int r = 0; r < Rows; ++r) {
-      const V gv = load<Lanes>(g + r * n + i);
-      a1[r] += gv;
-      a2[r] += gv * (load<Lanes>(x + r * n + i) - m[r]);
-    }
-  for (; i < n; ++i)
-#pragma GCC unroll 8
-    for (int r = 0; r < Rows; ++r) {
-      t1[r] += g[r * n + i];
-      t2[r] += g[r * n + i] * (x[r * n + i] - m[r]);
-    }
-#pragma GCC unroll 8
-  for (int r = 0; r < Rows; ++r) {
-    sg[r] = hsum<Lanes>(a1[r]) + t1[r];
-    sgx[r] = hsum<Lanes>(a2[r]) + t2[r];
-  }
-}
-
-// sum of a * (b - m): centred on the row mean m, so that an input far from
-// zero (|mean| >> std) loses nothing to cancellation.
-template <int Lanes, typename T>
-SN_INLINE T row_dot_centred(const T* __restrict__ a, const T* __restrict__ b,
-                            int64_t n, T m) {
-  T acc[Lanes] = {};
-  int64_t i = 0;
-  for (; i + Lanes <= n; i += Lanes)
-    for (int k = 0; k < Lanes; ++k) acc[k] += a[i + k] * (b[i + k] - m);
-  T tail = 0;
-  for (; i < n; ++i) tail += a[i] * (b[i] - m);
-  return fold<Lanes>(acc) + tail;
-}
-
-// --------------------------------------------------------------- kernels --
-// Each kernel takes its arguments as one struct and a range of rows (or, for
-// the reductions, of samples n).
-
-template <typename T>
-struct MomentsArgs {
-  const T* x;
-  T* mean;
-  T* var;
-  int64_t length;
-  T divisor;
-  // Where given: each row's mean also as its difference from its channel's
-  // shift, which keeps the precision of the differences between samples
-  // that BN's variance sums (as absolute float32 values means of 1e4 round
-  // them to 1e-3). row[0] - shift is exact for values within a factor 2.
-  const T* shift = nullptr;
-  T* dmean = nullptr;
-  int64_t channels = 1;
-};
-
-template <typename T>
-SN_INLINE void store_mean(const MomentsArgs<T>& a, int64_t r, T first,
-                          T mean_dev) {
-  a.mean[r] = first + mean_dev;
-  if (a.dmean) a.dmean[r] = (first - a.shift[r % a.channels]) + mean_dev;
-}
-
-// Long rows: the mean, then the squared deviations from it while the row
-// is still in cache (exact centring, no full-size temporary).
-template <int Lanes, typename T>
-SN_INLINE void moments_rows(const MomentsArgs<T>& a, int64_t begin,
-                            int64_t end) {
-  // In blocks of rows: every mean of the block, then every variance, so
-  // that the rows' chains of dependent additions overlap.
-  constexpr int64_t kBlock = 8;
-  T mean_dev[kBlock];
-  for (int64_t r0 = begin; r0 < end; r0 += kBlock) {
-    const int64_t r1 = std::min(end, r0 + kBlock);
-    for (int64_t r = r0; r < r1; ++r) {
-      const T* row = a.x + r * a.length;
-      mean_dev[r - r0] = row_sum_shifted<Lanes>(row, a.length, row[0]) /
-                         static_cast<T>(a.length);
-      store_mean(a, r, row[0], mean_dev[r - r0]);
-    }
-    for (int64_t r = r0; r < r1; ++r) {
-      const T* row = a.x + r * a.length;
-      a.var[r] = row_sq_dev<Lanes>(row, a.length, row[0], mean_dev[r - r0]) /
-                 a.divisor;
-    }
-  }
-}
-
-// Short rows (RoI features: 7 x 7), kRows at a time in one pass each.
-template <typename T>
-SN_INLINE void moments_short_rows(const MomentsArgs<T>& a, int64_t begin,
-                                  int64_t end) {
-  constexpr int kRows = 4;
-  const T inv_n = T(1) / static_cast<T>(a.length);
-  T s1[kRows], s2[kRows];
-  for (int64_t r = begin; r < end; r += kRows) {
-    const T* x = a.x + r * a.length;
-    const int rows = static_cast<int>(std::min<int64_t>(kRows, end - r));
-    if (rows == kRows)
-      rows_shifted_sums<8, kRows>(x, a.length, s1, s2);
-    else
-      for (int j = 0; j < rows; ++j)
-        rows_shifted_sums<8, 1>(x + j * a.length, a.length, s1 + j, s2 + j);
-    for (int j = 0; j < rows; ++j) {
-      store_mean(a, r + j, x[j * a.length], s1[j] * inv_n);
-      a.var[r + j] =
-          std::max(s2[j] - s1[j] * s1[j] * inv_n, T(0)) / a.divisor;
-    }
-  }
-}
-
-template <typename T>
-SN_INLINE void moments_kernel(const MomentsArgs<T>& a, int64_t begin,
-                              int64_t end) {
-  if (a.length < kShortRow)
-    moments_short_rows(a, begin, end);
-  else
-    moments_rows<32>(a, begin, end);
-}
-
-template <typename T>
-struct GradSumsArgs {
-  const T* g;
-  const T* x;
-  const T* mean_in;
-  T* sum_g;
-  T* sum_gxc;
-  int64_t length;
-};
-
-template <typename T>
-SN_INLINE void grad_sums_kernel(const GradSumsArgs<T>& a, int64_t begin,
-                                int64_t end) {
-  if (a.length < kShortRow) {  // kRows rows at a time, as in moments
-    constexpr int kRows = 4;
-    int64_t r = begin;
-    for (; r + kRows <= end; r += kRows)
-      rows_grad_sums<8, kRows>(a.g + r * a.length, a.x + r * a.length,
-                               a.length, a.mean_in + r, a.sum_g + r,
-                               a.sum_gxc + r);
-    for (; r < end; ++r)
-      rows_grad_sums<8, 1>(a.g + r * a.length, a.x + r * a.length, a.length,
-                           a.mean_in + r, a.sum_g + r, a.sum_gxc + r);
-    return;
-  }
-  for (int64_t r = begin; r < end; ++r) {
-    const T* g = a.g + r * a.length;
-    const T* x = a.x + r * a.length;
-    a.sum_g[r] = row_sum<32>(g, a.length);
-    a.sum_gxc[r] = row_dot_centred<32>(g, x, a.length, a.mean_in[r]);
-  }
-}
-
-template <typename T>
-struct NormalizeArgs {
-  const T *x, *mean_in, *var_in, *mu_n, *var_n, *mu_c, *var_c, *weight,
-      *bias;
-  // Each channel's ratios, C values each: its group's (ChannelRatios).
-  const T *wm_n, *wv_in, *wv_n, *wm_c, *wv_c;
-  T eps;
-  T *y, *mu, *rstd;
-  int64_t channels, length;
-  bool stream = false;  // the output bypasses the caches (stream_row)
-};
-
-// 16 bytes stored past the caches (SSE2's non-temporal stores, in every
-// x86-64 clone).
-SN_INLINE void stream16(float* p, Vec<float, 4>::type v) {
-  __builtin_ia32_movntps(p, v);
-}
-SN_INLINE void stream16(double* p, Vec<double, 2>::type v) {
-  __builtin_ia32_movntpd(p, v);
-}
-
-// out = (row - mu) * s + b with stores that bypass the caches: for outputs
-// far larger than the last-level cache, which would be evicted before the
-// next layer reads them anyway, and whose lines a normal store would first
-// read from memory. Computed 64 bytes at a time, stored 16 at a time.
-template <typename T>
-SN_INLINE void stream_row(const T* __restrict__ row, T* __restrict__ out,
-                          int64_t n, T mu, T s, T b) {
-  constexpr int kWide = 64 / sizeof(T), kNarrow = 16 / sizeof(T);
-  using Narrow = typename Vec<T, kNarrow>::type;
-  int64_t i = 0;
-  for (; i < n && reinterpret_cast<uintptr_t>(out + i) % 16; ++i)
-    out[i] = (row[i] - mu) * s + b;
-  for (; i + kWide <= n; i += kWide) {
-    const auto v = (load<kWide>(row + i) - mu) * s + b;
-    for (int k = 0; k < kWide; k += kNarrow) {
-      Narrow part;
-      __builtin_memcpy(&part, reinterpret_cast<const T*>(&v) + k,
-                       sizeof(part));
-      stream16(out + i + k, part);
-    }
-  }
-  for (; i < n; ++i) out[i] = (row[i] - mu) * s + b;
-}
-
-// Rows of fewer than kFlatRow values, in tasks of at least kFlatSpan
-// values, are normalised as one flat span (normalize_flat): their own loops
-// would end in scalar tails and, where a row's bytes are not a multiple of
-// 64, store vectors split across cache lines. (In smaller tasks the
-// per-vector test for a row's end costs more than it saves.)
-constexpr int64_t kFlatRow = 4096, kFlatSpan = int64_t(1) << 20;
-
-// y = (x - mu) * s + b over rows [begin, end) as one span, in whole
-// 64-byte vectors stored at aligned addresses; a vector that crosses from
-// one row into the next takes each lane's parameters from its row (rows
-// are at least a vector long, so at most two rows meet in one).
-template <typename T>
-SN_INLINE void normalize_flat(const NormalizeArgs<T>& a, int64_t begin,
-                              int64_t end) {
-  constexpr int kW = 64 / sizeof(T);
-  using V = typename Vec<T, kW>::type;
-  using Int = typename std::conditional<sizeof(T) == 4, int32_t,
-                                        int64_t>::type;
-  using IV = typename Vec<Int, kW>::type;
-  IV lane;
-  for (int k = 0; k < kW; ++k) lane[k] = k;
-  const int64_t L = a.length, C = a.channels, stop = end * L;
-  const T* __restrict__ x = a.x;
-  T* __restrict__ y = a.y;
-  int64_t i = begin * L, r = begin, row_end = (begin + 1) * L,
-          c = begin % C;
-  T mu = a.mu[r], s = a.weight[c] * a.rstd[r], b = a.bias[c];
-  auto next_row = [&]() {
-    ++r;
-    row_end += L;
-    if (++c == C) c = 0;
-    if (r < end) {
-      mu = a.mu[r];
-      s = a.weight[c] * a.rstd[r];
-      b = a.bias[c];
-    }
-  };
-  for (; i < stop && reinterpret_cast<uintptr_t>(y + i) % 64; ++i) {
-    y[i] = (x[i] - mu) * s + b;
-    if (i + 1 == row_end) next_row();
-  }
-  for (; i + kW <= stop; i += kW) {
-    const V v = load<kW>(x + i);
-    if (i + kW < row_end) {
-      *reinterpret_cast<V*>(y + i) = (v - mu) * s + b;
-      continue;
-    }
-    const Int split = static_cast<Int>(row_end - i);  // lanes of row r
-    const IV first = lane < split;
-    const T mu0 = mu, s0 = s, b0 = b;
-    next_row();
-    const V mu_v = first ? V{} + mu0 : V{} + mu;
-    const V s_v = first ? V{} + s0 : V{} + s;
-    const V b_v = first ? V{} + b0 : V{} + b;
-    *reinterpret_cast<V*>(y + i) = (v - mu_v) * s_v + b_v;
-  }
-  for (; i < stop; ++i) {
-    y[i] = (x[i] - mu) * s + b;
-    if (i + 1 == row_end) next_row();
-  }
-}
-
-// Per row (n, c): mix the statistics, mu = wm_in * mean_in + wm_n * mu_n +
-// wm_c * mu_c (as mean_in + wm_n * (mu_n - mean_in) + ...) and likewise the
-// variance, then y = (x - mu) * scale + bias with
-// scale = weight / sqrt(var + eps) (x - mu first: x * scale - mu * scale
-// would cancel when |mu| >> std). Keeps mu and 1 / sqrt(var + eps).
-template <typename T>
-SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
-                                int64_t end) {
-  // First every row's statistics (a loop over c that vectorises, the
-  // square roots included), then the rows: a short row's own loop then has
-  // no scalar latency in front of it.
-  for (int64_t r0 = begin; r0 < end;) {
-    const int64_t n = r0 / a.channels, c0 = r0 % a.channels;
-    const int64_t r1 = std::min(end, (n + 1) * a.channels);
-    const T* __restrict__ mean_in = a.mean_in + n * a.channels;
-    const T* __restrict__ var_in = a.var_in + n * a.channels;
-    T* __restrict__ mu = a.mu + n * a.channels;
-    T* __restrict__ rstd = a.rstd + n * a.channels;
-    const T mu_n = a.mu_n[n], var_n = a.var_n[n];
-    for (int64_t c = c0; c < r1 - n * a.channels; ++c) {
-      // The row's mean plus weighted differences from it (the ratios sum
-      // to 1): no |mean|-sized products to round.
-      mu[c] = mean_in[c] + a.wm_n[c] * (mu_n - mean_in[c]) +
-              a.wm_c[c] * (a.mu_c[c] - mean_in[c]);
-      rstd[c] = T(1) / std::sqrt(a.wv_in[c] * var_in[c] +
-                                 (a.wv_n[c] * var_n + a.eps) +
-                                 a.wv_c[c] * a.var_c[c]);
-    }
-    r0 = r1;
-  }
-  if (!a.stream && a.length >= 64 / int64_t(sizeof(T)) &&
-      a.length < kFlatRow && (end - begin) * a.length >= kFlatSpan) {
-    normalize_flat(a, begin, end);
-    return;
-  }
-  int64_t c = begin % a.channels;
-  for (int64_t r = begin; r < end; ++r) {
-    const T mu = a.mu[r], s = a.weight[c] * a.rstd[r], b = a.bias[c];
-    const T* __restrict__ row = a.x + r * a.length;
-    T* __restrict__ out = a.y + r * a.length;
-    if (a.stream)
-      stream_row(row, out, a.length, mu, s, b);
-    else
-      for (int64_t i = 0; i < a.length; ++i) out[i] = (row[i] - mu) * s + b;
-    if (++c == a.channels) c = 0;
-  }
-  if (a.stream) __builtin_ia32_sfence();  // before another thread reads y
-}
-
-template <typename T>
-struct InputGradArgs {
-  const T *g, *x, *sum_g, *sum_gxc, *mu, *rstd, *weight, *mean_in, *dvar_n,
-      *dmean_n, *center_n, *dvar_c, *dmean_c, *center_c;
-  const T *wm_in, *wv_in;  // each channel's IN ratios
-  T two_over_divisor;
-  T* dx;
-  int64_t channels, length;
-};
-
-// dx = g * scale + a * (x - mean_in) + b per row, a and b from the gradients
-// of the row's IN mean and variance (what autograd derives from the
-// reference's formulas).
-template <typename T>
-SN_INLINE void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin,
-                                 int64_t end) {
-  const T inv_length = T(1) / static_cast<T>(a.length);
-  // In chunks of one sample's rows: first each row's three coefficients (a
-  // loop over c that vectorises), then the rows.
-  constexpr int64_t kChunk = 256;
-  T scale[kChunk], coef_x[kChunk], shift[kChunk];
-  for (int64_t r0 = begin; r0 < end;) {
-    const int64_t n = r0 / a.channels, c0 = r0 % a.channels;
-    const int64_t r1 = std::min({end, (n + 1) * a.channels, r0 + kChunk});
-    const int64_t rows = r1 - r0;
-    const T dvar_n = a.dvar_n[n], dmean_n = a.dmean_n[n],
-            center_n = a.center_n[n];
-    for (int64_t j = 0; j < rows; ++j) {
-      const int64_t r = r0 + j, c = c0 + j;
-      const T rstd = a.rstd[r], s = a.weight[c] * rstd, m = a.mean_in[r];
-      const T centred = a.sum_gxc[r] - (a.mu[r] - m) * a.sum_g[r];
-      const T d_mu = -s * a.sum_g[r];
-      const T d_var = T(-0.5) * s * rstd * rstd * centred;
-      const T d_var_in = dvar_n + a.dvar_c[c] + a.wv_in[c] * d_var;
-      const T d_mean_in = dmean_n + a.dmean_c[c] + a.wm_in[c] * d_mu +
-                          T(2) * (m - center_n) * dvar_n +
-                          T(2) * (m - a.center_c[c]) * a.dvar_c[c];
-      scale[j] = s;
-      coef_x[j] = d_var_in * a.two_over_divisor;
-      shift[j] = d_mean_in * inv_length;
-    }
-    for (int64_t j = 0; j < rows; ++j) {
-      const int64_t r = r0 + j;
-      const T s = scale[j], cx = coef_x[j], sh = shift[j], m = a.mean_in[r];
-      const T* __restrict__ xr = a.x + r * a.length;
-      const T* __restrict__ gr = a.g + r * a.length;
-      T* __restrict__ out = a.dx + r * a.length;
-      for (int64_t i = 0; i < a.length; ++i)
-        out[i] = gr[i] * s + cx * (xr[i] - m) + sh;
-    }
-    r0 = r1;
-  }
-}
-
-// ------------------------------------------------- (N, C) reductions --
-// Per sample, loops over its C statistics, summed in double 8 lanes at a
-// time: explicit vectors, as the auto-vectoriser keeps running sums scalar
-// (it may not reorder floating-point additions).
-using D8 = Vec<double, 8>::type;
-
-template <typename T>
-SN_INLINE D8 load_d(const T* p) {
-  return __builtin_convertvector(load<8>(p), D8);
-}
-
-SN_INLINE void add_to(double* p, D8 v) { store<8>(p, load<8>(p) + v); }
-
-template <typename T>
-struct LnStatsArgs {
-  const T *mean_in, *var_in;
-  int64_t channels;
-  T *ln_mean, *ln_var;
-  double* col;  // where given: += mean_in (first C) and var_in (next C)
-  // Where given: the means about the channels' shifts (MomentsArgs), which
-  // LN's statistics add back in double and col sums as they are.
-  const T *dmean = nullptr, *shift = nullptr;
-};
-
-// Per sample: LN's mean and its variance in the stable form mean_c(var_in)
-// + mean_c((mean_in - mean_ln)^2).
-template <typename T>
-SN_INLINE void ln_stats_kernel(const LnStatsArgs<T>& a, int64_t begin,
-                               int64_t end) {
-  const int64_t C = a.channels, C8 = C - C % 8;
-  double* col = a.col;
-  for (int64_t n = begin; n < end; ++n) {
-    const T* m = (a.dmean ? a.dmean : a.mean_in) + n * C;
-    const T* v = a.var_in + n * C;
-    // The absolute means in double: m plus the shift where there is one.
-    const auto mean_at = [&](int64_t c) {
-      return a.shift ? load_d(a.shift + c) + load_d(m + c) : load_d(m + c);
-    };
-    const auto mean_of = [&](int64_t c) {
-      return a.shift ? double(a.shift[c]) + double(m[c]) : double(m[c]);
-    };
-    D8 sm = {}, sv = {};
-    double tm = 0, tv = 0;
-    for (int64_t c = 0; c < C8; c += 8) {
-      const D8 vv = load_d(v + c);
-      sm += mean_at(c);
-      sv += vv;
-      if (col) {
-        add_to(col + c, load_d(m + c));
-        add_to(col + C + c, vv);
-      }
-    }
-    for (int64_t c = C8; c < C; ++c) {
-      tm += mean_of(c);
-      tv += v[c];
-      if (col) {
-        col[c] += m[c];
-        col[C + c] += v[c];
-      }
-    }
-    const double mean = (hsum<8>(sm) + tm) / C;
-    D8 sd = {};
-    double td = 0;
-    for (int64_t c = 0; c < C8; c += 8) {
-      const D8 d = mean_at(c) - mean;
-      sd += d * d;
-    }
-    for (int64_t c = C8; c < C; ++c)
-      td += (mean_of(c) - mean) * (mean_of(c) - mean);
-    a.ln_mean[n] = static_cast<T>(mean);
-    a.ln_var[n] = static_cast<T>((hsum<8>(sv) + tv + hsum<8>(sd) + td) / C);
-  }
-}
-
-template <typename T>
-struct BnDevArgs {
-  const T* mean_in;
-  const double* centre;
-  int64_t channels;
-  double* col;  // += (mean_in - centre)^2 per channel
-};
-
-template <typename T>
-SN_INLINE void bn_dev_kernel(const BnDevArgs<T>& a, int64_t begin,
-                             int64_t end) {
-  const int64_t C = a.channels, C8 = C - C % 8;
-  for (int64_t n = begin; n < end; ++n) {
-    const T* m = a.mean_in + n * C;
-    for (int64_t c = 0; c < C8; c += 8) {
-      const D8 d = load_d(m + c) - load<8>(a.centre + c);
-      add_to(a.col + c, d * d);
-    }
-    for (int64_t c = C8; c < C; ++c) {
-      const double d = m[c] - a.centre[c];
-      a.col[c] += d * d;
-    }
-  }
-}
-
-template <typename T>
-struct GradReduceArgs {
-  const T *s1, *s2, *mu, *rstd, *weight, *mean_in, *var_in, *mean_ln,
-      *var_ln, *mean_c;
-  const T *wm_n, *wv_n;  // each channel's LN ratios
-  int64_t channels;
-  T *d_mu_n, *d_var_n;
-  // += per channel: grad_weight, grad_bias, d_mu_c, d_var_c, and the ratio
-  // gradients' products (d_mu with the LN and the BN mean less mean_in,
-  // d_var with var_in and with the LN variance): 8 x C; for a single ratio
-  // group (per_channel false) the four products summed over the channels
-  // instead: 4 x C + 4.
-  double* acc;
-  bool per_channel = true;
-};
-
-// Per sample, from the row sums (see grad_reductions): the sums over c of
-// d_mu and d_var weighted by each channel's LN ratio, and into acc the
-// per-channel sums.
-template <typename T>
-SN_INLINE void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
-                                  int64_t end) {
-  const int64_t C = a.channels, C8 = C - C % 8;
-  double* acc = a.acc;
-  for (int64_t n = begin; n < end; ++n) {
-    const int64_t o = n * C;
-    const double ml = a.mean_ln[n], vl = a.var_ln[n];
-    D8 row_mu = {}, row_var = {}, dots[4] = {};
-    for (int64_t c = 0; c < C8; c += 8) {
-      const D8 s1 = load_d(a.s1 + o + c), r = load_d(a.rstd + o + c),
-               mi = load_d(a.mean_in + o + c);
-      const D8 centred =
-          load_d(a.s2 + o + c) - (load_d(a.mu + o + c) - mi) * s1;
-      const D8 scale = load_d(a.weight + c) * r;
-      const D8 d_mu = -scale * s1;
-      const D8 d_var = -0.5 * scale * r * r * centred;
-      add_to(acc + c, centred * r);
-      add_to(acc + C + c, s1);
-      add_to(acc + 2 * C + c, d_mu);
-      add_to(acc + 3 * C + c, d_var);
-      const D8 products[4] = {d_mu * (ml - mi),
-                              d_mu * (load_d(a.mean_c + c) - mi),
-                              d_var * load_d(a.var_in + o + c), d_var * vl};
-      for (int j = 0; j < 4; ++j) {
-        if (a.per_channel)
-          add_to(acc + (4 + j) * C + c, products[j]);
-        else
-          dots[j] += products[j];
-      }
-      row_mu += d_mu * load_d(a.wm_n + c);
-      row_var += d_var * load_d(a.wv_n + c);
-    }
-    double t_mu = 0, t_var = 0, t_dots[4] = {};
-    for (int64_t c = C8; c < C; ++c) {
-      const int64_t r = o + c;
-      const double centred =
-          a.s2[r] - (double(a.mu[r]) - double(a.mean_in[r])) * a.s1[r];
-      const double scale = double(a.weight[c]) * a.rstd[r];
-      const double d_mu = -scale * a.s1[r];
-      const double d_var = -0.5 * scale * a.rstd[r] * a.rstd[r] * centred;
-      acc[c] += centred * a.rstd[r];
-      acc[C + c] += a.s1[r];
-      acc[2 * C + c] += d_mu;
-      acc[3 * C + c] += d_var;
-      const double products[4] = {
-          d_mu * (ml - double(a.mean_in[r])),
-          d_mu * (double(a.mean_c[c]) - double(a.mean_in[r])),
-          d_var * a.var_in[r], d_var * vl};
-      for (int j = 0; j < 4; ++j) {
-        if (a.per_channel)
-          acc[(4 + j) * C + c] += products[j];
-        else
-          t_dots[j] += products[j];
-      }
-      t_mu += d_mu * a.wm_n[c];
-      t_var += d_var * a.wv_n[c];
-    }
-    a.d_mu_n[n] = static_cast<T>(hsum<8>(row_mu) + t_mu);
-    a.d_var_n[n] = static_cast<T>(hsum<8>(row_var) + t_var);
-    if (!a.per_channel)
-      for (int j = 0; j < 4; ++j)
-        acc[4 * C + j] += hsum<8>(dots[j]) + t_dots[j];
-  }
-}
-
-// One cloned entry point per kernel and dtype (target clones cannot be
-// templates); everything they call is inlined into each ISA version.
-#define SN_CLONED(kernel, Args, T)                                    \
-  SN_ISA_CLONES void kernel##_##T(const Args<T>& a, int64_t begin,    \
-                                  int64_t end) {                      \
-    kernel##_kernel(a, begin, end);                                   \
-  }                                                                   \
-  void run(const Args<T>& a, int64_t begin, int64_t end) {            \
-    kernel##_##T(a, begin, end);                                      \
-  }
-SN_CLONED(moments, MomentsArgs, float)
-SN_CLONED(moments, MomentsArgs, double)
-SN_CLONED(grad_sums, GradSumsArgs, float)
-SN_CLONED(grad_sums, GradSumsArgs, double)
-SN_CLONED(normalize, NormalizeArgs, float)
-SN_CLONED(normalize, NormalizeArgs, double)
-SN_CLONED(input_grad, InputGradArgs, float)
-SN_CLONED(input_grad, InputGradArgs, double)
-SN_CLONED(ln_stats, LnStatsArgs, float)
-SN_CLONED(ln_stats, LnStatsArgs, double)
-SN_CLONED(bn_dev, BnDevArgs, float)
-SN_CLONED(bn_dev, BnDevArgs, double)
-SN_CLONED(grad_reduce, GradReduceArgs, float)
-SN_CLONED(grad_reduce, GradReduceArgs, double)
-#undef SN_CLONED
 
 template <typename Args>
 void run_rows(const Args& args, int64_t rows, int64_t length) {
@@ -1755,4 +1138,10 @@ TORCH_LIBRARY_IMPL(sn_mm, AutogradCPU, m) {
 // Importing the module (sn_mm._ext) is what registers the kernels above.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "SN's CPU kernels, registered as sn_mm::switchable_norm";
+  m.def("cpu_isa", []() { return std::string(kernels().isa); },
+        "The instruction set SN's CPU kernels run with.");
+  m.def("cpu_isas", &cpu_isas,
+        "The instruction sets this build has and this CPU runs, best first.");
+  m.def("set_cpu_isa", &set_cpu_isa, "Run SN's CPU kernels with another "
+        "instruction set (one of cpu_isas()).");
 }

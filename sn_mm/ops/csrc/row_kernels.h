@@ -1,0 +1,116 @@
+// What SN's CPU row kernels (row_kernels_impl.h) and the operator's host
+// side (sn_kernels.cpp) share: each kernel's arguments as one plain struct,
+// and the table of one instruction set's kernels. The kernels are compiled
+// once per instruction set (row_kernels_<isa>.cpp); the host side picks a
+// table at run time (sn_kernels.cpp, "instruction sets"). Nothing here
+// holds code, so that no function compiled for one instruction set can be
+// shared with code that runs on another.
+#pragma once
+
+#include <cstdint>
+
+namespace sn_mm_rows {
+
+template <typename T>
+struct MomentsArgs {
+  const T* x;
+  T* mean;
+  T* var;
+  int64_t length;
+  T divisor;
+  // Where given: each row's mean also as its difference from its channel's
+  // shift, which keeps the precision of the differences between samples
+  // that BN's variance sums (as absolute float32 values means of 1e4 round
+  // them to 1e-3). row[0] - shift is exact for values within a factor 2.
+  const T* shift = nullptr;
+  T* dmean = nullptr;
+  int64_t channels = 1;
+};
+template <typename T>
+struct GradSumsArgs {
+  const T* g;
+  const T* x;
+  const T* mean_in;
+  T* sum_g;
+  T* sum_gxc;
+  int64_t length;
+};
+template <typename T>
+struct NormalizeArgs {
+  const T *x, *mean_in, *var_in, *mu_n, *var_n, *mu_c, *var_c, *weight,
+      *bias;
+  // Each channel's ratios, C values each: its group's (ChannelRatios).
+  const T *wm_n, *wv_in, *wv_n, *wm_c, *wv_c;
+  T eps;
+  T *y, *mu, *rstd;
+  int64_t channels, length;
+  bool stream = false;  // the output bypasses the caches (stream_row)
+};
+template <typename T>
+struct InputGradArgs {
+  const T *g, *x, *sum_g, *sum_gxc, *mu, *rstd, *weight, *mean_in, *dvar_n,
+      *dmean_n, *center_n, *dvar_c, *dmean_c, *center_c;
+  const T *wm_in, *wv_in;  // each channel's IN ratios
+  T two_over_divisor;
+  T* dx;
+  int64_t channels, length;
+};
+template <typename T>
+struct LnStatsArgs {
+  const T *mean_in, *var_in;
+  int64_t channels;
+  T *ln_mean, *ln_var;
+  double* col;  // where given: += mean_in (first C) and var_in (next C)
+  // Where given: the means about the channels' shifts (MomentsArgs), which
+  // LN's statistics add back in double and col sums as they are.
+  const T *dmean = nullptr, *shift = nullptr;
+};
+template <typename T>
+struct BnDevArgs {
+  const T* mean_in;
+  const double* centre;
+  int64_t channels;
+  double* col;  // += (mean_in - centre)^2 per channel
+};
+template <typename T>
+struct GradReduceArgs {
+  const T *s1, *s2, *mu, *rstd, *weight, *mean_in, *var_in, *mean_ln,
+      *var_ln, *mean_c;
+  const T *wm_n, *wv_n;  // each channel's LN ratios
+  int64_t channels;
+  T *d_mu_n, *d_var_n;
+  // += per channel: grad_weight, grad_bias, d_mu_c, d_var_c, and the ratio
+  // gradients' products (d_mu with the LN and the BN mean less mean_in,
+  // d_var with var_in and with the LN variance): 8 x C; for a single ratio
+  // group (per_channel false) the four products summed over the channels
+  // instead: 4 x C + 4.
+  double* acc;
+  bool per_channel = true;
+};
+
+// One instruction set's kernels; each takes a range of rows (for the (N, C)
+// reductions, of samples n).
+template <typename T>
+struct KernelSet {
+  void (*moments)(const MomentsArgs<T>&, int64_t, int64_t);
+  void (*grad_sums)(const GradSumsArgs<T>&, int64_t, int64_t);
+  void (*normalize)(const NormalizeArgs<T>&, int64_t, int64_t);
+  void (*input_grad)(const InputGradArgs<T>&, int64_t, int64_t);
+  void (*ln_stats)(const LnStatsArgs<T>&, int64_t, int64_t);
+  void (*bn_dev)(const BnDevArgs<T>&, int64_t, int64_t);
+  void (*grad_reduce)(const GradReduceArgs<T>&, int64_t, int64_t);
+};
+
+struct RowKernels {
+  const char* isa;
+  KernelSet<float> f32;
+  KernelSet<double> f64;
+};
+
+// Each instruction set's table; nullptr where this build has none (not
+// x86-64 GCC for avx2 and avx512).
+const RowKernels* row_kernels_avx512();
+const RowKernels* row_kernels_avx2();
+const RowKernels* row_kernels_baseline();
+
+}  // namespace sn_mm_rows

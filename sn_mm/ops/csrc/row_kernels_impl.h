@@ -1,0 +1,706 @@
+// SN's CPU row kernels: the full-size passes over a contiguous (N, C, L)
+// input, each over a range of its N x C rows, and the reductions of the
+// (N, C) statistics between them. Included by row_kernels_<isa>.cpp, each
+// of which compiles it for one instruction set with SN_VEC_BYTES set to its
+// vector width; everything here has internal linkage, and it calls no
+// library function (no std::min, no std::sqrt), so that nothing compiled
+// for one instruction set is linked into another's callers.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "row_kernels.h"
+
+#ifndef SN_VEC_BYTES
+#error "define SN_VEC_BYTES (the instruction set's vector width in bytes)"
+#endif
+// Vectors pass by value only between inlined functions: GCC's note that
+// such an ABI differs between instruction sets is moot.
+#pragma GCC diagnostic ignored "-Wpsabi"
+#define SN_INLINE __attribute__((always_inline)) inline
+
+namespace {
+
+using sn_mm_rows::BnDevArgs;
+using sn_mm_rows::GradReduceArgs;
+using sn_mm_rows::GradSumsArgs;
+using sn_mm_rows::InputGradArgs;
+using sn_mm_rows::LnStatsArgs;
+using sn_mm_rows::MomentsArgs;
+using sn_mm_rows::NormalizeArgs;
+
+template <typename T>
+SN_INLINE T min_of(T a, T b) {
+  return b < a ? b : a;
+}
+template <typename T>
+SN_INLINE T max_of(T a, T b) {
+  return a < b ? b : a;
+}
+SN_INLINE float sqrt_of(float v) { return __builtin_sqrtf(v); }
+SN_INLINE double sqrt_of(double v) { return __builtin_sqrt(v); }
+
+
+// ------------------------------------------------------------ row sums --
+// Row sums run in `Lanes` independent partial sums, which the compiler turns
+// into SIMD adds (one accumulator would serialise on its latency). Short rows
+// (RoI features: 7 x 7) take one vector's worth, several rows at a time, so
+// that little time goes to folding the lanes together; long rows take
+// several vectors.
+constexpr int64_t kShortRow = 128;
+
+template <int Lanes, typename T>
+SN_INLINE T fold(T* acc) {
+  for (int width = Lanes / 2; width > 0; width /= 2)
+    for (int k = 0; k < width; ++k) acc[k] += acc[k + width];
+  return acc[0];
+}
+
+template <int Lanes, typename T>
+SN_INLINE T row_sum(const T* __restrict__ x, int64_t n) {
+  T acc[Lanes] = {};
+  int64_t i = 0;
+  for (; i + Lanes <= n; i += Lanes)
+    for (int k = 0; k < Lanes; ++k) acc[k] += x[i + k];
+  T tail = 0;
+  for (; i < n; ++i) tail += x[i];
+  return fold<Lanes>(acc) + tail;
+}
+
+// sum of (x - shift): summing deviations from a value of the row (its first)
+// keeps the partial sums small when |mean| >> std, so the mean keeps the
+// precision of the data instead of that of the sum.
+template <int Lanes, typename T>
+SN_INLINE T row_sum_shifted(const T* __restrict__ x, int64_t n, T shift) {
+  T acc[Lanes] = {};
+  int64_t i = 0;
+  for (; i + Lanes <= n; i += Lanes)
+    for (int k = 0; k < Lanes; ++k) acc[k] += x[i + k] - shift;
+  T tail = 0;
+  for (; i < n; ++i) tail += x[i] - shift;
+  return fold<Lanes>(acc) + tail;
+}
+
+// sum of (x - mean)^2 as ((x - shift) - (mean - shift)): the mean rounded
+// to x's dtype could be off by half its unit in the last place, which
+// squared is not small beside a variance far below |mean|.
+template <int Lanes, typename T>
+SN_INLINE T row_sq_dev(const T* __restrict__ x, int64_t n, T shift,
+                       T mean_dev) {
+  T acc[Lanes] = {};
+  int64_t i = 0;
+  for (; i + Lanes <= n; i += Lanes)
+    for (int k = 0; k < Lanes; ++k) {
+      const T d = (x[i + k] - shift) - mean_dev;
+      acc[k] += d * d;
+    }
+  T tail = 0;
+  for (; i < n; ++i) {
+    const T d = (x[i] - shift) - mean_dev;
+    tail += d * d;
+  }
+  return fold<Lanes>(acc) + tail;
+}
+
+// Lanes values as one SIMD register (GCC/Clang vector extension): the
+// sums below keep two accumulators each, which the auto-vectoriser does not
+// reliably map to registers.
+template <typename T, int Lanes>
+struct Vec {
+  typedef T type __attribute__((vector_size(sizeof(T) * Lanes)));
+};
+
+template <int Lanes, typename T>
+SN_INLINE typename Vec<T, Lanes>::type load(const T* p) {
+  typename Vec<T, Lanes>::type v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+template <int Lanes, typename T>
+SN_INLINE void store(T* p, typename Vec<T, Lanes>::type v) {
+  __builtin_memcpy(p, &v, sizeof(v));
+}
+
+template <int Lanes, typename V>
+SN_INLINE auto hsum(V v) {
+  // A tree of halving adds (log2(Lanes) steps, not Lanes - 1 in a chain).
+  static_assert(Lanes == 8, "hsum folds 8 lanes");
+  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
+  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
+  return v[0];
+}
+
+// For Rows consecutive short rows of length n at x: sums of (x - shift)
+// and (x - shift)^2 in one pass, shift each row's first value. Several rows
+// at once keep several independent chains of additions in flight (one
+// short row's chain is mostly latency). Cancellation in s2 - s1^2 / n costs
+// at most a factor n <= kShortRow of relative precision, since (mean -
+// shift)^2 <= n * var.
+template <int Lanes, int Rows, typename T>
+SN_INLINE void rows_shifted_sums(const T* __restrict__ x, int64_t n,
+                                 T* __restrict__ s1, T* __restrict__ s2) {
+  using V = typename Vec<T, Lanes>::type;
+  V a1[Rows], a2[Rows];
+  T shift[Rows], t1[Rows], t2[Rows];
+#pragma GCC unroll 8
+  for (int r = 0; r < Rows; ++r) {
+    a1[r] = V{};
+    a2[r] = V{};
+    shift[r] = x[r * n];
+    t1[r] = t2[r] = 0;
+  }
+  int64_t i = 0;
+  for (; i + Lanes <= n; i += Lanes)
+#pragma GCC unroll 8
+    for (int r = 0; r < Rows; ++r) {
+      const V d = load<Lanes>(x + r * n + i) - shift[r];
+      a1[r] += d;
+      a2[r] += d * d;
+    }
+  for (; i < n; ++i)
+#pragma GCC unroll 8
+    for (int r = 0; r < Rows; ++r) {
+      const T d = x[r * n + i] - shift[r];
+      t1[r] += d;
+      t2[r] += d * d;
+    }
+#pragma GCC unroll 8
+  for (int r = 0; r < Rows; ++r) {
+    s1[r] = hsum<Lanes>(a1[r]) + t1[r];
+    s2[r] = hsum<Lanes>(a2[r]) + t2[r];
+  }
+}
+
+// Likewise per row sums of g and of g * (x - m[row]).
+template <int Lanes, int Rows, typename T>
+SN_INLINE void rows_grad_sums(const T* __restrict__ g, const T* __restrict__ x,
+                              int64_t n, const T* __restrict__ m,
+                              T* __restrict__ sg, T* __restrict__ sgx) {
+  using V = typename Vec<T, Lanes>::type;
+  V a1[Rows], a2[Rows];
+  T t1[Rows], t2[Rows];
+#pragma GCC unroll 8
+  for (int r = 0; r < Rows; ++r) {
+    a1[r] = V{};
+    a2[r] = V{};
+    t1[r] = t2[r] = 0;
+  }
+  int64_t i = 0;
+  for (; i + Lanes <= n; i += Lanes)
+#pragma GCC unroll 8
+    for (int r = 0; r < Rows; ++r) {
+      const V gv = load<Lanes>(g + r * n + i);
+      a1[r] += gv;
+      a2[r] += gv * (load<Lanes>(x + r * n + i) - m[r]);
+    }
+  for (; i < n; ++i)
+#pragma GCC unroll 8
+    for (int r = 0; r < Rows; ++r) {
+      t1[r] += g[r * n + i];
+      t2[r] += g[r * n + i] * (x[r * n + i] - m[r]);
+    }
+#pragma GCC unroll 8
+  for (int r = 0; r < Rows; ++r) {
+    sg[r] = hsum<Lanes>(a1[r]) + t1[r];
+    sgx[r] = hsum<Lanes>(a2[r]) + t2[r];
+  }
+}
+
+// sum of a * (b - m): centred on the row mean m, so that an input far from
+// zero (|mean| >> std) loses nothing to cancellation.
+template <int Lanes, typename T>
+SN_INLINE T row_dot_centred(const T* __restrict__ a, const T* __restrict__ b,
+                            int64_t n, T m) {
+  T acc[Lanes] = {};
+  int64_t i = 0;
+  for (; i + Lanes <= n; i += Lanes)
+    for (int k = 0; k < Lanes; ++k) acc[k] += a[i + k] * (b[i + k] - m);
+  T tail = 0;
+  for (; i < n; ++i) tail += a[i] * (b[i] - m);
+  return fold<Lanes>(acc) + tail;
+}
+
+// --------------------------------------------------------------- kernels --
+// Each kernel takes its arguments as one struct and a range of rows (or, for
+// the reductions, of samples n).
+
+
+template <typename T>
+SN_INLINE void store_mean(const MomentsArgs<T>& a, int64_t r, T first,
+                          T mean_dev) {
+  a.mean[r] = first + mean_dev;
+  if (a.dmean) a.dmean[r] = (first - a.shift[r % a.channels]) + mean_dev;
+}
+
+// Long rows: the mean, then the squared deviations from it while the row
+// is still in cache (exact centring, no full-size temporary).
+template <int Lanes, typename T>
+SN_INLINE void moments_rows(const MomentsArgs<T>& a, int64_t begin,
+                            int64_t end) {
+  // In blocks of rows: every mean of the block, then every variance, so
+  // that the rows' chains of dependent additions overlap.
+  constexpr int64_t kBlock = 8;
+  T mean_dev[kBlock];
+  for (int64_t r0 = begin; r0 < end; r0 += kBlock) {
+    const int64_t r1 = min_of(end, r0 + kBlock);
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* row = a.x + r * a.length;
+      mean_dev[r - r0] = row_sum_shifted<Lanes>(row, a.length, row[0]) /
+                         static_cast<T>(a.length);
+      store_mean(a, r, row[0], mean_dev[r - r0]);
+    }
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* row = a.x + r * a.length;
+      a.var[r] = row_sq_dev<Lanes>(row, a.length, row[0], mean_dev[r - r0]) /
+                 a.divisor;
+    }
+  }
+}
+
+// Short rows (RoI features: 7 x 7), kRows at a time in one pass each.
+template <typename T>
+SN_INLINE void moments_short_rows(const MomentsArgs<T>& a, int64_t begin,
+                                  int64_t end) {
+  constexpr int kRows = 4;
+  const T inv_n = T(1) / static_cast<T>(a.length);
+  T s1[kRows], s2[kRows];
+  for (int64_t r = begin; r < end; r += kRows) {
+    const T* x = a.x + r * a.length;
+    const int rows = static_cast<int>(min_of<int64_t>(kRows, end - r));
+    if (rows == kRows)
+      rows_shifted_sums<8, kRows>(x, a.length, s1, s2);
+    else
+      for (int j = 0; j < rows; ++j)
+        rows_shifted_sums<8, 1>(x + j * a.length, a.length, s1 + j, s2 + j);
+    for (int j = 0; j < rows; ++j) {
+      store_mean(a, r + j, x[j * a.length], s1[j] * inv_n);
+      a.var[r + j] =
+          max_of(s2[j] - s1[j] * s1[j] * inv_n, T(0)) / a.divisor;
+    }
+  }
+}
+
+template <typename T>
+SN_INLINE void moments_kernel(const MomentsArgs<T>& a, int64_t begin,
+                              int64_t end) {
+  if (a.length < kShortRow)
+    moments_short_rows(a, begin, end);
+  else
+    moments_rows<32>(a, begin, end);
+}
+
+
+template <typename T>
+SN_INLINE void grad_sums_kernel(const GradSumsArgs<T>& a, int64_t begin,
+                                int64_t end) {
+  if (a.length < kShortRow) {  // kRows rows at a time, as in moments
+    constexpr int kRows = 4;
+    int64_t r = begin;
+    for (; r + kRows <= end; r += kRows)
+      rows_grad_sums<8, kRows>(a.g + r * a.length, a.x + r * a.length,
+                               a.length, a.mean_in + r, a.sum_g + r,
+                               a.sum_gxc + r);
+    for (; r < end; ++r)
+      rows_grad_sums<8, 1>(a.g + r * a.length, a.x + r * a.length, a.length,
+                           a.mean_in + r, a.sum_g + r, a.sum_gxc + r);
+    return;
+  }
+  for (int64_t r = begin; r < end; ++r) {
+    const T* g = a.g + r * a.length;
+    const T* x = a.x + r * a.length;
+    a.sum_g[r] = row_sum<32>(g, a.length);
+    a.sum_gxc[r] = row_dot_centred<32>(g, x, a.length, a.mean_in[r]);
+  }
+}
+
+
+// 16 bytes stored past the caches (SSE2's non-temporal stores, in every
+// x86-64 build); elsewhere an ordinary store.
+#if defined(__x86_64__)
+SN_INLINE void stream16(float* p, Vec<float, 4>::type v) {
+  __builtin_ia32_movntps(p, v);
+}
+SN_INLINE void stream16(double* p, Vec<double, 2>::type v) {
+  __builtin_ia32_movntpd(p, v);
+}
+SN_INLINE void stream_fence() { __builtin_ia32_sfence(); }
+#else
+template <typename T, typename V>
+SN_INLINE void stream16(T* p, V v) {
+  __builtin_memcpy(p, &v, sizeof(v));
+}
+SN_INLINE void stream_fence() {}
+#endif
+
+// out = (row - mu) * s + b with stores that bypass the caches: for outputs
+// far larger than the last-level cache, which would be evicted before the
+// next layer reads them anyway, and whose lines a normal store would first
+// read from memory. Computed 64 bytes at a time, stored 16 at a time.
+template <typename T>
+SN_INLINE void stream_row(const T* __restrict__ row, T* __restrict__ out,
+                          int64_t n, T mu, T s, T b) {
+  constexpr int kWide = 64 / sizeof(T), kNarrow = 16 / sizeof(T);
+  using Narrow = typename Vec<T, kNarrow>::type;
+  int64_t i = 0;
+  for (; i < n && reinterpret_cast<uintptr_t>(out + i) % 16; ++i)
+    out[i] = (row[i] - mu) * s + b;
+  for (; i + kWide <= n; i += kWide) {
+    const auto v = (load<kWide>(row + i) - mu) * s + b;
+    for (int k = 0; k < kWide; k += kNarrow) {
+      Narrow part;
+      __builtin_memcpy(&part, reinterpret_cast<const T*>(&v) + k,
+                       sizeof(part));
+      stream16(out + i + k, part);
+    }
+  }
+  for (; i < n; ++i) out[i] = (row[i] - mu) * s + b;
+}
+
+// Rows of fewer than kFlatRow values, in tasks of at least kFlatSpan
+// values, are normalised as one flat span (normalize_flat): their own loops
+// would end in scalar tails and, where a row's bytes are not a multiple of
+// 64, store vectors split across cache lines. (In smaller tasks the
+// per-vector test for a row's end costs more than it saves.)
+constexpr int64_t kFlatRow = 4096, kFlatSpan = int64_t(1) << 20;
+
+// y = (x - mu) * s + b over rows [begin, end) as one span, in whole
+// vectors (SN_VEC_BYTES) stored at aligned addresses; a vector that crosses from
+// one row into the next takes each lane's parameters from its row (rows
+// are at least a vector long, so at most two rows meet in one).
+template <typename T>
+SN_INLINE void normalize_flat(const NormalizeArgs<T>& a, int64_t begin,
+                              int64_t end) {
+  constexpr int kW = SN_VEC_BYTES / sizeof(T);
+  using V = typename Vec<T, kW>::type;
+  using Int = typename std::conditional<sizeof(T) == 4, int32_t,
+                                        int64_t>::type;
+  using IV = typename Vec<Int, kW>::type;
+  IV lane;
+  for (int k = 0; k < kW; ++k) lane[k] = k;
+  const int64_t L = a.length, C = a.channels, stop = end * L;
+  const T* __restrict__ x = a.x;
+  T* __restrict__ y = a.y;
+  int64_t i = begin * L, r = begin, row_end = (begin + 1) * L,
+          c = begin % C;
+  T mu = a.mu[r], s = a.weight[c] * a.rstd[r], b = a.bias[c];
+  auto next_row = [&]() {
+    ++r;
+    row_end += L;
+    if (++c == C) c = 0;
+    if (r < end) {
+      mu = a.mu[r];
+      s = a.weight[c] * a.rstd[r];
+      b = a.bias[c];
+    }
+  };
+  for (; i < stop && reinterpret_cast<uintptr_t>(y + i) % SN_VEC_BYTES; ++i) {
+    y[i] = (x[i] - mu) * s + b;
+    if (i + 1 == row_end) next_row();
+  }
+  for (; i + kW <= stop; i += kW) {
+    const V v = load<kW>(x + i);
+    if (i + kW < row_end) {
+      *reinterpret_cast<V*>(y + i) = (v - mu) * s + b;
+      continue;
+    }
+    const Int split = static_cast<Int>(row_end - i);  // lanes of row r
+    const IV first = lane < split;
+    const T mu0 = mu, s0 = s, b0 = b;
+    next_row();
+    const V mu_v = first ? V{} + mu0 : V{} + mu;
+    const V s_v = first ? V{} + s0 : V{} + s;
+    const V b_v = first ? V{} + b0 : V{} + b;
+    *reinterpret_cast<V*>(y + i) = (v - mu_v) * s_v + b_v;
+  }
+  for (; i < stop; ++i) {
+    y[i] = (x[i] - mu) * s + b;
+    if (i + 1 == row_end) next_row();
+  }
+}
+
+// Per row (n, c): mix the statistics, mu = wm_in * mean_in + wm_n * mu_n +
+// wm_c * mu_c (as mean_in + wm_n * (mu_n - mean_in) + ...) and likewise the
+// variance, then y = (x - mu) * scale + bias with
+// scale = weight / sqrt(var + eps) (x - mu first: x * scale - mu * scale
+// would cancel when |mu| >> std). Keeps mu and 1 / sqrt(var + eps).
+template <typename T>
+SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
+                                int64_t end) {
+  // First every row's statistics (a loop over c that vectorises, the
+  // square roots included), then the rows: a short row's own loop then has
+  // no scalar latency in front of it.
+  for (int64_t r0 = begin; r0 < end;) {
+    const int64_t n = r0 / a.channels, c0 = r0 % a.channels;
+    const int64_t r1 = min_of(end, (n + 1) * a.channels);
+    const T* __restrict__ mean_in = a.mean_in + n * a.channels;
+    const T* __restrict__ var_in = a.var_in + n * a.channels;
+    T* __restrict__ mu = a.mu + n * a.channels;
+    T* __restrict__ rstd = a.rstd + n * a.channels;
+    const T mu_n = a.mu_n[n], var_n = a.var_n[n];
+    for (int64_t c = c0; c < r1 - n * a.channels; ++c) {
+      // The row's mean plus weighted differences from it (the ratios sum
+      // to 1): no |mean|-sized products to round.
+      mu[c] = mean_in[c] + a.wm_n[c] * (mu_n - mean_in[c]) +
+              a.wm_c[c] * (a.mu_c[c] - mean_in[c]);
+      rstd[c] = T(1) / sqrt_of(a.wv_in[c] * var_in[c] +
+                                 (a.wv_n[c] * var_n + a.eps) +
+                                 a.wv_c[c] * a.var_c[c]);
+    }
+    r0 = r1;
+  }
+  if (!a.stream && a.length >= SN_VEC_BYTES / int64_t(sizeof(T)) &&
+      a.length < kFlatRow && (end - begin) * a.length >= kFlatSpan) {
+    normalize_flat(a, begin, end);
+    return;
+  }
+  int64_t c = begin % a.channels;
+  for (int64_t r = begin; r < end; ++r) {
+    const T mu = a.mu[r], s = a.weight[c] * a.rstd[r], b = a.bias[c];
+    const T* __restrict__ row = a.x + r * a.length;
+    T* __restrict__ out = a.y + r * a.length;
+    if (a.stream)
+      stream_row(row, out, a.length, mu, s, b);
+    else
+      for (int64_t i = 0; i < a.length; ++i) out[i] = (row[i] - mu) * s + b;
+    if (++c == a.channels) c = 0;
+  }
+  if (a.stream) stream_fence();  // before another thread reads y
+}
+
+
+// dx = g * scale + a * (x - mean_in) + b per row, a and b from the gradients
+// of the row's IN mean and variance (what autograd derives from the
+// reference's formulas).
+template <typename T>
+SN_INLINE void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin,
+                                 int64_t end) {
+  const T inv_length = T(1) / static_cast<T>(a.length);
+  // In chunks of one sample's rows: first each row's three coefficients (a
+  // loop over c that vectorises), then the rows.
+  constexpr int64_t kChunk = 256;
+  T scale[kChunk], coef_x[kChunk], shift[kChunk];
+  for (int64_t r0 = begin; r0 < end;) {
+    const int64_t n = r0 / a.channels, c0 = r0 % a.channels;
+    const int64_t r1 = min_of(min_of(end, (n + 1) * a.channels), r0 + kChunk);
+    const int64_t rows = r1 - r0;
+    const T dvar_n = a.dvar_n[n], dmean_n = a.dmean_n[n],
+            center_n = a.center_n[n];
+    for (int64_t j = 0; j < rows; ++j) {
+      const int64_t r = r0 + j, c = c0 + j;
+      const T rstd = a.rstd[r], s = a.weight[c] * rstd, m = a.mean_in[r];
+      const T centred = a.sum_gxc[r] - (a.mu[r] - m) * a.sum_g[r];
+      const T d_mu = -s * a.sum_g[r];
+      const T d_var = T(-0.5) * s * rstd * rstd * centred;
+      const T d_var_in = dvar_n + a.dvar_c[c] + a.wv_in[c] * d_var;
+      const T d_mean_in = dmean_n + a.dmean_c[c] + a.wm_in[c] * d_mu +
+                          T(2) * (m - center_n) * dvar_n +
+                          T(2) * (m - a.center_c[c]) * a.dvar_c[c];
+      scale[j] = s;
+      coef_x[j] = d_var_in * a.two_over_divisor;
+      shift[j] = d_mean_in * inv_length;
+    }
+    for (int64_t j = 0; j < rows; ++j) {
+      const int64_t r = r0 + j;
+      const T s = scale[j], cx = coef_x[j], sh = shift[j], m = a.mean_in[r];
+      const T* __restrict__ xr = a.x + r * a.length;
+      const T* __restrict__ gr = a.g + r * a.length;
+      T* __restrict__ out = a.dx + r * a.length;
+      for (int64_t i = 0; i < a.length; ++i)
+        out[i] = gr[i] * s + cx * (xr[i] - m) + sh;
+    }
+    r0 = r1;
+  }
+}
+
+// ------------------------------------------------- (N, C) reductions --
+// Per sample, loops over its C statistics, summed in double 8 lanes at a
+// time: explicit vectors, as the auto-vectoriser keeps running sums scalar
+// (it may not reorder floating-point additions).
+using D8 = Vec<double, 8>::type;
+
+template <typename T>
+SN_INLINE D8 load_d(const T* p) {
+  return __builtin_convertvector(load<8>(p), D8);
+}
+
+SN_INLINE void add_to(double* p, D8 v) { store<8>(p, load<8>(p) + v); }
+
+
+// Per sample: LN's mean and its variance in the stable form mean_c(var_in)
+// + mean_c((mean_in - mean_ln)^2).
+template <typename T>
+SN_INLINE void ln_stats_kernel(const LnStatsArgs<T>& a, int64_t begin,
+                               int64_t end) {
+  const int64_t C = a.channels, C8 = C - C % 8;
+  double* col = a.col;
+  for (int64_t n = begin; n < end; ++n) {
+    const T* m = (a.dmean ? a.dmean : a.mean_in) + n * C;
+    const T* v = a.var_in + n * C;
+    // The absolute means in double: m plus the shift where there is one.
+    const auto mean_at = [&](int64_t c) {
+      return a.shift ? load_d(a.shift + c) + load_d(m + c) : load_d(m + c);
+    };
+    const auto mean_of = [&](int64_t c) {
+      return a.shift ? double(a.shift[c]) + double(m[c]) : double(m[c]);
+    };
+    D8 sm = {}, sv = {};
+    double tm = 0, tv = 0;
+    for (int64_t c = 0; c < C8; c += 8) {
+      const D8 vv = load_d(v + c);
+      sm += mean_at(c);
+      sv += vv;
+      if (col) {
+        add_to(col + c, load_d(m + c));
+        add_to(col + C + c, vv);
+      }
+    }
+    for (int64_t c = C8; c < C; ++c) {
+      tm += mean_of(c);
+      tv += v[c];
+      if (col) {
+        col[c] += m[c];
+        col[C + c] += v[c];
+      }
+    }
+    const double mean = (hsum<8>(sm) + tm) / C;
+    D8 sd = {};
+    double td = 0;
+    for (int64_t c = 0; c < C8; c += 8) {
+      const D8 d = mean_at(c) - mean;
+      sd += d * d;
+    }
+    for (int64_t c = C8; c < C; ++c)
+      td += (mean_of(c) - mean) * (mean_of(c) - mean);
+    a.ln_mean[n] = static_cast<T>(mean);
+    a.ln_var[n] = static_cast<T>((hsum<8>(sv) + tv + hsum<8>(sd) + td) / C);
+  }
+}
+
+
+template <typename T>
+SN_INLINE void bn_dev_kernel(const BnDevArgs<T>& a, int64_t begin,
+                             int64_t end) {
+  const int64_t C = a.channels, C8 = C - C % 8;
+  for (int64_t n = begin; n < end; ++n) {
+    const T* m = a.mean_in + n * C;
+    for (int64_t c = 0; c < C8; c += 8) {
+      const D8 d = load_d(m + c) - load<8>(a.centre + c);
+      add_to(a.col + c, d * d);
+    }
+    for (int64_t c = C8; c < C; ++c) {
+      const double d = m[c] - a.centre[c];
+      a.col[c] += d * d;
+    }
+  }
+}
+
+
+// Per sample, from the row sums (see grad_reductions): the sums over c of
+// d_mu and d_var weighted by each channel's LN ratio, and into acc the
+// per-channel sums.
+template <typename T>
+SN_INLINE void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
+                                  int64_t end) {
+  const int64_t C = a.channels, C8 = C - C % 8;
+  double* acc = a.acc;
+  for (int64_t n = begin; n < end; ++n) {
+    const int64_t o = n * C;
+    const double ml = a.mean_ln[n], vl = a.var_ln[n];
+    D8 row_mu = {}, row_var = {}, dots[4] = {};
+    for (int64_t c = 0; c < C8; c += 8) {
+      const D8 s1 = load_d(a.s1 + o + c), r = load_d(a.rstd + o + c),
+               mi = load_d(a.mean_in + o + c);
+      const D8 centred =
+          load_d(a.s2 + o + c) - (load_d(a.mu + o + c) - mi) * s1;
+      const D8 scale = load_d(a.weight + c) * r;
+      const D8 d_mu = -scale * s1;
+      const D8 d_var = -0.5 * scale * r * r * centred;
+      add_to(acc + c, centred * r);
+      add_to(acc + C + c, s1);
+      add_to(acc + 2 * C + c, d_mu);
+      add_to(acc + 3 * C + c, d_var);
+      const D8 products[4] = {d_mu * (ml - mi),
+                              d_mu * (load_d(a.mean_c + c) - mi),
+                              d_var * load_d(a.var_in + o + c), d_var * vl};
+      for (int j = 0; j < 4; ++j) {
+        if (a.per_channel)
+          add_to(acc + (4 + j) * C + c, products[j]);
+        else
+          dots[j] += products[j];
+      }
+      row_mu += d_mu * load_d(a.wm_n + c);
+      row_var += d_var * load_d(a.wv_n + c);
+    }
+    double t_mu = 0, t_var = 0, t_dots[4] = {};
+    for (int64_t c = C8; c < C; ++c) {
+      const int64_t r = o + c;
+      const double centred =
+          a.s2[r] - (double(a.mu[r]) - double(a.mean_in[r])) * a.s1[r];
+      const double scale = double(a.weight[c]) * a.rstd[r];
+      const double d_mu = -scale * a.s1[r];
+      const double d_var = -0.5 * scale * a.rstd[r] * a.rstd[r] * centred;
+      acc[c] += centred * a.rstd[r];
+      acc[C + c] += a.s1[r];
+      acc[2 * C + c] += d_mu;
+      acc[3 * C + c] += d_var;
+      const double products[4] = {
+          d_mu * (ml - double(a.mean_in[r])),
+          d_mu * (double(a.mean_c[c]) - double(a.mean_in[r])),
+          d_var * a.var_in[r], d_var * vl};
+      for (int j = 0; j < 4; ++j) {
+        if (a.per_channel)
+          acc[(4 + j) * C + c] += products[j];
+        else
+          t_dots[j] += products[j];
+      }
+      t_mu += d_mu * a.wm_n[c];
+      t_var += d_var * a.wv_n[c];
+    }
+    a.d_mu_n[n] = static_cast<T>(hsum<8>(row_mu) + t_mu);
+    a.d_var_n[n] = static_cast<T>(hsum<8>(row_var) + t_var);
+    if (!a.per_channel)
+      for (int j = 0; j < 4; ++j)
+        acc[4 * C + j] += hsum<8>(dots[j]) + t_dots[j];
+  }
+}
+
+// The table of this instruction set's kernels.
+template <typename T>
+constexpr sn_mm_rows::KernelSet<T> kernel_set() {
+  return {
+      [](const MomentsArgs<T>& a, int64_t b, int64_t e) {
+        moments_kernel(a, b, e);
+      },
+      [](const GradSumsArgs<T>& a, int64_t b, int64_t e) {
+        grad_sums_kernel(a, b, e);
+      },
+      [](const NormalizeArgs<T>& a, int64_t b, int64_t e) {
+        normalize_kernel(a, b, e);
+      },
+      [](const InputGradArgs<T>& a, int64_t b, int64_t e) {
+        input_grad_kernel(a, b, e);
+      },
+      [](const LnStatsArgs<T>& a, int64_t b, int64_t e) {
+        ln_stats_kernel(a, b, e);
+      },
+      [](const BnDevArgs<T>& a, int64_t b, int64_t e) {
+        bn_dev_kernel(a, b, e);
+      },
+      [](const GradReduceArgs<T>& a, int64_t b, int64_t e) {
+        grad_reduce_kernel(a, b, e);
+      }};
+}
+
+}  // namespace
+
+// Defines sn_mm_rows::row_kernels_<name>() returning this compilation's
+// table.
+#define SN_DEFINE_ROW_KERNELS(name)                                        \
+  const sn_mm_rows::RowKernels* sn_mm_rows::row_kernels_##name() {         \
+    static constexpr RowKernels table{#name, kernel_set<float>(),          \
+                                      kernel_set<double>()};               \
+    return &table;                                                         \
+  }
