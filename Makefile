@@ -31,7 +31,7 @@ TOY_SEG     := data/toy_seg/annotations/validation
 venv: $(STAMP)
 
 $(STAMP): requirements/build.txt requirements/runtime.txt requirements/tests.txt setup.py \
-		sn_mm/ops/csrc/sn_kernels.cpp
+		$(wildcard sn_mm/ops/csrc/*.cpp sn_mm/ops/csrc/*.h)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install torch==$(TORCH_VERSION) torchvision==$(TORCHVISION_VERSION)
