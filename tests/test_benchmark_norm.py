@@ -59,3 +59,32 @@ def test_benchmark_group_sn_table():
                          result.stdout), result.stdout
     assert re.search(r'\| 2x32x8x8 \| float32 \| SN \|( [\d.]+ \|){4} '
                      r'1\.00 \| 1\.00 \|', result.stdout)
+
+
+def test_benchmark_names_the_instruction_set():
+    from sn_mm.ops import cpu_isas, native_available
+    if not native_available():
+        pytest.skip('extension not built')
+    isa = cpu_isas()[-1]
+    result = run_python([tool('analysis_tools', 'benchmark_norm.py'),
+                         '--toy', '--skip-detector', '--skip-resnet',
+                         '--repeats', '1', '--cpu-isa', isa], cwd=ROOT,
+                        timeout=300)
+    assert f"SN's C++ kernels: {isa} (this CPU: " in result.stdout
+
+
+def test_path_benchmark_times_each_path_on_and_off():
+    from sn_mm.ops import cpu_isas, native_available
+    if not native_available():
+        pytest.skip('extension not built')
+    result = run_python([tool('analysis_tools', 'benchmark_paths.py'),
+                         '--toy', '--rounds', '1', '--threads', '1',
+                         '--isa', cpu_isas()[0]],
+                        cwd=ROOT, timeout=300)
+    rows = re.findall(r'\| (\w+) \| \w+ \| [\dx]+ \| (\w+) \| [\d.]+ \| '
+                      r'[\d.]+ \| [\d.]+ \| (\d+), (\d+) \|', result.stdout)
+    assert {(path, mode) for path, mode, _, _ in rows} == {
+        ('short_rows', 'eval'), ('short_rows', 'train'),
+        ('by_sample', 'eval')}, result.stdout
+    # the path ran with it on, never with it off
+    assert all(int(on) > 0 and int(off) == 0 for _, _, on, off in rows)

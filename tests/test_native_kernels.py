@@ -31,6 +31,20 @@ def isa(request):
         ops.set_cpu_isa(before)
 
 
+class Taken:
+    """How many calls took special path ``path`` inside the block."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __enter__(self):
+        self.before = ops.cpu_path_counts()[self.path]
+        return self
+
+    def __exit__(self, *exc):
+        self.calls = ops.cpu_path_counts()[self.path] - self.before
+
+
 def test_extension_is_built():
     # make test builds it; SN_MM_NO_EXT=1 is the only way to go without.
     if os.environ.get('SN_MM_NO_EXT') == '1':
@@ -91,34 +105,15 @@ def test_native_equals_pytorch_float32():
 
 
 @pytest.mark.skipif(not native_available(), reason='extension not built')
-@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
-def test_large_outputs_of_long_rows(dtype):
-    """Outputs over 32 MB of rows of 4096+ values are written past the
-    caches, from a 16-byte boundary on: a row whose start is not on one
-    (4099 values) and a remainder after the last full 64 bytes."""
-    channels = 2050 if dtype is torch.float32 else 1025
-    x = random_input((1, channels, 1, 4099), dtype=dtype)
-    sn = make_sn(channels, dtype=dtype).eval()
-    with torch.no_grad():
-        got = sn(x)
-        sn.kernels = 'torch'
-        want = sn(x)
-    torch.testing.assert_close(got, want)
-
-
-@pytest.mark.skipif(not native_available(), reason='extension not built')
 @pytest.mark.parametrize('shape,dtype', [
-    ((200, 256, 7, 7), torch.float32),   # rows of 196 bytes
-    ((600, 256, 17), torch.float32),     # a vector's length plus one
-    ((600, 256, 16), torch.float32),     # exactly a vector
-    ((1100, 256, 3, 3), torch.float64),  # a double vector's plus one
-], ids=['7x7', '17', '16', 'float64_9'])
+    ((64, 256, 7, 7), torch.float32),    # RoI features: short rows
+    ((300, 256, 3, 3), torch.float64),
+    ((2, 16, 70, 70), torch.float32),    # long rows
+], ids=['7x7', 'float64_3x3', '70x70'])
 @pytest.mark.parametrize('training', [True, False], ids=['train', 'eval'])
-def test_short_rows_in_large_tasks(shape, dtype, training):
-    """Tasks of a million values or more in rows shorter than 4096 are
-    normalised as one span in whole aligned vectors, a vector that crosses
-    from one row into the next taking each lane's statistics from its row.
-    Every value against the reference, on one thread and on two."""
+def test_calls_split_across_threads(shape, dtype, training):
+    """Calls of many tasks: every value against the reference, on one
+    thread and on two."""
     x = random_input(shape, dtype=dtype)
     threads = torch.get_num_threads()
     try:
@@ -172,7 +167,9 @@ def test_samples_normalised_one_by_one(case):
                         sn.running_mean.fill_(0.5)
                         sn.running_var.fill_(2.0)
                 xs = x.clone().requires_grad_(training)
-                y = sn(xs)
+                with Taken('by_sample') as taken:
+                    y = sn(xs)
+                assert taken.calls == (kernels == 'native')
                 if training:
                     y.backward(grad)
                 results.append([y.detach()] + ([xs.grad] + [
@@ -275,3 +272,37 @@ def test_the_environment_picks_the_instruction_set(isa):
                          text=True, env={**os.environ, 'SN_MM_CPU_ISA': 'x87'})
     assert bad.returncode != 0
     assert "unknown instruction set 'x87'" in bad.stderr
+
+
+@pytest.mark.skipif(not native_available(), reason='extension not built')
+@pytest.mark.parametrize('path,shape', [
+    ('short_rows', (6, 5, 7, 7)), ('by_sample', (8, 64, 24, 24))])
+@pytest.mark.parametrize('training', [True, False], ids=['train', 'eval'])
+def test_each_special_path_off_computes_the_same(path, shape, training):
+    """A special path switched off: the call takes the general way, which
+    gives what the path gives (float64: to rounding) and every gradient."""
+    if path == 'by_sample' and training:
+        pytest.skip('an eval-forward path')
+    x = random_input(shape)
+    grad = random_input(shape, seed=3)
+    results, taken = [], []
+    threads = torch.get_num_threads()
+    for on in (True, False):
+        sn = make_sn(shape[1], using_bn=path != 'by_sample').train(training)
+        xs = x.clone().requires_grad_(training)
+        ops.set_cpu_path(path, on)
+        torch.set_num_threads(1)  # the paths' thresholds count per thread
+        try:
+            with Taken(path) as t:
+                y = sn(xs)
+                if training:
+                    y.backward(grad)
+        finally:
+            ops.set_cpu_path(path, True)
+            torch.set_num_threads(threads)
+        taken.append(t.calls)
+        results.append([y.detach()] + ([xs.grad] + [
+            p.grad for p in sn.parameters()] if training else []))
+    assert taken[0] > 0 and taken[1] == 0, taken
+    for on, off in zip(*results):
+        torch.testing.assert_close(on, off, rtol=1e-12, atol=1e-12)

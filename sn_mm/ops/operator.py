@@ -113,6 +113,24 @@ if NATIVE:
     _ext.cpu_isa()  # a bad $SN_MM_CPU_ISA fails here, naming itself
 
 
+def cpu_path_counts() -> dict:
+    """How many calls took each of the C++ kernels' special paths
+    ('short_rows', 'by_sample'; see
+    docs/performance.md#special-paths-on-the-cpu) since the process began;
+    empty without the extension."""
+    return dict(_ext.path_counts()) if NATIVE else {}
+
+
+def set_cpu_path(name: str, enabled: bool) -> None:
+    """Let calls take special path ``name`` where it applies (the default),
+    or never (the general way, which computes the same): for A/B timings
+    and tests."""
+    if not NATIVE:
+        raise RuntimeError('set_cpu_path: the native extension was not '
+                           'built')
+    _ext.set_path(name, enabled)
+
+
 def cpu_isa() -> Optional[str]:
     """The instruction set the C++ kernels run with ('avx512', 'avx2' or
     'baseline'): the best this CPU has unless ``$SN_MM_CPU_ISA`` or

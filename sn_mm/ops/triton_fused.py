@@ -577,7 +577,7 @@ def _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
             acc_bn_m += tl.where(ok, d_mu * (mean_bn - mean_in), 0.0)
     d_var_c = tl.sum(acc_var, 0)
     # The gradients of the BN mean and variance, weighted by their ratios:
-    # what SyncSN all-reduces (as its chain of kernels does).
+    # what SyncSN all-reduces, as the reference's SyncSN does.
     grp = _group_of(c, C, G, GROUPED)
     _, _, wm2 = _ratios(mlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr, grp,
                         K, HAS_IN, GIVEN, HAS_FIXED)
@@ -942,9 +942,9 @@ def _bn_slots(ws, n, c, plan):
 def _combine_over_group(ws, n, c, plan, running_mean, running_var, nbt,
                         momentum, group, nonfinite=None):
     """SyncSN: this rank's channel means and centred second moments,
-    combined with every rank's by one all-gather (as SyncSN's chain of
-    kernels does, so that ranks on either path interoperate); the running
-    statistics updated from the result."""
+    combined with every rank's by one all-gather (as the reference's SyncSN
+    does, so that ranks on either path interoperate); the running statistics
+    updated from the result."""
     mean_c, m2_c, count = _bn_slots(ws, n, c, plan)
     total, mean_bn, var_bn = combine_statistics(n, mean_c, m2_c, group)
     mean_c.copy_(mean_bn)

@@ -113,10 +113,3 @@ def all_cases(dtypes=(torch.float32, torch.bfloat16)):
             itertools.product(SHAPES, (True, False), (True, False), dtypes,
                               VARIANTS)
             if shape[1] % variant.get('ratio_groups', 1) == 0]
-
-
-def compare_all(device, dtypes=(torch.float32, torch.bfloat16)):
-    """Runs :func:`all_cases`; returns (cases, worst relative
-    difference)."""
-    cases = all_cases(dtypes)
-    return len(cases), max(compare_case(device, *case) for case in cases)

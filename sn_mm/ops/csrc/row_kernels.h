@@ -25,6 +25,7 @@ struct MomentsArgs {
   const T* shift = nullptr;
   T* dmean = nullptr;
   int64_t channels = 1;
+  bool short_rows = false;  // one pass for several rows (kShortRow)
 };
 template <typename T>
 struct GradSumsArgs {
@@ -34,6 +35,7 @@ struct GradSumsArgs {
   T* sum_g;
   T* sum_gxc;
   int64_t length;
+  bool short_rows = false;  // several rows in one pass (kShortRow)
 };
 template <typename T>
 struct NormalizeArgs {
@@ -44,7 +46,6 @@ struct NormalizeArgs {
   T eps;
   T *y, *mu, *rstd;
   int64_t channels, length;
-  bool stream = false;  // the output bypasses the caches (stream_row)
 };
 template <typename T>
 struct InputGradArgs {
@@ -100,6 +101,11 @@ struct KernelSet {
   void (*bn_dev)(const BnDevArgs<T>&, int64_t, int64_t);
   void (*grad_reduce)(const GradReduceArgs<T>&, int64_t, int64_t);
 };
+
+// Rows shorter than this may take their sums several rows in one pass, in
+// the sums of (x - first value) whose cancellation costs at most a factor
+// kShortRow of relative precision (row_kernels_impl.h, rows_shifted_sums).
+constexpr int64_t kShortRow = 128;
 
 struct RowKernels {
   const char* isa;

@@ -1,11 +1,10 @@
-// SN's CPU row kernels for AVX2 and FMA: 32-byte vectors. The host side
+// SN's CPU row kernels for AVX2 and FMA. The host side
 // (sn_kernels.cpp) runs them only where the CPU has these instructions.
 // Other compilers and CPUs get no such table (nullptr).
 #include "row_kernels.h"
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #pragma GCC target("avx2,fma")
-#define SN_VEC_BYTES 32
 #include "row_kernels_impl.h"
 SN_DEFINE_ROW_KERNELS(avx2)
 #else

@@ -1,11 +1,10 @@
-// SN's CPU row kernels for AVX-512 (F, VL, BW, DQ) with AVX2 and FMA: 64-byte vectors. The host side
+// SN's CPU row kernels for AVX-512 (F, VL, BW, DQ) with AVX2 and FMA. The host side
 // (sn_kernels.cpp) runs them only where the CPU has these instructions.
 // Other compilers and CPUs get no such table (nullptr).
 #include "row_kernels.h"
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")
-#define SN_VEC_BYTES 64
 #include "row_kernels_impl.h"
 SN_DEFINE_ROW_KERNELS(avx512)
 #else

@@ -1,5 +1,4 @@
 // SN's CPU row kernels for any CPU the compiler targets by default (SSE2
-// on x86-64, NEON on aarch64): 16-byte vectors.
-#define SN_VEC_BYTES 16
+// on x86-64, NEON on aarch64).
 #include "row_kernels_impl.h"
 SN_DEFINE_ROW_KERNELS(baseline)

@@ -1,10 +1,10 @@
 // SN's CPU row kernels: the full-size passes over a contiguous (N, C, L)
 // input, each over a range of its N x C rows, and the reductions of the
 // (N, C) statistics between them. Included by row_kernels_<isa>.cpp, each
-// of which compiles it for one instruction set with SN_VEC_BYTES set to its
-// vector width; everything here has internal linkage, and it calls no
-// library function (no std::min, no std::sqrt), so that nothing compiled
-// for one instruction set is linked into another's callers.
+// of which compiles it for one instruction set; everything here has
+// internal linkage, and it calls no library function (no std::min, no
+// std::sqrt), so that nothing compiled for one instruction set is linked
+// into another's callers.
 #pragma once
 
 #include <cstdint>
@@ -12,9 +12,6 @@
 
 #include "row_kernels.h"
 
-#ifndef SN_VEC_BYTES
-#error "define SN_VEC_BYTES (the instruction set's vector width in bytes)"
-#endif
 // Vectors pass by value only between inlined functions: GCC's note that
 // such an ABI differs between instruction sets is moot.
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -47,8 +44,8 @@ SN_INLINE double sqrt_of(double v) { return __builtin_sqrt(v); }
 // into SIMD adds (one accumulator would serialise on its latency). Short rows
 // (RoI features: 7 x 7) take one vector's worth, several rows at a time, so
 // that little time goes to folding the lanes together; long rows take
-// several vectors.
-constexpr int64_t kShortRow = 128;
+// several vectors. (kShortRow is in row_kernels.h: the host side chooses.)
+using sn_mm_rows::kShortRow;
 
 template <int Lanes, typename T>
 SN_INLINE T fold(T* acc) {
@@ -286,7 +283,7 @@ SN_INLINE void moments_short_rows(const MomentsArgs<T>& a, int64_t begin,
 template <typename T>
 SN_INLINE void moments_kernel(const MomentsArgs<T>& a, int64_t begin,
                               int64_t end) {
-  if (a.length < kShortRow)
+  if (a.short_rows)
     moments_short_rows(a, begin, end);
   else
     moments_rows<32>(a, begin, end);
@@ -296,7 +293,7 @@ SN_INLINE void moments_kernel(const MomentsArgs<T>& a, int64_t begin,
 template <typename T>
 SN_INLINE void grad_sums_kernel(const GradSumsArgs<T>& a, int64_t begin,
                                 int64_t end) {
-  if (a.length < kShortRow) {  // kRows rows at a time, as in moments
+  if (a.short_rows) {  // kRows rows at a time, as in moments
     constexpr int kRows = 4;
     int64_t r = begin;
     for (; r + kRows <= end; r += kRows)
@@ -316,110 +313,6 @@ SN_INLINE void grad_sums_kernel(const GradSumsArgs<T>& a, int64_t begin,
   }
 }
 
-
-// 16 bytes stored past the caches (SSE2's non-temporal stores, in every
-// x86-64 build); elsewhere an ordinary store.
-#if defined(__x86_64__)
-SN_INLINE void stream16(float* p, Vec<float, 4>::type v) {
-  __builtin_ia32_movntps(p, v);
-}
-SN_INLINE void stream16(double* p, Vec<double, 2>::type v) {
-  __builtin_ia32_movntpd(p, v);
-}
-SN_INLINE void stream_fence() { __builtin_ia32_sfence(); }
-#else
-template <typename T, typename V>
-SN_INLINE void stream16(T* p, V v) {
-  __builtin_memcpy(p, &v, sizeof(v));
-}
-SN_INLINE void stream_fence() {}
-#endif
-
-// out = (row - mu) * s + b with stores that bypass the caches: for outputs
-// far larger than the last-level cache, which would be evicted before the
-// next layer reads them anyway, and whose lines a normal store would first
-// read from memory. Computed 64 bytes at a time, stored 16 at a time.
-template <typename T>
-SN_INLINE void stream_row(const T* __restrict__ row, T* __restrict__ out,
-                          int64_t n, T mu, T s, T b) {
-  constexpr int kWide = 64 / sizeof(T), kNarrow = 16 / sizeof(T);
-  using Narrow = typename Vec<T, kNarrow>::type;
-  int64_t i = 0;
-  for (; i < n && reinterpret_cast<uintptr_t>(out + i) % 16; ++i)
-    out[i] = (row[i] - mu) * s + b;
-  for (; i + kWide <= n; i += kWide) {
-    const auto v = (load<kWide>(row + i) - mu) * s + b;
-    for (int k = 0; k < kWide; k += kNarrow) {
-      Narrow part;
-      __builtin_memcpy(&part, reinterpret_cast<const T*>(&v) + k,
-                       sizeof(part));
-      stream16(out + i + k, part);
-    }
-  }
-  for (; i < n; ++i) out[i] = (row[i] - mu) * s + b;
-}
-
-// Rows of fewer than kFlatRow values, in tasks of at least kFlatSpan
-// values, are normalised as one flat span (normalize_flat): their own loops
-// would end in scalar tails and, where a row's bytes are not a multiple of
-// 64, store vectors split across cache lines. (In smaller tasks the
-// per-vector test for a row's end costs more than it saves.)
-constexpr int64_t kFlatRow = 4096, kFlatSpan = int64_t(1) << 20;
-
-// y = (x - mu) * s + b over rows [begin, end) as one span, in whole
-// vectors (SN_VEC_BYTES) stored at aligned addresses; a vector that crosses from
-// one row into the next takes each lane's parameters from its row (rows
-// are at least a vector long, so at most two rows meet in one).
-template <typename T>
-SN_INLINE void normalize_flat(const NormalizeArgs<T>& a, int64_t begin,
-                              int64_t end) {
-  constexpr int kW = SN_VEC_BYTES / sizeof(T);
-  using V = typename Vec<T, kW>::type;
-  using Int = typename std::conditional<sizeof(T) == 4, int32_t,
-                                        int64_t>::type;
-  using IV = typename Vec<Int, kW>::type;
-  IV lane;
-  for (int k = 0; k < kW; ++k) lane[k] = k;
-  const int64_t L = a.length, C = a.channels, stop = end * L;
-  const T* __restrict__ x = a.x;
-  T* __restrict__ y = a.y;
-  int64_t i = begin * L, r = begin, row_end = (begin + 1) * L,
-          c = begin % C;
-  T mu = a.mu[r], s = a.weight[c] * a.rstd[r], b = a.bias[c];
-  auto next_row = [&]() {
-    ++r;
-    row_end += L;
-    if (++c == C) c = 0;
-    if (r < end) {
-      mu = a.mu[r];
-      s = a.weight[c] * a.rstd[r];
-      b = a.bias[c];
-    }
-  };
-  for (; i < stop && reinterpret_cast<uintptr_t>(y + i) % SN_VEC_BYTES; ++i) {
-    y[i] = (x[i] - mu) * s + b;
-    if (i + 1 == row_end) next_row();
-  }
-  for (; i + kW <= stop; i += kW) {
-    const V v = load<kW>(x + i);
-    if (i + kW < row_end) {
-      *reinterpret_cast<V*>(y + i) = (v - mu) * s + b;
-      continue;
-    }
-    const Int split = static_cast<Int>(row_end - i);  // lanes of row r
-    const IV first = lane < split;
-    const T mu0 = mu, s0 = s, b0 = b;
-    next_row();
-    const V mu_v = first ? V{} + mu0 : V{} + mu;
-    const V s_v = first ? V{} + s0 : V{} + s;
-    const V b_v = first ? V{} + b0 : V{} + b;
-    *reinterpret_cast<V*>(y + i) = (v - mu_v) * s_v + b_v;
-  }
-  for (; i < stop; ++i) {
-    y[i] = (x[i] - mu) * s + b;
-    if (i + 1 == row_end) next_row();
-  }
-}
 
 // Per row (n, c): mix the statistics, mu = wm_in * mean_in + wm_n * mu_n +
 // wm_c * mu_c (as mean_in + wm_n * (mu_n - mean_in) + ...) and likewise the
@@ -451,23 +344,14 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
     }
     r0 = r1;
   }
-  if (!a.stream && a.length >= SN_VEC_BYTES / int64_t(sizeof(T)) &&
-      a.length < kFlatRow && (end - begin) * a.length >= kFlatSpan) {
-    normalize_flat(a, begin, end);
-    return;
-  }
   int64_t c = begin % a.channels;
   for (int64_t r = begin; r < end; ++r) {
     const T mu = a.mu[r], s = a.weight[c] * a.rstd[r], b = a.bias[c];
     const T* __restrict__ row = a.x + r * a.length;
     T* __restrict__ out = a.y + r * a.length;
-    if (a.stream)
-      stream_row(row, out, a.length, mu, s, b);
-    else
-      for (int64_t i = 0; i < a.length; ++i) out[i] = (row[i] - mu) * s + b;
+    for (int64_t i = 0; i < a.length; ++i) out[i] = (row[i] - mu) * s + b;
     if (++c == a.channels) c = 0;
   }
-  if (a.stream) stream_fence();  // before another thread reads y
 }
 
 
@@ -598,9 +482,9 @@ SN_INLINE void bn_dev_kernel(const BnDevArgs<T>& a, int64_t begin,
 }
 
 
-// Per sample, from the row sums (see grad_reductions): the sums over c of
-// d_mu and d_var weighted by each channel's LN ratio, and into acc the
-// per-channel sums.
+// Per sample, from the row sums (grad_reductions_into, sn_kernels.cpp): the
+// sums over c of d_mu and d_var weighted by each channel's LN ratio, and
+// into acc the per-channel sums.
 template <typename T>
 SN_INLINE void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
                                   int64_t end) {

@@ -137,6 +137,41 @@ int64_t grain(int64_t length) {
   return std::max<int64_t>(1, 32768 / std::max<int64_t>(length, 1));
 }
 
+// ------------------------------------------------------ special paths --
+// The ways a call is computed only at some sizes, each because it measured
+// faster there (docs/performance.md#special-paths-on-the-cpu has the A/B
+// figures). Each counts the calls that took it and can be switched off,
+// for the tests (which assert that theirs ran) and for the A/B tool
+// (tools/analysis_tools/benchmark_paths.py); switched off, a call takes
+// the general way, which computes the same.
+enum Path { kPathShortRows, kPathBySample, kPathCount };
+const char* const kPathNames[kPathCount] = {"short_rows", "by_sample"};
+std::atomic<bool> path_on[kPathCount] = {true, true};
+std::atomic<int64_t> path_taken[kPathCount] = {};
+
+// Whether a call takes path p where it applies.
+bool take(Path p, bool applies) {
+  if (!applies || !path_on[p].load(std::memory_order_relaxed)) return false;
+  path_taken[p].fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+Path path_named(const std::string& name) {
+  for (int p = 0; p < kPathCount; ++p)
+    if (name == kPathNames[p]) return static_cast<Path>(p);
+  TORCH_CHECK_VALUE(false, "SN's CPU kernels: unknown path '", name,
+                    "' (expected short_rows or by_sample)");
+}
+
+std::vector<std::pair<std::string, int64_t>> path_counts() {
+  std::vector<std::pair<std::string, int64_t>> counts;
+  for (int p = 0; p < kPathCount; ++p)
+    counts.emplace_back(kPathNames[p], path_taken[p].load());
+  return counts;
+}
+
+void set_path(const std::string& name, bool on) { path_on[path_named(name)] = on; }
+
 
 template <typename Args>
 void run_rows(const Args& args, int64_t rows, int64_t length) {
@@ -212,13 +247,6 @@ void reductions_into(const scalar_t* pm, const scalar_t* pv, int64_t samples,
   if (pbm == nullptr) {
     run(LnStatsArgs<scalar_t>{pm, pv, channels, plm, plv, nullptr}, 0,
         samples);
-    return;
-  }
-  if (samples == 1) {
-    // Batch-1 inference: BN's statistics are the sample's own IN ones.
-    run(LnStatsArgs<scalar_t>{pm, pv, channels, plm, plv, nullptr}, 0, 1);
-    std::copy(pm, pm + channels, pbm);
-    std::copy(pv, pv + channels, pb2);
     return;
   }
   // Pass 1: per sample the LN statistics (its row is in cache twice);
@@ -440,7 +468,6 @@ struct Forward {
   Ratios ratios;
   int64_t correction = 0;
   bool bn_batch = false;
-  double total = 0;  // samples behind the BN statistics (training)
 };
 
 void check_params(const at::Tensor& x, const at::Tensor& weight,
@@ -569,9 +596,11 @@ std::pair<const T*, const T*> fixed_bn(const Forward& f, const Stats<T>& s,
 template <typename T>
 MomentsArgs<T> moments_args(const Forward& f, const Stats<T>& s) {
   const int64_t spatial = f.x3.size(2);
-  return MomentsArgs<T>{
+  MomentsArgs<T> a{
       f.x3.data_ptr<T>(), s.mean_in, s.var_in, spatial,
       static_cast<T>(std::max<int64_t>(spatial - f.correction, 1))};
+  a.short_rows = take(kPathShortRows, spatial < sn_mm_rows::kShortRow);
+  return a;
 }
 
 // IN's moments, then LN's and the BN statistics in use: the batch's (one
@@ -648,12 +677,6 @@ NormalizeArgs<T> normalize_args(const Forward& f, const Stats<T>& s,
   return a;
 }
 
-// Outputs of long rows far larger than the last-level cache are written
-// past the caches (stream_row): the next layer could not find them there,
-// and normal stores would first read every line they write. (Short rows
-// would leave partial lines at their ends, which such stores make slow.)
-constexpr int64_t kStreamBytes = int64_t(32) << 20, kStreamRow = 4096;
-
 // Without the batch's BN statistics (eval), a sample's output needs only
 // that sample: its moments, LN statistics and normalisation can run one
 // after the other while it is in this core's L2, so that the input comes
@@ -667,9 +690,9 @@ constexpr int64_t kSampleMin = int64_t(128) << 10,
 template <typename T>
 bool by_sample(const Forward& f, const Running& run_stats) {
   const int64_t bytes = f.x3.size(1) * f.x3.size(2) * int64_t(sizeof(T));
-  return !(run_stats.using_bn && run_stats.training) &&
-         bytes >= kSampleMin && bytes <= kSampleMax &&
-         f.x3.size(0) >= 4 * at::get_num_threads();
+  return take(kPathBySample, !(run_stats.using_bn && run_stats.training) &&
+                             bytes >= kSampleMin && bytes <= kSampleMax &&
+                             f.x3.size(0) >= 4 * at::get_num_threads());
 }
 
 template <typename T>
@@ -705,9 +728,7 @@ void forward_pass(Forward& f, at::Tensor& y, const at::Tensor& weight,
   }
   const auto bn = statistics<T>(f, s, run_stats, for_backward);
   const ChannelRatios<T> w(f.ratios, channels, run_stats.using_bn);
-  auto args = normalize_args(f, s, bn, w, weight, bias, eps, y);
-  args.stream = spatial >= kStreamRow &&
-                y.numel() * int64_t(sizeof(T)) > kStreamBytes;
+  const auto args = normalize_args(f, s, bn, w, weight, bias, eps, y);
   run_rows(args, samples * channels, spatial);
 }
 
@@ -739,7 +760,6 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
                            ratios_given);
   const bool using_bn = defined(running_mean);
   f.bn_batch = using_bn && training;
-  f.total = static_cast<double>(x.size(0));
   if (using_bn) check_running(*running_mean, *running_var, x.size(1));
   TORCH_CHECK(!defined(nonfinite) || (nonfinite->scalar_type() == at::kLong &&
                                       nonfinite->numel() == 1),
@@ -836,7 +856,7 @@ void through_shared_stats(const GradSums<T>& gs, const Forward& f,
     gs.d_var_n[n] = static_cast<T>(gs.d_var_n[n] * s_n);
     gs.d_mu_n[n] = static_cast<T>(gs.d_mu_n[n] * s_n);
   }
-  const double s_c = bn_grad ? 1.0 / f.total : 0.0;
+  const double s_c = bn_grad ? 1.0 / samples : 0.0;
   const T* wm = w.wm_bn();
   const T* wv = w.wv_bn();
   for (int64_t c = 0; c < channels; ++c) {
@@ -866,6 +886,7 @@ void backward_pass(const at::Tensor& g, const Forward& f,
   if (f.x3.numel()) {
     GradSumsArgs<T> sargs{g.data_ptr<T>(), f.x3.data_ptr<T>(), s.mean_in,
                           gs.s1, gs.s2, spatial};
+    sargs.short_rows = take(kPathShortRows, spatial < sn_mm_rows::kShortRow);
     run_rows(sargs, rows, spatial);
   } else {
     std::fill_n(gs.s1, 2 * rows, T(0));
@@ -974,34 +995,59 @@ OptTensor optional_of(const at::Tensor& t) {
   return t.defined() ? OptTensor(t) : c10::nullopt;
 }
 
-// A forward's flags and ratios as one list of doubles (ctx->saved_data),
-// and back.
-std::vector<double> pack_meta(const Forward& f, bool training, bool unbiased,
-                              bool ratios_given, bool using_bn, double eps) {
-  std::vector<double> meta = {
-      double(training), double(unbiased), double(ratios_given),
-      double(using_bn), double(f.bn_batch), double(f.ratios.has_in), eps,
-      double(f.correction), f.total, double(f.ratios.mean.size())};
-  meta.insert(meta.end(), f.ratios.mean.begin(), f.ratios.mean.end());
-  meta.insert(meta.end(), f.ratios.var.begin(), f.ratios.var.end());
-  return meta;
-}
+// What a backward needs of its forward besides the saved tensors, under
+// its own name each in ctx->saved_data.
+struct SavedFlags {
+  bool training, unbiased, ratios_given, using_bn, bn_batch, has_in;
+  double eps;
+  int64_t correction;
+  std::vector<double> mean_ratios, var_ratios;
 
-Forward unpack_meta(const std::vector<double>& meta, const at::Tensor& x,
-                    const at::Tensor& ws) {
-  Forward f;
-  f.x3 = rows_of(x);
-  f.ws = ws;
-  f.bn_batch = meta[4] != 0;
-  f.ratios.has_in = meta[5] != 0;
-  f.ratios.k_ln = f.ratios.has_in ? 1 : 0;
-  f.correction = static_cast<int64_t>(meta[7]);
-  f.total = meta[8];
-  const size_t k_mean = static_cast<size_t>(meta[9]);
-  f.ratios.mean.assign(meta.begin() + 10, meta.begin() + 10 + k_mean);
-  f.ratios.var.assign(meta.begin() + 10 + k_mean, meta.end());
-  return f;
-}
+  static SavedFlags of(const Forward& f, bool training, bool unbiased,
+                       bool ratios_given, bool using_bn, double eps) {
+    return {training,  unbiased,      ratios_given,      using_bn,
+            f.bn_batch, f.ratios.has_in, eps, f.correction,
+            f.ratios.mean, f.ratios.var};
+  }
+
+  void save(AutogradContext* ctx) const {
+    auto& d = ctx->saved_data;
+    d["training"] = training;
+    d["unbiased"] = unbiased;
+    d["ratios_given"] = ratios_given;
+    d["using_bn"] = using_bn;
+    d["bn_batch"] = bn_batch;
+    d["has_in"] = has_in;
+    d["eps"] = eps;
+    d["correction"] = correction;
+    d["mean_ratios"] = mean_ratios;
+    d["var_ratios"] = var_ratios;
+  }
+
+  static SavedFlags load(AutogradContext* ctx) {
+    const auto& d = ctx->saved_data;
+    return {d.at("training").toBool(),     d.at("unbiased").toBool(),
+            d.at("ratios_given").toBool(), d.at("using_bn").toBool(),
+            d.at("bn_batch").toBool(),     d.at("has_in").toBool(),
+            d.at("eps").toDouble(),        d.at("correction").toInt(),
+            d.at("mean_ratios").toDoubleVector(),
+            d.at("var_ratios").toDoubleVector()};
+  }
+
+  // The forward's state a backward runs from.
+  Forward forward(const at::Tensor& x, const at::Tensor& ws) const {
+    Forward f;
+    f.x3 = rows_of(x);
+    f.ws = ws;
+    f.bn_batch = bn_batch;
+    f.ratios.has_in = has_in;
+    f.ratios.k_ln = has_in ? 1 : 0;
+    f.correction = correction;
+    f.ratios.mean = mean_ratios;
+    f.ratios.var = var_ratios;
+    return f;
+  }
+};
 
 class SwitchableNormOp : public torch::autograd::Function<SwitchableNormOp> {
  public:
@@ -1021,26 +1067,26 @@ class SwitchableNormOp : public torch::autograd::Function<SwitchableNormOp> {
     ctx->save_for_backward(
         {x, weight, bias, mean_logits, var_logits, f.ws,
          fixed.value_or(at::Tensor()), fixed_ratios.value_or(at::Tensor())});
-    ctx->saved_data["meta"] = pack_meta(f, training, unbiased, ratios_given,
-                                        defined(running_mean), eps);
+    SavedFlags::of(f, training, unbiased, ratios_given, defined(running_mean),
+                   eps)
+        .save(ctx);
     return {f.y};
   }
 
   static variable_list backward(AutogradContext* ctx,
                                 variable_list grad_outputs) {
     auto saved = ctx->get_saved_variables();
-    const auto meta = ctx->saved_data["meta"].toDoubleList().vec();
-    const bool ratios_given = meta[2] != 0, using_bn = meta[3] != 0;
+    const SavedFlags flags = SavedFlags::load(ctx);
     variable_list result(16);
     const auto& grad_y = grad_outputs[0];
     if (!grad_y.defined()) return result;
     if (at::GradMode::is_enabled()) return recorded_backward(ctx, grad_y);
-    Forward f = unpack_meta(meta, saved[0], saved[5]);
+    Forward f = flags.forward(saved[0], saved[5]);
     f.ratios.groups = ratio_groups(saved[3]);
     auto grads = backward_impl(grad_y, f, saved[1], saved[3],
                                read_fixed(optional_of(saved[6]),
                                           f.ratios.groups),
-                               using_bn, ratios_given);
+                               flags.using_bn, flags.ratios_given);
     for (int i = 0; i < 5; ++i)
       if (ctx->needs_input_grad(i)) result[i] = grads[i];
     return result;
@@ -1052,12 +1098,10 @@ class SwitchableNormOp : public torch::autograd::Function<SwitchableNormOp> {
   static variable_list recorded_backward(AutogradContext* ctx,
                                          const at::Tensor& grad_y) {
     auto saved = ctx->get_saved_variables();
-    const auto meta = ctx->saved_data["meta"].toDoubleList().vec();
-    const bool training = meta[0] != 0, unbiased = meta[1] != 0,
-               ratios_given = meta[2] != 0, using_bn = meta[3] != 0;
+    const SavedFlags flags = SavedFlags::load(ctx);
     const int64_t samples = saved[0].size(0), channels = saved[0].size(1);
     OptTensor bn_mean, bn_var;
-    if (using_bn) {
+    if (flags.using_bn) {
       const int64_t at = Stats<float>::bn_offset(samples, channels);
       bn_mean = saved[5].narrow(0, at, channels);
       bn_var = saved[5].narrow(0, at + channels, channels);
@@ -1065,8 +1109,8 @@ class SwitchableNormOp : public torch::autograd::Function<SwitchableNormOp> {
     auto y = reference_output(saved[0], saved[1], saved[2], saved[3],
                               saved[4], bn_mean, bn_var,
                               optional_of(saved[6]), optional_of(saved[7]),
-                              training && samples > 0, meta[6], unbiased,
-                              ratios_given);
+                              flags.training && samples > 0, flags.eps,
+                              flags.unbiased, flags.ratios_given);
     variable_list wanted, result(16);
     std::vector<int> where;
     for (int i = 0; i < 5; ++i)
@@ -1144,4 +1188,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "The instruction sets this build has and this CPU runs, best first.");
   m.def("set_cpu_isa", &set_cpu_isa, "Run SN's CPU kernels with another "
         "instruction set (one of cpu_isas()).");
+  m.def("path_counts", &path_counts,
+        "(path, calls that took it) for each special path.");
+  m.def("set_path", &set_path, "Switch a special path on or off.");
 }
