@@ -61,6 +61,13 @@ def test_recipe_and_batch_setting(path):
     assert cfg.train_cfg.max_epochs == 100
     assert cfg.model.backbone.depth == 50
     assert cfg.model.backbone.norm_cfg.type == norm.upper()
+    # --auto-scale-lr (mmengine: lr x world size x batch / base_batch_size)
+    # keeps the row's LR at its own GPU count and scales it linearly at
+    # another.
+    base = cfg.auto_scale_lr.base_batch_size
+    for world in (gpus, 2 * gpus):
+        assert optimizer.lr * world * per_gpu / base == pytest.approx(
+            0.1 * world * per_gpu / 256)
     hooks = {h['type']: h for h in cfg.custom_hooks}
     if norm == 'sn':
         # Batch average over about 50k images, whatever the batch.

@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
 # Train under Slurm, one task per GPU.
 # Usage: [GPUS=8] bash tools/slurm_train.sh PARTITION JOB_NAME CONFIG WORK_DIR [train.py options]
+# The project's .venv where it exists (make test/demo create it), else
+# the python on PATH; $PYTHON overrides both.
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+if [ -z "${PYTHON:-}" ]; then
+    PYTHON=python
+    if [ -x "$ROOT/.venv/bin/python" ]; then PYTHON="$ROOT/.venv/bin/python"; fi
+fi
 set -x
 PARTITION=$1
 JOB_NAME=$2
@@ -20,5 +27,5 @@ srun -p ${PARTITION} \
     --cpus-per-task=${CPUS_PER_TASK} \
     --kill-on-bad-exit=1 \
     ${SRUN_ARGS} \
-    python -u "$(dirname "$0")/train.py" ${CONFIG} --work-dir=${WORK_DIR} \
+    "$PYTHON" -u "$(dirname "$0")/train.py" ${CONFIG} --work-dir=${WORK_DIR} \
     --launcher="slurm" "${@:5}"

@@ -5,3 +5,4 @@ model = dict(backbone=dict(norm_cfg=dict(type='BN', requires_grad=True)))
 train_dataloader = dict(batch_size=2)
 optim_wrapper = dict(optimizer=dict(lr=0.00625))  # 0.1 x 16 / 256
 custom_hooks = []  # no SN layer
+auto_scale_lr = dict(base_batch_size=16)  # its LR is for 8 x 2

@@ -5,3 +5,4 @@ model = dict(backbone=dict(norm_cfg=dict(type='BN', requires_grad=True)))
 train_dataloader = dict(batch_size=32)
 optim_wrapper = dict(optimizer=dict(lr=0.1))  # 0.1 x 256 / 256
 custom_hooks = []  # no SN layer
+auto_scale_lr = dict(base_batch_size=256)  # its LR is for 8 x 32

@@ -6,3 +6,4 @@ custom_hooks = [
     dict(type='SNRatioHook', interval=500, log_layers=False),
     dict(type='SNBatchAverageHook', num_batches=3125),  # 50000 / 16
 ]
+auto_scale_lr = dict(base_batch_size=16)  # its LR is for 8 x 2

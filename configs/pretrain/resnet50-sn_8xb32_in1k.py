@@ -29,5 +29,6 @@ custom_hooks = [
     # GPU: 50000 / (8 x 32).
     dict(type='SNBatchAverageHook', num_batches=196),
 ]
-# --auto-scale-lr rescales the LR for another number of GPUs.
+# --auto-scale-lr rescales the LR linearly for another number of GPUs; each
+# row names its own total batch, for which its LR is set.
 auto_scale_lr = dict(base_batch_size=256)
