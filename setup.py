@@ -1,6 +1,5 @@
 import os
 import sys
-
 from setuptools import find_packages, setup
 
 
@@ -18,13 +17,16 @@ def extensions():
         return [], {}
     from torch.utils.cpp_extension import BuildExtension, CppExtension
     ext = CppExtension(
-        'sn_mm._ext', ['sn_mm/ops/csrc/sn_kernels.cpp'] + [
+        'sn_mm._ext',
+        ['sn_mm/ops/csrc/sn_kernels.cpp'] + [
             f'sn_mm/ops/csrc/row_kernels_{isa}.cpp'
-            for isa in ('avx512', 'avx2', 'baseline')],
+            for isa in ('avx512', 'avx2', 'baseline')
+        ],
         # -fno-math-errno: sqrt sets no errno, so loops with it vectorise;
         # -Wno-psabi: vectors pass by value only between inlined functions.
-        extra_compile_args=['-O3', '-fopenmp', '-fno-math-errno',
-                            '-Wno-psabi'],
+        extra_compile_args=[
+            '-O3', '-fopenmp', '-fno-math-errno', '-Wno-psabi'
+        ],
         extra_link_args=['-fopenmp'])
 
     class OptionalBuildExtension(BuildExtension):
@@ -36,10 +38,11 @@ def extensions():
             try:
                 super().run()
             except Exception as err:  # any compiler or linker failure
-                print(f'WARNING: sn_mm: the C++ kernels did not build '
-                      f'({type(err).__name__}: {err}); SN runs on PyTorch '
-                      'ops on CPUs (tests/test_native_kernels.py says so)',
-                      file=sys.stderr)
+                print(
+                    f'WARNING: sn_mm: the C++ kernels did not build '
+                    f'({type(err).__name__}: {err}); SN runs on PyTorch '
+                    'ops on CPUs (tests/test_native_kernels.py says so)',
+                    file=sys.stderr)
 
     return [ext], {'build_ext': OptionalBuildExtension}
 

@@ -8,8 +8,7 @@ Importing the package registers ``'SN'``, ``'SyncSN'`` and the
 # The engine registers SNRunner, the hooks and the optimizer constructor.
 from . import engine  # noqa: F401
 from .models import (PreActResNet, SwitchableNorm, SyncSwitchableNorm,
-                     convert_sync_sn, fuse_conv_sn, harden_sn,
-                     revert_sync_sn)
+                     convert_sync_sn, fuse_conv_sn, harden_sn, revert_sync_sn)
 from .version import __version__
 
 __all__ = [

@@ -36,12 +36,17 @@ def sn_ratios(source: Union[nn.Module, Mapping[str, torch.Tensor]],
 def average_ratios(ratios: Mapping[str, Ratios]) -> Ratios:
     """Model average of each ratio; a layer without a BN term counts 0."""
     n = max(len(ratios), 1)
-    return {stat: {t: sum(r[stat].get(t, 0.) for r in ratios.values()) / n
-                   for t in TERMS}
-            for stat in ('mean', 'var')}
+    return {
+        stat: {
+            t: sum(r[stat].get(t, 0.) for r in ratios.values()) / n
+            for t in TERMS
+        }
+        for stat in ('mean', 'var')
+    }
 
 
-def symmetric_kl(p: Mapping[str, float], q: Mapping[str, float],
+def symmetric_kl(p: Mapping[str, float],
+                 q: Mapping[str, float],
                  eps: float = 1e-12) -> float:
     """KL(p||q) + KL(q||p) between two ratio vectors (the paper's Fig. 7c)."""
     keys = [k for k in TERMS if k in p or k in q]

@@ -31,8 +31,8 @@ def load_config(config: str,
     # Configs that forget it still get SN registered in every process.
     imports = cfg.get('custom_imports', {}).get('imports', [])
     if 'sn_mm' not in imports:
-        cfg.custom_imports = dict(imports=list(imports) + ['sn_mm'],
-                                  allow_failed_imports=False)
+        cfg.custom_imports = dict(
+            imports=list(imports) + ['sn_mm'], allow_failed_imports=False)
     return cfg
 
 
@@ -64,14 +64,20 @@ def parse_tool_args(parser, argv=None):
 
 
 def _add_common_args(parser) -> None:
-    parser.add_argument('--work-dir', help='where logs and checkpoints go '
-                        '(default: work_dirs/<config name>)')
     parser.add_argument(
-        '--cfg-options', nargs='+', action=DictAction,
+        '--work-dir',
+        help='where logs and checkpoints go '
+        '(default: work_dirs/<config name>)')
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
         help='override config entries, key=value (e.g. '
         'train_dataloader.batch_size=4 or model.backbone.init_cfg=None)')
-    parser.add_argument('--launcher',
-                        choices=['none', 'pytorch', 'slurm', 'mpi'],
-                        default='none', help='job launcher')
+    parser.add_argument(
+        '--launcher',
+        choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none',
+        help='job launcher')
     # torch.distributed.launch passes --local-rank; torchrun sets LOCAL_RANK.
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)

@@ -18,11 +18,15 @@ def free_port():
         return s.getsockname()[1]
 
 
-def make_sn(c, using_bn=True, unbiased=True, dtype=torch.float64, seed=0,
+def make_sn(c,
+            using_bn=True,
+            unbiased=True,
+            dtype=torch.float64,
+            seed=0,
             **kwargs):
     """An SN layer with non-trivial parameters and running statistics."""
-    return make_layer(c, using_bn, unbiased=unbiased, seed=seed,
-                      **kwargs).to(dtype)
+    return make_layer(
+        c, using_bn, unbiased=unbiased, seed=seed, **kwargs).to(dtype)
 
 
 def random_input(shape, seed=1, dtype=torch.float64):
@@ -36,11 +40,19 @@ def random_input(shape, seed=1, dtype=torch.float64):
 def reference_of(sn, x, training):
     """(output, new running mean, new running var) of the float64
     reference for layer ``sn``'s current state."""
-    return reference_sn(x, sn.weight.detach(), sn.bias.detach(),
-                        sn.mean_weight.detach(), sn.var_weight.detach(),
-                        sn.running_mean, sn.running_var, training,
-                        momentum=sn.momentum, eps=sn.eps, using_bn=sn.using_bn,
-                        unbiased=sn.unbiased)
+    return reference_sn(
+        x,
+        sn.weight.detach(),
+        sn.bias.detach(),
+        sn.mean_weight.detach(),
+        sn.var_weight.detach(),
+        sn.running_mean,
+        sn.running_var,
+        training,
+        momentum=sn.momentum,
+        eps=sn.eps,
+        using_bn=sn.using_bn,
+        unbiased=sn.unbiased)
 
 
 def run_layer(sn, x, kernels):
@@ -52,8 +64,8 @@ def run_layer(sn, x, kernels):
     sn.zero_grad()
     out = sn(x)
     gen = torch.Generator().manual_seed(5)
-    (out * torch.randn(out.shape, generator=gen, dtype=out.dtype)).sum(
-    ).backward()
+    (out *
+     torch.randn(out.shape, generator=gen, dtype=out.dtype)).sum().backward()
     result = dict(out=out.detach(), x_grad=x.grad)
     for name, p in sn.named_parameters():
         result[name] = p.grad.clone()
@@ -65,8 +77,8 @@ def run_layer(sn, x, kernels):
 
 def load_tool(*parts):
     """A tool script under tools/ as a module, to call its functions."""
-    path = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools',
-                    *parts)
+    path = osp.join(
+        osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools', *parts)
     spec = importlib.util.spec_from_file_location(
         osp.splitext(parts[-1])[0], path)
     module = importlib.util.module_from_spec(spec)

@@ -58,7 +58,13 @@ class ReleasedSwitchNorm2d(nn.Module):
 
 
 class Bottleneck(nn.Module):
-    def __init__(self, inplanes, planes, stride, downsample, using_bn,
+
+    def __init__(self,
+                 inplanes,
+                 planes,
+                 stride,
+                 downsample,
+                 using_bn,
                  norm=None):
         super().__init__()
         norm = norm or ReleasedSwitchNorm2d
@@ -83,24 +89,30 @@ class ReleasedResNetSN(nn.Module):
     """ResNet50v1+SN; with ``norm=ReleasedSSN2d`` (tests/ssn_reference.py),
     ResNet50v1+SSN, whose layout is the same."""
 
-    def __init__(self, layers=(3, 4, 6, 3), using_bn=True, num_classes=1000,
+    def __init__(self,
+                 layers=(3, 4, 6, 3),
+                 using_bn=True,
+                 num_classes=1000,
                  norm=None):
         super().__init__()
         norm = norm or ReleasedSwitchNorm2d
         self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
         self.sn1 = norm(64, using_bn)
         inplanes = 64
-        for i, (planes, blocks) in enumerate(zip((64, 128, 256, 512),
-                                                 layers)):
+        for i, (planes, blocks) in enumerate(zip((64, 128, 256, 512), layers)):
             stride = 1 if i == 0 else 2
             downsample = nn.Sequential(
                 nn.Conv2d(inplanes, planes * 4, 1, stride, bias=False),
                 norm(planes * 4, using_bn))
-            mods = [Bottleneck(inplanes, planes, stride, downsample,
-                               using_bn, norm)]
+            mods = [
+                Bottleneck(inplanes, planes, stride, downsample, using_bn,
+                           norm)
+            ]
             inplanes = planes * 4
-            mods += [Bottleneck(inplanes, planes, 1, None, using_bn, norm)
-                     for _ in range(1, blocks)]
+            mods += [
+                Bottleneck(inplanes, planes, 1, None, using_bn, norm)
+                for _ in range(1, blocks)
+            ]
             setattr(self, f'layer{i + 1}', nn.Sequential(*mods))
         self.fc = nn.Linear(2048, num_classes)
 
@@ -129,8 +141,8 @@ def randomise(model, seed=0):
                 t.copy_(torch.rand(t.shape, generator=gen) + 0.5)
             else:
                 fan_in = t[0].numel() if t.dim() > 1 else 1
-                t.copy_(torch.randn(t.shape, generator=gen) *
-                        (2 / fan_in)**0.5)
+                t.copy_(
+                    torch.randn(t.shape, generator=gen) * (2 / fan_in)**0.5)
     return model
 
 
@@ -167,15 +179,15 @@ class ReleasedPreActResNetSN(nn.Module):
         self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
         self.sn1 = ReleasedSwitchNorm2d(64)
         inplanes = 64
-        for i, (planes, blocks) in enumerate(zip((64, 128, 256, 512),
-                                                 layers)):
+        for i, (planes, blocks) in enumerate(zip((64, 128, 256, 512), layers)):
             stride = 1 if i == 0 else 2
-            downsample = nn.Conv2d(inplanes, planes * 4, 1, stride,
-                                   bias=False)
+            downsample = nn.Conv2d(inplanes, planes * 4, 1, stride, bias=False)
             mods = [PreActBottleneck(inplanes, planes, stride, downsample)]
             inplanes = planes * 4
-            mods += [PreActBottleneck(inplanes, planes, 1, None)
-                     for _ in range(1, blocks)]
+            mods += [
+                PreActBottleneck(inplanes, planes, 1, None)
+                for _ in range(1, blocks)
+            ]
             setattr(self, f'layer{i + 1}', nn.Sequential(*mods))
         self.sn_out = ReleasedSwitchNorm2d(2048)
         self.dropout = nn.Dropout(0.3)

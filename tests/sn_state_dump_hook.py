@@ -27,11 +27,13 @@ class SNStateDumpHook(Hook):
                 for key, value in module.state_dict().items():
                     state[f'{layer}.{key}'] = value.detach().clone()
         torch.save(
-            dict(state=state,
-                 types={n: type(m).__name__
-                        for n, m in model.named_modules()
-                        if isinstance(m, SwitchableNorm)}),
-            osp.join(runner.work_dir, f'{name}_rank{get_rank()}.pth'))
+            dict(
+                state=state,
+                types={
+                    n: type(m).__name__
+                    for n, m in model.named_modules()
+                    if isinstance(m, SwitchableNorm)
+                }), osp.join(runner.work_dir, f'{name}_rank{get_rank()}.pth'))
 
     def after_train(self, runner):
         self._dump(runner, 'sn_state')

@@ -14,7 +14,6 @@ import itertools
 import math
 
 import torch
-
 from released_sn_resnet import ReleasedSwitchNorm2d
 
 
@@ -85,8 +84,9 @@ class ReleasedSSN2d(ReleasedSwitchNorm2d):
             if bool(fixed):
                 out.append(w.detach())
             else:
-                out.append(sparsestmax_by_candidates(
-                    w.detach(), float(self.radius)).to(w.dtype))
+                out.append(
+                    sparsestmax_by_candidates(w.detach(),
+                                              float(self.radius)).to(w.dtype))
         return tuple(out)
 
 
@@ -106,10 +106,9 @@ def make_fixed(model, seed=0, unfixed=()):
                 m.mean_fixed.zero_()
                 m.var_fixed.zero_()
                 continue
-            for fixed, w in ((m.mean_fixed, m.mean_weight),
-                             (m.var_fixed, m.var_weight)):
+            for fixed, w in ((m.mean_fixed, m.mean_weight), (m.var_fixed,
+                                                             m.var_weight)):
                 w.zero_()
                 w[int(torch.randint(3, (1, ), generator=gen))] = 1
                 fixed.fill_(1)
     return model
-

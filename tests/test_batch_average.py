@@ -5,8 +5,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
-
 from helpers import free_port
+
 from sn_mm import SwitchableNorm
 from sn_mm.engine import sn_batch_average
 from sn_mm.testing import reference_sn
@@ -42,8 +42,9 @@ def direct_averages(model, batches):
     for name, m in model.named_modules():
         if isinstance(m, SwitchableNorm) and m.using_bn:
             m.train()
-            hooks.append(m.register_forward_pre_hook(
-                lambda mod, args, name=name: inputs[name].append(args[0])))
+            hooks.append(
+                m.register_forward_pre_hook(
+                    lambda mod, args, name=name: inputs[name].append(args[0])))
             inputs[name] = []
     with torch.no_grad():
         for x in batches:
@@ -54,10 +55,19 @@ def direct_averages(model, batches):
     result = {}
     for name, xs in inputs.items():
         m = layers[name]
-        stats = [reference_sn(x, m.weight, m.bias, m.mean_weight,
-                              m.var_weight, torch.zeros(m.num_features),
-                              torch.zeros(m.num_features), True, momentum=1.,
-                              unbiased=m.unbiased)[1:] for x in xs]
+        stats = [
+            reference_sn(
+                x,
+                m.weight,
+                m.bias,
+                m.mean_weight,
+                m.var_weight,
+                torch.zeros(m.num_features),
+                torch.zeros(m.num_features),
+                True,
+                momentum=1.,
+                unbiased=m.unbiased)[1:] for x in xs
+        ]
         result[name] = (sum(s[0] for s in stats) / len(stats),
                         sum(s[1] for s in stats) / len(stats))
     return result
@@ -106,8 +116,8 @@ def test_batch_average_skips_empty_batches():
 
 
 def worker(rank, port, out):
-    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}',
-                            rank=rank, world_size=2)
+    dist.init_process_group(
+        'gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=2)
     model = make_model()
     sn_batch_average(model, make_batches(2, seed=10 + rank), model, 2)
     torch.save(model.state_dict(), f'{out}.{rank}')

@@ -1,10 +1,10 @@
-"""tools/analysis_tools/benchmark_norm.py runs and prints its tables (it
-times nothing that a test checks: the figures belong in docs/performance.md)."""
+"""tools/analysis_tools/benchmark_norm.py and benchmark_paths.py run and
+print their tables (they time nothing that a test checks: the figures
+belong in docs/performance.md)."""
 import re
 
 import pytest
 import torch
-
 from tool_runner import ROOT, run_python, tool
 
 
@@ -12,15 +12,18 @@ def test_benchmark_prints_every_layer_and_the_ratios():
     result = run_python([
         tool('analysis_tools', 'benchmark_norm.py'), '--shapes', '3',
         '--skip-detector', '--repeats', '1'
-    ], cwd=ROOT, timeout=300)
+    ],
+                        cwd=ROOT,
+                        timeout=300)
     out = result.stdout
     assert 'malloc: steady' in out  # restarted under the allocator settings
     for layer in ('BN', 'GN(32)', 'IN', 'LN', 'SN', 'SyncSN', 'naive SN'):
-        assert re.search(rf'\| 8x256x56x56 \| float32 \| '
-                         rf'{re.escape(layer)} \|', out)
-    ratios = re.search(r'\| 8x256x56x56 \| float32 \| ([\d.]+) \| '
-                       r'([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|',
-                       out)
+        assert re.search(
+            rf'\| 8x256x56x56 \| float32 \| '
+            rf'{re.escape(layer)} \|', out)
+    ratios = re.search(
+        r'\| 8x256x56x56 \| float32 \| ([\d.]+) \| '
+        r'([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|', out)
     assert ratios, out
     # Bytes saved for backward do not depend on timing: SN keeps the input
     # and (N, C) statistics, as much as BN to within the statistics.
@@ -32,8 +35,11 @@ def test_benchmark_prints_every_layer_and_the_ratios():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason='a GPU is there')
 def test_benchmark_refuses_cuda_without_a_gpu():
-    result = run_python([tool('analysis_tools', 'benchmark_norm.py'),
-                         '--device', 'cuda', '--skip-detector'], cwd=ROOT,
+    result = run_python([
+        tool('analysis_tools', 'benchmark_norm.py'), '--device', 'cuda',
+        '--skip-detector'
+    ],
+                        cwd=ROOT,
                         ok=False)
     assert result.returncode == 2
     assert 'no GPU is visible' in result.stderr
@@ -41,11 +47,16 @@ def test_benchmark_refuses_cuda_without_a_gpu():
 
 def test_benchmark_compile_prints_its_table():
     # aot_eager and small inputs: the tool's plumbing, not inductor's speed.
-    result = run_python([tool('analysis_tools', 'benchmark_compile.py'),
-                         '--backend', 'aot_eager', '--repeats', '1',
-                         '--size', '32'], cwd=ROOT, timeout=600)
-    rows = [line for line in result.stdout.splitlines()
-            if line.startswith('| DeepLabV3') or line.startswith('| Mask')]
+    result = run_python([
+        tool('analysis_tools', 'benchmark_compile.py'), '--backend',
+        'aot_eager', '--repeats', '1', '--size', '32'
+    ],
+                        cwd=ROOT,
+                        timeout=600)
+    rows = [
+        line for line in result.stdout.splitlines()
+        if line.startswith('| DeepLabV3') or line.startswith('| Mask')
+    ]
     assert len(rows) == 2, result.stdout
     assert all(len(r.split('|')) == 11 for r in rows)
 
@@ -53,12 +64,16 @@ def test_benchmark_compile_prints_its_table():
 def test_benchmark_group_sn_table():
     result = run_python([
         tool('analysis_tools', 'benchmark_norm.py'), '--group-sn', '--toy',
-        '--repeats', '1'], cwd=ROOT, timeout=300)
+        '--repeats', '1'
+    ],
+                        cwd=ROOT,
+                        timeout=300)
     for layer in ('SN', 'SN G=2', 'SN G=32'):
         assert re.search(rf'\| 2x32x8x8 \| float32 \| {layer} \|',
                          result.stdout), result.stdout
-    assert re.search(r'\| 2x32x8x8 \| float32 \| SN \|( [\d.]+ \|){4} '
-                     r'1\.00 \| 1\.00 \|', result.stdout)
+    assert re.search(
+        r'\| 2x32x8x8 \| float32 \| SN \|( [\d.]+ \|){4} '
+        r'1\.00 \| 1\.00 \|', result.stdout)
 
 
 def test_benchmark_names_the_instruction_set():
@@ -66,9 +81,11 @@ def test_benchmark_names_the_instruction_set():
     if not native_available():
         pytest.skip('extension not built')
     isa = cpu_isas()[-1]
-    result = run_python([tool('analysis_tools', 'benchmark_norm.py'),
-                         '--toy', '--skip-detector', '--skip-resnet',
-                         '--repeats', '1', '--cpu-isa', isa], cwd=ROOT,
+    result = run_python([
+        tool('analysis_tools', 'benchmark_norm.py'), '--toy',
+        '--skip-detector', '--skip-resnet', '--repeats', '1', '--cpu-isa', isa
+    ],
+                        cwd=ROOT,
                         timeout=300)
     assert f"SN's C++ kernels: {isa} (this CPU: " in result.stdout
 
@@ -77,14 +94,20 @@ def test_path_benchmark_times_each_path_on_and_off():
     from sn_mm.ops import cpu_isas, native_available
     if not native_available():
         pytest.skip('extension not built')
-    result = run_python([tool('analysis_tools', 'benchmark_paths.py'),
-                         '--toy', '--rounds', '1', '--threads', '1',
-                         '--isa', cpu_isas()[0]],
-                        cwd=ROOT, timeout=300)
-    rows = re.findall(r'\| (\w+) \| \w+ \| [\dx]+ \| (\w+) \| [\d.]+ \| '
-                      r'[\d.]+ \| [\d.]+ \| (\d+), (\d+) \|', result.stdout)
-    assert {(path, mode) for path, mode, _, _ in rows} == {
-        ('short_rows', 'eval'), ('short_rows', 'train'),
-        ('by_sample', 'eval')}, result.stdout
+    result = run_python([
+        tool('analysis_tools', 'benchmark_paths.py'), '--toy', '--rounds', '1',
+        '--threads', '1', '--isa',
+        cpu_isas()[0]
+    ],
+                        cwd=ROOT,
+                        timeout=300)
+    rows = re.findall(
+        r'\| (\w+) \| \w+ \| [\dx]+ \| (\w+) \| [\d.]+ \| '
+        r'[\d.]+ \| [\d.]+ \| (\d+), (\d+) \|', result.stdout)
+    assert {(path, mode)
+            for path, mode, _, _ in rows} == {('short_rows', 'eval'),
+                                              ('short_rows', 'train'),
+                                              ('by_sample', 'eval')
+                                              }, result.stdout
     # the path ran with it on, never with it off
     assert all(int(on) > 0 and int(off) == 0 for _, _, on, off in rows)

@@ -11,29 +11,34 @@ import sysconfig
 
 import pytest
 import torch
-
 from tool_runner import ROOT
 
 CSRC = osp.join(ROOT, 'sn_mm', 'ops', 'csrc')
 CROSS = shutil.which('aarch64-linux-gnu-g++')
 needs_cross = pytest.mark.skipif(
-    CROSS is None, reason='no aarch64 cross-compiler (apt-get install '
+    CROSS is None,
+    reason='no aarch64 cross-compiler (apt-get install '
     'g++-aarch64-linux-gnu)')
 
 
 def torch_includes():
     base = osp.join(osp.dirname(torch.__file__), 'include')
-    return ['-I', base, '-I', osp.join(base, 'torch', 'csrc', 'api',
-                                       'include'),
-            '-I', sysconfig.get_paths()['include']]
+    return [
+        '-I', base, '-I',
+        osp.join(base, 'torch', 'csrc', 'api', 'include'), '-I',
+        sysconfig.get_paths()['include']
+    ]
 
 
 @needs_cross
 def test_the_operator_compiles_for_arm():
-    result = subprocess.run(
-        [CROSS, '-fsyntax-only', '-std=c++20', '-fopenmp', '-Wno-psabi',
-         '-DTORCH_EXTENSION_NAME=_ext', *torch_includes(),
-         osp.join(CSRC, 'sn_kernels.cpp')], capture_output=True, text=True)
+    result = subprocess.run([
+        CROSS, '-fsyntax-only', '-std=c++20', '-fopenmp', '-Wno-psabi',
+        '-DTORCH_EXTENSION_NAME=_ext', *torch_includes(),
+        osp.join(CSRC, 'sn_kernels.cpp')
+    ],
+                            capture_output=True,
+                            text=True)
     assert result.returncode == 0, result.stderr[-3000:]
 
 
@@ -41,17 +46,25 @@ def test_the_operator_compiles_for_arm():
 @pytest.mark.parametrize('isa', ['baseline', 'avx2'])
 def test_row_kernels_compile_for_arm_self_contained(isa, tmp_path):
     obj = tmp_path / f'{isa}.o'
-    result = subprocess.run(
-        [CROSS, '-c', '-O2', '-std=c++20', '-fno-math-errno', '-Wno-psabi',
-         osp.join(CSRC, f'row_kernels_{isa}.cpp'), '-o', str(obj)],
-        capture_output=True, text=True)
+    result = subprocess.run([
+        CROSS, '-c', '-O2', '-std=c++20', '-fno-math-errno', '-Wno-psabi',
+        osp.join(CSRC, f'row_kernels_{isa}.cpp'), '-o',
+        str(obj)
+    ],
+                            capture_output=True,
+                            text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     symbols = subprocess.run(
-        ['aarch64-linux-gnu-nm', '-C', '--defined-only', '-g', str(obj)],
-        capture_output=True, text=True, check=True).stdout.split('\n')
+        ['aarch64-linux-gnu-nm', '-C', '--defined-only', '-g',
+         str(obj)],
+        capture_output=True,
+        text=True,
+        check=True).stdout.split('\n')
     undefined = subprocess.run(
-        ['aarch64-linux-gnu-nm', '-u', str(obj)], capture_output=True,
-        text=True, check=True).stdout.split()
-    assert [s.split()[-1] for s in symbols if s.strip()] == [
-        f'sn_mm_rows::row_kernels_{isa}()']
+        ['aarch64-linux-gnu-nm', '-u', str(obj)],
+        capture_output=True,
+        text=True,
+        check=True).stdout.split()
+    assert [s.split()[-1] for s in symbols
+            if s.strip()] == [f'sn_mm_rows::row_kernels_{isa}()']
     assert undefined == []

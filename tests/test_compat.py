@@ -27,12 +27,14 @@ def test_in_onnx_export(monkeypatch, private, tmp_path):
     seen = []
 
     class Probe(torch.nn.Module):
+
         def forward(self, x):
             seen.append(_compat.in_onnx_export())
             return x + 1
+
     pytest.importorskip('onnx')
-    torch.onnx.export(Probe(), (torch.zeros(2), ), str(tmp_path / 'p.onnx'),
-                      dynamo=False)
+    torch.onnx.export(
+        Probe(), (torch.zeros(2), ), str(tmp_path / 'p.onnx'), dynamo=False)
     assert seen and all(seen)
 
 
@@ -55,16 +57,20 @@ def test_direct_launch_falls_back_to_tritons_launch_path(monkeypatch):
 
         def run(self, *args):
             raise TypeError('run() takes other arguments')
+
     launched = []
 
     class Kernel:
+
         def __getitem__(self, grid):
             return lambda *args: launched.append(args) or OtherLauncher()
+
     monkeypatch.setattr(_compat, '_RAW_STREAM', lambda index: 0)
     monkeypatch.setitem(tf._DIRECT, 'on', True)
     monkeypatch.setattr(tf, '_COMPILED', {'key': OtherLauncher()})
-    with pytest.warns(UserWarning, match='launching Triton kernels directly '
-                      'failed'):
+    with pytest.warns(
+            UserWarning, match='launching Triton kernels directly '
+            'failed'):
         tf._launch(Kernel(), 'key', (1, 1), (1, 2), 0)
     assert launched == [(1, 2)]
     assert tf._DIRECT['on'] is False and not tf._COMPILED

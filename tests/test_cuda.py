@@ -21,22 +21,23 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-
 from helpers import free_port, random_input
-from sn_mm.ops import native_available, switchable_norm
+
 from sn_mm import SwitchableNorm
+from sn_mm.ops import native_available, switchable_norm
 from sn_mm.testing import make_layer, reference_sn
+from sn_mm.testing.kernel_agreement import all_cases, compare_case
 from sn_mm.testing.precision import (OFFSETS, SPREADS, float32_errors,
                                      offset_inputs, pytorch_norms)
-from sn_mm.testing.kernel_agreement import all_cases, compare_case
 
 DEVICE = os.environ.get('SN_MM_TEST_DEVICE') or (
     'cuda' if torch.cuda.is_available() else None)
 ON_GPU = DEVICE == 'cuda'
 pytestmark = [
     pytest.mark.cuda,
-    pytest.mark.skipif(DEVICE is None, reason='needs a GPU (or '
-                       'SN_MM_TEST_DEVICE=cpu)')
+    pytest.mark.skipif(
+        DEVICE is None, reason='needs a GPU (or '
+        'SN_MM_TEST_DEVICE=cpu)')
 ]
 
 
@@ -64,19 +65,33 @@ def sample(shape, seed=1):
 def reference_step(sn, shape, training, grad):
     """The float64 reference's output, running statistics and gradients
     for layer ``sn``'s state."""
-    params = {n: p.detach().double().cpu().requires_grad_()
-              for n, p in sn.named_parameters()}
-    running = ((sn.running_mean.double().cpu(), sn.running_var.double().cpu())
-               if sn.using_bn else (None, None))
+    params = {
+        n: p.detach().double().cpu().requires_grad_()
+        for n, p in sn.named_parameters()
+    }
+    running = ((sn.running_mean.double().cpu(),
+                sn.running_var.double().cpu()) if sn.using_bn else
+               (None, None))
     x = sample(shape).requires_grad_()
-    out, rm, rv = reference_sn(x, params['weight'], params['bias'],
-                               params['mean_weight'], params['var_weight'],
-                               *running, training, momentum=sn.momentum,
-                               eps=sn.eps, using_bn=sn.using_bn)
+    out, rm, rv = reference_sn(
+        x,
+        params['weight'],
+        params['bias'],
+        params['mean_weight'],
+        params['var_weight'],
+        *running,
+        training,
+        momentum=sn.momentum,
+        eps=sn.eps,
+        using_bn=sn.using_bn)
     out.backward(grad)
     grads = {f'{n} grad': p.grad for n, p in params.items()}
-    return dict(output=out, **{'input grad': x.grad}, running_mean=rm,
-                running_var=rv, **grads)
+    return dict(
+        output=out,
+        **{'input grad': x.grad},
+        running_mean=rm,
+        running_var=rv,
+        **grads)
 
 
 SHAPES = [(4, 8, 6, 5), (3, 8), (2, 8, 1, 1), (2, 8, 3, 4, 5), (1, 8, 7, 7),
@@ -128,15 +143,15 @@ def test_gradcheck_and_gradgradcheck(training, shape):
 
     def f(x, *p):
         return torch.func.functional_call(sn, dict(zip(names, p)), (x, ))
+
     args = (sample(shape).to(DEVICE).requires_grad_(),
-            *(getattr(sn, n).detach().clone().requires_grad_()
-              for n in names))
+            *(getattr(sn, n).detach().clone().requires_grad_() for n in names))
     assert torch.autograd.gradcheck(f, args)
     assert torch.autograd.gradgradcheck(f, args)
 
 
-@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16]
-                         if ON_GPU else [torch.bfloat16])
+@pytest.mark.parametrize(
+    'dtype', [torch.bfloat16, torch.float16] if ON_GPU else [torch.bfloat16])
 def test_autocast(dtype):
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(3, 16, 3, padding=1).to(DEVICE)
@@ -170,11 +185,13 @@ def test_channels_last_without_a_full_size_copy(kernels):
     torch.testing.assert_close(x_cl.grad, x_ref.grad, rtol=1e-4, atol=1e-4)
     if kernels == 'native':  # the C++ kernels want contiguous rows
         return
-    copies = [e.name for e in prof.events()
-              if e.name in ('aten::copy_', 'aten::clone', 'aten::contiguous',
-                            'aten::_to_copy')
-              and any(s and math.prod(s) == x.numel()
-                      for s in e.input_shapes)]
+    copies = [
+        e.name for e in prof.events()
+        if e.name in ('aten::copy_', 'aten::clone', 'aten::contiguous',
+                      'aten::_to_copy') and any(
+                          s and math.prod(s) == x.numel()
+                          for s in e.input_shapes)
+    ]
     assert y.is_contiguous(memory_format=torch.channels_last)
     assert x_cl.grad.is_contiguous(memory_format=torch.channels_last)
     assert not copies, copies
@@ -183,9 +200,11 @@ def test_channels_last_without_a_full_size_copy(kernels):
 @pytest.fixture
 def one_rank_group():
     if not dist.is_initialized():
-        dist.init_process_group('nccl' if ON_GPU else 'gloo',
-                                init_method=f'tcp://127.0.0.1:{free_port()}',
-                                rank=0, world_size=1)
+        dist.init_process_group(
+            'nccl' if ON_GPU else 'gloo',
+            init_method=f'tcp://127.0.0.1:{free_port()}',
+            rank=0,
+            world_size=1)
     yield dist.group.WORLD
     dist.destroy_process_group()
 
@@ -198,13 +217,14 @@ def test_syncsn_collective_path_on_one_rank(one_rank_group):
         for group in (None, one_rank_group):
             sn = layer(8)
             x = sample((4, 8, 5, 5)).float().to(DEVICE).requires_grad_()
-            y = switchable_norm(
-                x, sn.weight, sn.bias, sn.mean_weight, sn.var_weight,
-                sn.running_mean, sn.running_var, sn.num_batches_tracked,
-                True, sn.momentum, sn.eps, True, kernels, group)
+            y = switchable_norm(x, sn.weight, sn.bias, sn.mean_weight,
+                                sn.var_weight, sn.running_mean, sn.running_var,
+                                sn.num_batches_tracked, True, sn.momentum,
+                                sn.eps, True, kernels, group)
             y.square().sum().backward()
-            results.append((y.detach(), x.grad, sn.mean_weight.grad,
-                            sn.weight.grad, sn.running_var.clone()))
+            results.append(
+                (y.detach(), x.grad, sn.mean_weight.grad, sn.weight.grad,
+                 sn.running_var.clone()))
         for a, b in zip(*results):
             torch.testing.assert_close(a, b)
 
@@ -216,8 +236,9 @@ def agreement_cases():
     return all_cases((torch.float32, ))[::41]
 
 
-@pytest.mark.skipif(not ON_GPU and os.environ.get('TRITON_INTERPRET') != '1',
-                    reason='the Triton kernels need a GPU or the interpreter')
+@pytest.mark.skipif(
+    not ON_GPU and os.environ.get('TRITON_INTERPRET') != '1',
+    reason='the Triton kernels need a GPU or the interpreter')
 def test_fused_kernels_agree_with_the_reference():
     """Outputs, every gradient, running statistics and the batch counter
     after two steps, case by case; on a GPU in worker processes that compile
@@ -253,11 +274,18 @@ def test_float32_precision_at_large_offsets(kernels):
     shape = (4, 16, 8, 8)
     for offset in OFFSETS:
         for spread in SPREADS:
-            inputs = [x.to(DEVICE) for x in offset_inputs(shape, offset,
-                                                           spread, 6)]
-            theirs = {name: float32_errors(
-                lambda make=make: make().to(DEVICE), inputs, offset, spread)
-                for name, make in pytorch_norms(shape[1]).items()}
+            inputs = [
+                x.to(DEVICE) for x in offset_inputs(shape, offset, spread, 6)
+            ]
+            theirs = {
+                name:
+                float32_errors(
+                    lambda make=make: make().to(DEVICE),
+                    inputs,
+                    offset,
+                    spread)
+                for name, make in pytorch_norms(shape[1]).items()
+            }
             ours = float32_errors(
                 lambda: SwitchableNorm(shape[1], kernels=kernels).to(DEVICE),
                 inputs, offset, spread)
@@ -309,9 +337,10 @@ def test_group_sn_on_the_device_equals_the_cpu(training):
                   dtype).detach().requires_grad_()
         out = layer_(xi)
         out.backward(grad.to(out))
-        results.append([out, xi.grad, layer_.mean_weight.grad,
-                        layer_.var_weight.grad, layer_.running_mean,
-                        layer_.running_var])
+        results.append([
+            out, xi.grad, layer_.mean_weight.grad, layer_.var_weight.grad,
+            layer_.running_mean, layer_.running_var
+        ])
     for want, got in zip(*results):
-        torch.testing.assert_close(got.double().cpu(), want,
-                                   rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            got.double().cpu(), want, rtol=1e-4, atol=1e-4)

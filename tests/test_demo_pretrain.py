@@ -7,10 +7,10 @@ import pytest
 import torch
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
+from tool_runner import ROOT, run_python, tool
 
 from sn_mm import SwitchableNorm
 from sn_mm.testing import SHAPE_CLASSES, make_toy_cls, make_toy_coco
-from tool_runner import ROOT, run_python, tool
 
 PRETRAIN = osp.join(ROOT, 'configs', 'toy', 'resnet18-sn_toy-cls.py')
 FINETUNE = osp.join(ROOT, 'configs', 'toy',
@@ -18,8 +18,10 @@ FINETUNE = osp.join(ROOT, 'configs', 'toy',
 
 
 def train(config, work_dir, options, cwd):
-    result = run_python([tool('train.py'), config, '--work-dir', work_dir,
-                         '--cfg-options', *options], cwd)
+    result = run_python([
+        tool('train.py'), config, '--work-dir', work_dir, '--cfg-options',
+        *options
+    ], cwd)
     return result.stdout + result.stderr
 
 
@@ -27,12 +29,13 @@ def train(config, work_dir, options, cwd):
 def pretrained(tmp_path_factory):
     """A one-epoch classifier on 16 generated images."""
     cwd = tmp_path_factory.mktemp('pretrain')
-    make_toy_cls(str(cwd / 'data' / 'toy_cls'), num_train=16, num_val=8,
-                 size=32)
+    make_toy_cls(
+        str(cwd / 'data' / 'toy_cls'), num_train=16, num_val=8, size=32)
     log = train(PRETRAIN, cwd / 'cls', [
         'train_cfg.max_epochs=1', 'train_cfg.val_interval=1',
         'train_dataloader.batch_size=8', 'default_hooks.checkpoint.interval=1',
-        'default_hooks.logger.interval=1'], cwd)
+        'default_hooks.logger.interval=1'
+    ], cwd)
     return cwd, cwd / 'cls' / 'epoch_1.pth', log
 
 
@@ -73,12 +76,13 @@ def test_the_detector_starts_from_every_backbone_entry(pretrained):
 
 def test_finetuning_trains_and_evaluates(pretrained):
     cwd, checkpoint, _ = pretrained
-    make_toy_coco(str(cwd / 'data' / 'toy_coco'), num_train=4, num_val=2,
-                  size=96)
+    make_toy_coco(
+        str(cwd / 'data' / 'toy_coco'), num_train=4, num_val=2, size=96)
     log = train(FINETUNE, cwd / 'det', [
         f'model.backbone.init_cfg.checkpoint={checkpoint}',
         'train_cfg.max_iters=2', 'train_cfg.val_interval=2',
         'train_dataloader.batch_size=2', 'default_hooks.logger.interval=1',
-        'custom_hooks.1.num_batches=1'], cwd)
+        'custom_hooks.1.num_batches=1'
+    ], cwd)
     assert 'ratios=source): 20 SN layers from 20 SN' in log
     assert 'Iter(train) [2/2]' in log and 'Iter(val)' in log

@@ -26,32 +26,41 @@ def config_id(path):
 def distinct_models(paths):
     """Scratch rows, and rows started from another checkpoint, build the
     same network as their finetuned twins."""
-    return [p for p in paths if not any(
-        tag in p for tag in ('-scratch', '-from-bn', '-pretrained'))]
+    return [
+        p for p in paths if not any(
+            tag in p for tag in ('-scratch', '-from-bn', '-pretrained'))
+    ]
 
 
 def test_the_paper_rows_are_all_there():
     names = {config_id(p) for p in DET_CONFIGS}
     # The SN / SN rows once more, from torchvision's BN ResNet-50.
     from_bn = {n for n in names if '-from-bn' in n}
-    assert from_bn == {'faster-rcnn_r50-sn-from-bn_fpn_sn-head_1x_coco',
-                       'mask-rcnn_r50-sn-from-bn_fpn_sn-head_2x_coco'}
+    assert from_bn == {
+        'faster-rcnn_r50-sn-from-bn_fpn_sn-head_1x_coco',
+        'mask-rcnn_r50-sn-from-bn_fpn_sn-head_2x_coco'
+    }
     names -= from_bn
     # Table 6's SN / SN row with group SN, two groups.
     group_sn = {n for n in names if '-gsn' in n}
     assert group_sn == {'mask-rcnn_r50-gsn2_fpn_gsn2-head_2x_coco'}
     names -= group_sn
     assert len([n for n in names if '-c4_' in n]) == 7  # Table 4
-    assert len([n for n in names if n.startswith('faster-rcnn') and
-                '_fpn_' in n]) == 5  # Table 5
+    assert len([
+        n for n in names if n.startswith('faster-rcnn') and '_fpn_' in n
+    ]) == 5  # Table 5
     # Table 6's six rows, and the Sparse SN (8,2) one
     assert len([n for n in names if n.startswith('mask-rcnn_r50-')]) == 7
     assert 'mask-rcnn_r50-ssn-8x2_fpn_ssn-head_2x_coco' in names
     # and the stronger released backbones in setting 3
-    assert {n for n in names if n.startswith('mask-rcnn')
-            and not n.startswith('mask-rcnn_r50-')} == {
-                f'mask-rcnn_{b}-sn-8x32_fpn_sn-head_2x_coco'
-                for b in ('r101', 'preact-r50', 'preact-r101')}
+    assert {
+        n
+        for n in names
+        if n.startswith('mask-rcnn') and not n.startswith('mask-rcnn_r50-')
+    } == {
+        f'mask-rcnn_{b}-sn-8x32_fpn_sn-head_2x_coco'
+        for b in ('r101', 'preact-r50', 'preact-r101')
+    }
 
 
 @pytest.mark.parametrize('path', DET_CONFIGS + TOY_CONFIGS, ids=config_id)
@@ -65,8 +74,8 @@ def test_config_builds(path):
         model = MODELS.build(cfg.model)
     name = config_id(path)
     norms = [m for m in model.modules() if isinstance(m, SwitchableNorm)]
-    backbone_sn = any(isinstance(m, SwitchableNorm)
-                      for m in model.backbone.modules())
+    backbone_sn = any(
+        isinstance(m, SwitchableNorm) for m in model.backbone.modules())
     assert bool(norms) == ('sn' in name.replace('scratch', ''))
     backbone = re.search(r'_((?:preact-)?r\d+)-', name).group(1)
     sparse = f'{backbone}-ssn' in name
@@ -76,9 +85,12 @@ def test_config_builds(path):
     assert all(m.ratio_groups == groups for m in norms)
     if backbone_sn and 'scratch' not in name and 'toy' not in name:
         init = cfg.model.backbone.init_cfg
-        released = {'r50': 'resnet50_sn_8x2', 'r101': 'resnet101_sn_8x32',
-                    'preact-r50': 'resnet50v2_sn_8x32',
-                    'preact-r101': 'resnet101v2_sn_8x32'}[backbone]
+        released = {
+            'r50': 'resnet50_sn_8x2',
+            'r101': 'resnet101_sn_8x32',
+            'preact-r50': 'resnet50v2_sn_8x32',
+            'preact-r101': 'resnet101v2_sn_8x32'
+        }[backbone]
         if sparse:
             released = 'resnet50_ssn_8x2'
         if '-from-bn' in name:
@@ -99,15 +111,17 @@ def test_config_builds(path):
 def tiny_batch(model, with_mask):
     from mmdet.testing import demo_mm_inputs
     torch.manual_seed(0)
-    packed = demo_mm_inputs(batch_size=2, image_shapes=[(3, 96, 128)] * 2,
-                            num_items=[3, 2], num_classes=4,
-                            with_mask=with_mask)
+    packed = demo_mm_inputs(
+        batch_size=2,
+        image_shapes=[(3, 96, 128)] * 2,
+        num_items=[3, 2],
+        num_classes=4,
+        with_mask=with_mask)
     return model.data_preprocessor(packed, True)
 
 
-@pytest.mark.parametrize('path',
-                         distinct_models(DET_CONFIGS) + TOY_CONFIGS,
-                         ids=config_id)
+@pytest.mark.parametrize(
+    'path', distinct_models(DET_CONFIGS) + TOY_CONFIGS, ids=config_id)
 def test_train_step(path):
     cfg = Config.fromfile(path)
     # Few RoIs: the C4 models run all of conv5 on every sampled RoI.
@@ -119,14 +133,18 @@ def test_train_step(path):
         optim_wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
     model.train()
     data = tiny_batch(model, with_mask='mask' in config_id(path))
-    before = {n: p.detach().clone() for n, p in model.named_parameters()
-              if p.requires_grad}
+    before = {
+        n: p.detach().clone()
+        for n, p in model.named_parameters() if p.requires_grad
+    }
     losses = model(**data, mode='loss')
     loss, _ = model.parse_losses(losses)
     assert torch.isfinite(loss)
     optim_wrapper.update_params(loss)
-    changed = [n for n, p in model.named_parameters()
-               if n in before and not torch.equal(before[n], p)]
+    changed = [
+        n for n, p in model.named_parameters()
+        if n in before and not torch.equal(before[n], p)
+    ]
     assert changed, 'the optimizer step changed nothing'
     if any(isinstance(m, SwitchableNorm) for m in model.modules()):
         assert any(n.endswith('mean_weight') for n in changed)

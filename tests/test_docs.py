@@ -6,7 +6,6 @@ import os.path as osp
 import re
 
 import pytest
-
 from tool_runner import ROOT
 
 DOCS = ['README.md'] + sorted(
@@ -51,9 +50,10 @@ def expand(pattern):
     match = re.search(r'\{([^{}]*)\}', pattern)
     if not match:
         return [pattern]
-    return list(itertools.chain.from_iterable(
-        expand(pattern[:match.start()] + alt + pattern[match.end():])
-        for alt in match.group(1).split(',')))
+    return list(
+        itertools.chain.from_iterable(
+            expand(pattern[:match.start()] + alt + pattern[match.end():])
+            for alt in match.group(1).split(',')))
 
 
 def mentioned_paths(doc):
@@ -65,12 +65,12 @@ def mentioned_paths(doc):
 
 
 def config_names(doc):
-    """Bare config file names in tables and text (``mask-rcnn_..._coco.py``)."""
+    """Bare config file names in tables and text
+    (``mask-rcnn_..._coco.py``)."""
     for token in CODE.findall(text(doc)):
-        if CONFIG_NAME.match(token) and '/' not in token and (
-                token.endswith(('coco.py', 'ade20k-450x450.py',
-                                'cityscapes-713x713.py', 'toy-seg.py',
-                                'toy-coco.py'))):
+        if CONFIG_NAME.match(token) and '/' not in token and (token.endswith(
+            ('coco.py', 'ade20k-450x450.py', 'cityscapes-713x713.py',
+             'toy-seg.py', 'toy-coco.py'))):
             yield token
 
 
@@ -86,10 +86,15 @@ def test_mentioned_paths_exist(doc):
 
 @pytest.mark.parametrize('doc', DOCS)
 def test_mentioned_configs_exist(doc):
-    configs = {osp.basename(p) for p in glob.glob(
-        osp.join(ROOT, 'configs', '**', '*.py'), recursive=True)}
-    missing = [name for name in config_names(doc)
-               if not any(n in configs for n in expand(name))]
+    configs = {
+        osp.basename(p)
+        for p in glob.glob(
+            osp.join(ROOT, 'configs', '**', '*.py'), recursive=True)
+    }
+    missing = [
+        name for name in config_names(doc)
+        if not any(n in configs for n in expand(name))
+    ]
     assert not missing, missing
 
 
@@ -100,8 +105,8 @@ def test_links_and_anchors_resolve(doc):
         if re.match(r'[a-z]+://', target) or target.startswith('mailto:'):
             continue
         path, _, anchor = target.partition('#')
-        linked = (osp.normpath(osp.join(osp.dirname(doc), path)) if path
-                  else doc)
+        linked = (
+            osp.normpath(osp.join(osp.dirname(doc), path)) if path else doc)
         if not osp.exists(osp.join(ROOT, linked)):
             broken.append(target)
         elif anchor and linked.endswith('.md') and anchor not in anchors(
@@ -119,10 +124,12 @@ def test_the_checks_can_fail(tmp_path):
 
 def test_no_development_history():
     """The text describes the product as it is, not how it got there."""
-    history = re.compile(r'\bsessions? \d|\(session\b|since session|'
-                         r'final code|before the (native )?operator|'
-                         r'earlier (runs?|versions?)|on a day when',
-                         re.I)
-    hits = [f'{doc}: {m.group(0)}' for doc in DOCS
-            for m in history.finditer(text(doc))]
+    history = re.compile(
+        r'\bsessions? \d|\(session\b|since session|'
+        r'final code|before the (native )?operator|'
+        r'earlier (runs?|versions?)|on a day when', re.I)
+    hits = [
+        f'{doc}: {m.group(0)}' for doc in DOCS
+        for m in history.finditer(text(doc))
+    ]
     assert not hits, hits

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn as nn
 from mmengine.registry import MODELS, DefaultScope
+from tool_runner import ROOT, run_python, tool
 
 import sn_mm  # noqa: F401
 from sn_mm import SwitchableNorm
-from tool_runner import ROOT, run_python, tool
 
 
 def randomise(model, seed=0):
@@ -23,31 +23,41 @@ def randomise(model, seed=0):
                 for t in (m.mean_weight, m.var_weight, m.bias):
                     t.copy_(torch.randn(t.shape, generator=gen))
                 m.weight.copy_(torch.rand(m.weight.shape, generator=gen) + .5)
-                m.running_mean.copy_(torch.randn(m.num_features,
-                                                 generator=gen))
-                m.running_var.copy_(torch.rand(m.num_features,
-                                               generator=gen) + .5)
+                m.running_mean.copy_(
+                    torch.randn(m.num_features, generator=gen))
+                m.running_var.copy_(
+                    torch.rand(m.num_features, generator=gen) + .5)
     return model
 
 
 def small_net():
     torch.manual_seed(0)
-    return randomise(nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), SwitchableNorm(8), nn.ReLU(),
-        nn.Conv2d(8, 8, 3), SwitchableNorm(8, unbiased=False),
-        nn.AdaptiveAvgPool2d(1), SwitchableNorm(8)))
+    return randomise(
+        nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), SwitchableNorm(8), nn.ReLU(),
+            nn.Conv2d(8, 8, 3), SwitchableNorm(8, unbiased=False),
+            nn.AdaptiveAvgPool2d(1), SwitchableNorm(8)))
 
 
 def det_backbone_and_neck():
     with DefaultScope.overwrite_default_scope('mmdet'):
         import mmdet.models  # noqa: F401
         norm = dict(type='SN')
-        backbone = MODELS.build(dict(
-            type='mmdet.ResNet', depth=18, norm_cfg=norm, norm_eval=False,
-            frozen_stages=-1, style='pytorch'))
-        neck = MODELS.build(dict(type='mmdet.FPN',
-                                 in_channels=[64, 128, 256, 512],
-                                 out_channels=32, num_outs=5, norm_cfg=norm))
+        backbone = MODELS.build(
+            dict(
+                type='mmdet.ResNet',
+                depth=18,
+                norm_cfg=norm,
+                norm_eval=False,
+                frozen_stages=-1,
+                style='pytorch'))
+        neck = MODELS.build(
+            dict(
+                type='mmdet.FPN',
+                in_channels=[64, 128, 256, 512],
+                out_channels=32,
+                num_outs=5,
+                norm_cfg=norm))
     return randomise(nn.Sequential(backbone, neck))
 
 
@@ -56,8 +66,11 @@ def flat(out):
 
 
 def sn_state(model):
-    return {k: v.clone() for k, v in model.state_dict().items()
-            if 'running' in k or 'num_batches' in k}
+    return {
+        k: v.clone()
+        for k, v in model.state_dict().items()
+        if 'running' in k or 'num_batches' in k
+    }
 
 
 def assert_same(a, b, **tol):
@@ -92,8 +105,8 @@ def test_torch_compile_fullgraph_train_and_eval_steps():
     # fullgraph=True: any graph break raises.
     model = det_backbone_and_neck()
     compiled_model = copy.deepcopy(model)
-    compiled = torch.compile(compiled_model, fullgraph=True,
-                             backend='aot_eager')
+    compiled = torch.compile(
+        compiled_model, fullgraph=True, backend='aot_eager')
     x = torch.randn(2, 3, 64, 64)
     for m in (model, compiled):
         out = m(x)
@@ -101,11 +114,11 @@ def test_torch_compile_fullgraph_train_and_eval_steps():
     assert_same(compiled(x), model(x), rtol=1e-4, atol=1e-5)  # 2nd step
     for (name, p), q in zip(model.named_parameters(),
                             compiled_model.parameters()):
-        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5,
-                                   msg=name)
+        torch.testing.assert_close(
+            q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
     for key, value in sn_state(model).items():
-        torch.testing.assert_close(sn_state(compiled_model)[key], value,
-                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            sn_state(compiled_model)[key], value, rtol=1e-5, atol=1e-6)
     model.eval()
     compiled_model.eval()
     with torch.no_grad():
@@ -114,17 +127,17 @@ def test_torch_compile_fullgraph_train_and_eval_steps():
 
 def test_torch_compile_segmentor_eval():
     from mmengine.config import Config
-    cfg = Config.fromfile(osp.join(ROOT, 'configs', 'toy',
-                                   'deeplabv3_r18-sn-d8_toy-seg.py'))
+    cfg = Config.fromfile(
+        osp.join(ROOT, 'configs', 'toy', 'deeplabv3_r18-sn-d8_toy-seg.py'))
     with DefaultScope.overwrite_default_scope('mmseg'):
         import mmseg.models  # noqa: F401
         model = randomise(MODELS.build(cfg.model)).eval()
     x = torch.randn(1, 3, 64, 64)
-    compiled = torch.compile(model._forward, fullgraph=True,
-                             backend='aot_eager')
+    compiled = torch.compile(
+        model._forward, fullgraph=True, backend='aot_eager')
     with torch.no_grad():
-        torch.testing.assert_close(compiled(x), model._forward(x),
-                                   rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            compiled(x), model._forward(x), rtol=1e-4, atol=1e-5)
 
 
 def test_jit_trace():
@@ -135,15 +148,15 @@ def test_jit_trace():
     torch.testing.assert_close(traced(y), model(y))
 
 
-@pytest.mark.parametrize('dynamo', [True, False], ids=['dynamo', 'torchscript'])
+@pytest.mark.parametrize(
+    'dynamo', [True, False], ids=['dynamo', 'torchscript'])
 def test_onnx_export_uses_standard_ops(tmp_path, dynamo):
     onnx = pytest.importorskip('onnx')
     ort = pytest.importorskip('onnxruntime')
     model = small_net().eval()
     x = torch.randn(2, 3, 12, 12)
     path = str(tmp_path / 'sn.onnx')
-    torch.onnx.export(model, (x, ), path, dynamo=dynamo,
-                      input_names=['input'])
+    torch.onnx.export(model, (x, ), path, dynamo=dynamo, input_names=['input'])
     ops = {n.op_type for n in onnx.load(path).graph.node}
     assert {'ReduceMean', 'Sqrt'} <= ops
     assert not any('sn_mm' in op or 'Python' in op for op in ops), ops
@@ -161,14 +174,17 @@ def test_onnx_export_uses_standard_ops(tmp_path, dynamo):
 def test_pytorch2onnx_tool(tmp_path, config, exporter):
     pytest.importorskip('onnxruntime')
     out = tmp_path / 'model.onnx'
-    result = run_python([tool('deployment', 'pytorch2onnx.py'),
-                         osp.join(ROOT, 'configs', 'toy', config), 'none',
-                         '--out', out, '--shape', '64', '64', '--exporter',
-                         exporter], cwd=tmp_path)
+    result = run_python([
+        tool('deployment', 'pytorch2onnx.py'),
+        osp.join(ROOT, 'configs', 'toy', config), 'none', '--out', out,
+        '--shape', '64', '64', '--exporter', exporter
+    ],
+                        cwd=tmp_path)
     assert out.stat().st_size > 0
-    errors = [float(line.split('relative ')[1].rstrip(')'))
-              for line in result.stdout.splitlines()
-              if 'max abs error' in line]
+    errors = [
+        float(line.split('relative ')[1].rstrip(')'))
+        for line in result.stdout.splitlines() if 'max abs error' in line
+    ]
     assert errors and max(errors) <= 1e-4
     kind = 'segmentor' if 'seg' in config else 'detector'
     assert f'Exported the {kind}' in result.stdout
@@ -177,11 +193,13 @@ def test_pytorch2onnx_tool(tmp_path, config, exporter):
 def test_pytorch2onnx_refuses_a_checkpoint_that_does_not_fit(tmp_path):
     ckpt = tmp_path / 'bn.pth'
     torch.save(dict(state_dict=nn.BatchNorm2d(3).state_dict()), ckpt)
-    result = run_python([tool('deployment', 'pytorch2onnx.py'),
-                         osp.join(ROOT, 'configs', 'toy',
-                                  'deeplabv3_r18-sn-d8_toy-seg.py'), ckpt,
-                         '--out', tmp_path / 'x.onnx', '--shape', '64',
-                         '64'], cwd=tmp_path, ok=False)
+    result = run_python([
+        tool('deployment', 'pytorch2onnx.py'),
+        osp.join(ROOT, 'configs', 'toy', 'deeplabv3_r18-sn-d8_toy-seg.py'),
+        ckpt, '--out', tmp_path / 'x.onnx', '--shape', '64', '64'
+    ],
+                        cwd=tmp_path,
+                        ok=False)
     assert result.returncode != 0
     assert 'does not fit' in result.stderr
     assert not (tmp_path / 'x.onnx').exists()

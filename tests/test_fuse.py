@@ -7,13 +7,13 @@ import re
 import pytest
 import torch
 import torch.nn as nn
+from helpers import make_sn, random_input
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
+from tool_runner import ROOT, run_python, tool
 
-from helpers import make_sn, random_input
 from sn_mm import SwitchableNorm, fuse_conv_sn
 from sn_mm.models import SelectedNorm, SNAffine
-from tool_runner import ROOT, run_python, tool
 
 ONE_HOT = {'in': [1., 0., 0.], 'ln': [0., 1., 0.], 'bn': [0., 0., 1.]}
 CHOICES = list(itertools.product(ONE_HOT, repeat=2))
@@ -27,9 +27,9 @@ def hard_sn(c, mean, var, seed=0, unbiased=True):
 
 def test_bn_bn_folds_into_the_preceding_conv():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 5, 3, padding=1).double(),
-                          hard_sn(5, 'bn', 'bn'), nn.ReLU(),
-                          hard_sn(5, 'bn', 'bn', seed=1)).eval()
+    model = nn.Sequential(
+        nn.Conv2d(3, 5, 3, padding=1).double(), hard_sn(5, 'bn', 'bn'),
+        nn.ReLU(), hard_sn(5, 'bn', 'bn', seed=1)).eval()
     x = random_input((2, 3, 6, 6))
     expected = model(x)
     fuse_conv_sn(model)
@@ -38,10 +38,10 @@ def test_bn_bn_folds_into_the_preceding_conv():
     torch.testing.assert_close(model(x), expected, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize('mean,var', [c for c in CHOICES
-                                      if c != ('bn', 'bn')])
-@pytest.mark.parametrize('shape', [(3, 5, 4, 3), (6, 5), (4, 5, 1, 1)],
-                         ids=['4d', '2d', 'one_position'])
+@pytest.mark.parametrize('mean,var', [c for c in CHOICES if c != ('bn', 'bn')])
+@pytest.mark.parametrize(
+    'shape', [(3, 5, 4, 3), (6, 5), (4, 5, 1, 1)],
+    ids=['4d', '2d', 'one_position'])
 @pytest.mark.parametrize('unbiased', [True, False])
 def test_selected_norm_computes_what_sn_computes(mean, var, shape, unbiased):
     sn = hard_sn(5, mean, var, unbiased=unbiased)
@@ -70,8 +70,8 @@ def randomly_hardened(model, seed=0):
     layers = [m for m in model.modules() if isinstance(m, SwitchableNorm)]
     with torch.no_grad():
         for i, m in enumerate(layers):
-            mean, var = (('bn', 'bn') if i % 2 == 0 else
-                         CHOICES[int(torch.randint(8, (), generator=gen))])
+            mean, var = (('bn', 'bn') if i % 2 == 0 else CHOICES[int(
+                torch.randint(8, (), generator=gen))])
             m.fix_ratios(ONE_HOT[mean], ONE_HOT[var])
             m.running_mean.normal_(0, 0.1, generator=gen)
             m.running_var.uniform_(0.5, 1.5, generator=gen)
@@ -86,8 +86,9 @@ def assert_close_rel(a, b, rtol=1e-4):
 
 def test_fuse_detector():
     from mmdet.registry import MODELS
-    cfg = Config.fromfile(osp.join(ROOT, 'configs', 'toy',
-                                   'mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py'))
+    cfg = Config.fromfile(
+        osp.join(ROOT, 'configs', 'toy',
+                 'mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py'))
     with DefaultScope.overwrite_default_scope('mmdet'):
         model = MODELS.build(cfg.model).eval()
     layers = randomly_hardened(model)
@@ -100,9 +101,9 @@ def test_fuse_detector():
         fuse_conv_sn(model)
         got = (model.extract_feat(x), model.roi_head.bbox_head(rois),
                model.roi_head.mask_head(mask_rois))
-    for a, b in zip(itertools.chain(got[0], got[1], [got[2]]),
-                    itertools.chain(expected[0], expected[1],
-                                    [expected[2]])):
+    for a, b in zip(
+            itertools.chain(got[0], got[1], [got[2]]),
+            itertools.chain(expected[0], expected[1], [expected[2]])):
         assert_close_rel(a, b)
     remaining = [m for m in model.modules() if isinstance(m, SwitchableNorm)]
     assert not remaining
@@ -115,8 +116,8 @@ def test_fuse_detector():
 
 def test_fuse_segmentor():
     from mmseg.registry import MODELS
-    cfg = Config.fromfile(osp.join(ROOT, 'configs', 'toy',
-                                   'deeplabv3_r18-sn-d8_toy-seg.py'))
+    cfg = Config.fromfile(
+        osp.join(ROOT, 'configs', 'toy', 'deeplabv3_r18-sn-d8_toy-seg.py'))
     with DefaultScope.overwrite_default_scope('mmseg'):
         model = MODELS.build(cfg.model).eval()
     randomly_hardened(model, seed=1)
@@ -131,24 +132,36 @@ def test_fuse_segmentor():
 def test_test_tool_fuses_a_hardened_checkpoint(toy_seg_workspace):
     cwd = toy_seg_workspace
     config = osp.join(ROOT, 'configs', 'toy', 'deeplabv3_r18-sn-d8_toy-seg.py')
-    run_python([tool('train.py'), config, '--work-dir', 'fuse_wd',
-                '--cfg-options', 'train_cfg.max_iters=2',
-                'train_dataloader.batch_size=2'], cwd=cwd)
-    run_python([tool('model_converters', 'harden_sn.py'),
-                'fuse_wd/iter_2.pth', 'hard.pth'], cwd=cwd)
-    logs = [run_python([tool('test.py'), config, 'hard.pth', '--work-dir',
-                        f'fuse_test{i}', *flags], cwd=cwd).stdout
-            for i, flags in enumerate(([], ['--fuse-conv-sn']))]
+    run_python([
+        tool('train.py'), config, '--work-dir', 'fuse_wd', '--cfg-options',
+        'train_cfg.max_iters=2', 'train_dataloader.batch_size=2'
+    ],
+               cwd=cwd)
+    run_python([
+        tool('model_converters', 'harden_sn.py'), 'fuse_wd/iter_2.pth',
+        'hard.pth'
+    ],
+               cwd=cwd)
+    logs = [
+        run_python([
+            tool('test.py'), config, 'hard.pth', '--work-dir', f'fuse_test{i}',
+            *flags
+        ],
+                   cwd=cwd).stdout
+        for i, flags in enumerate(([], ['--fuse-conv-sn']))
+    ]
     assert 'fuse_conv_sn:' in logs[1] and 'fuse_conv_sn:' not in logs[0]
     miou = [re.search(r'mIoU: ([\d.]+)', log).group(1) for log in logs]
     assert miou[0] == miou[1]
 
 
 def test_benchmark_fuse_tool():
-    result = run_python([tool('analysis_tools', 'benchmark_fuse.py'),
-                         '--size', '64', '--repeats', '1', '--batch', '1'],
+    result = run_python([
+        tool('analysis_tools', 'benchmark_fuse.py'), '--size', '64',
+        '--repeats', '1', '--batch', '1'
+    ],
                         cwd=ROOT)
     assert 'fused / BN fused' in result.stdout
-    err = float(re.search(r'max relative error ([\d.e+-]+)',
-                          result.stdout).group(1))
+    err = float(
+        re.search(r'max relative error ([\d.e+-]+)', result.stdout).group(1))
     assert err < 1e-4

@@ -4,14 +4,14 @@ import copy
 
 import pytest
 import torch
-
 from helpers import make_sn, random_input, require_kernels
+
 from sn_mm import SwitchableNorm
 from sn_mm.ops import native_available
 
 switchable_norm_op = torch.ops.sn_mm.switchable_norm
-pytestmark = pytest.mark.skipif(not native_available(),
-                                reason='native extension not built')
+pytestmark = pytest.mark.skipif(
+    not native_available(), reason='native extension not built')
 
 SHAPES = [(3, 6, 4, 5), (4, 6), (3, 6, 1, 1), (0, 6, 3, 3), (2, 6, 7),
           (2, 6, 2, 3, 2), (1, 6, 5, 5)]
@@ -33,8 +33,9 @@ def step(layer, x, grad):
 
 
 @pytest.mark.parametrize('shape', SHAPES)
-@pytest.mark.parametrize('settings', [
-    dict(), dict(using_bn=False), dict(unbiased=False)])
+@pytest.mark.parametrize(
+    'settings', [dict(), dict(using_bn=False),
+                 dict(unbiased=False)])
 @pytest.mark.parametrize('training', [True, False])
 def test_matches_the_reference(shape, settings, training):
     fused, reference = pair(**settings)
@@ -48,11 +49,11 @@ def test_matches_the_reference(shape, settings, training):
         torch.testing.assert_close(y, y_ref)
         torch.testing.assert_close(gx, gx_ref)
     for name, p in fused.named_parameters():
-        torch.testing.assert_close(p.grad, dict(
-            reference.named_parameters())[name].grad, msg=name)
+        torch.testing.assert_close(
+            p.grad, dict(reference.named_parameters())[name].grad, msg=name)
     for name, b in fused.named_buffers():
-        torch.testing.assert_close(b, dict(reference.named_buffers())[name],
-                                   msg=name)
+        torch.testing.assert_close(
+            b, dict(reference.named_buffers())[name], msg=name)
 
 
 @pytest.mark.parametrize('momentum', [None, 0.3])
@@ -92,6 +93,7 @@ def test_first_and_second_derivatives(training, shape):
     def f(x, *params):
         return torch.func.functional_call(layer, dict(zip(names, params)),
                                           (x, ))
+
     args = (random_input(shape).requires_grad_(),
             *(getattr(layer, n).detach().clone().requires_grad_()
               for n in names))
@@ -101,25 +103,27 @@ def test_first_and_second_derivatives(training, shape):
 
 def op_args(training=True):
     layer = make_sn(6)
-    return (random_input((2, 6, 3, 3)).requires_grad_(),
-            layer.weight.detach().clone().requires_grad_(),
+    return (random_input(
+        (2, 6, 3,
+         3)).requires_grad_(), layer.weight.detach().clone().requires_grad_(),
             layer.bias.detach().clone().requires_grad_(),
             layer.mean_weight.detach().clone().requires_grad_(),
             layer.var_weight.detach().clone().requires_grad_(),
             layer.running_mean.clone(), layer.running_var.clone(),
-            layer.num_batches_tracked.clone(),
-            layer.nonfinite_batches.clone(), layer.ratio_fixed.clone(),
-            layer.fixed_ratios.clone(), training, 0.1, 1e-5, True, False)
+            layer.num_batches_tracked.clone(), layer.nonfinite_batches.clone(),
+            layer.ratio_fixed.clone(), layer.fixed_ratios.clone(), training,
+            0.1, 1e-5, True, False)
 
 
 @pytest.mark.parametrize('training', [True, False])
 def test_library_registration(training):
     """torch.library's own checks: schema (the mutated running statistics
     declared), fake implementation, autograd registration."""
-    torch.library.opcheck(switchable_norm_op, op_args(training),
-                          test_utils=('test_schema',
-                                      'test_autograd_registration',
-                                      'test_faketensor'))
+    torch.library.opcheck(
+        switchable_norm_op,
+        op_args(training),
+        test_utils=('test_schema', 'test_autograd_registration',
+                    'test_faketensor'))
 
 
 def test_one_call_per_pass():
@@ -132,9 +136,10 @@ def test_one_call_per_pass():
         layer(x).backward(grad)
     names = [e.name for e in prof.events()]
     assert names.count('sn_mm::switchable_norm') == 1
-    arithmetic = {'aten::mul', 'aten::add', 'aten::sub', 'aten::div',
-                  'aten::softmax', 'aten::_softmax', 'aten::var_mean',
-                  'aten::sum', 'aten::addcmul'}
+    arithmetic = {
+        'aten::mul', 'aten::add', 'aten::sub', 'aten::div', 'aten::softmax',
+        'aten::_softmax', 'aten::var_mean', 'aten::sum', 'aten::addcmul'
+    }
     assert not arithmetic & set(names), sorted(arithmetic & set(names))
 
 

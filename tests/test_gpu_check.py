@@ -7,9 +7,8 @@ import hashlib
 import json
 import zipfile
 
-import torch
 import pytest
-
+import torch
 from tool_runner import ROOT, run_python, tool
 
 
@@ -17,20 +16,22 @@ def probe_wheel(folder):
     """A minimal pure-Python wheel, built here: what the script installs
     for the GPU machine is the same kind of file."""
     name = 'sn_mm_gpu_probe'
-    files = {f'{name}.py': b'VALUE = 42\n',
-             f'{name}-0.1.dist-info/METADATA':
-             f'Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n'.encode(),
-             f'{name}-0.1.dist-info/WHEEL':
-             b'Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n'
-             b'Tag: py3-none-any\n'}
+    files = {
+        f'{name}.py':
+        b'VALUE = 42\n',
+        f'{name}-0.1.dist-info/METADATA':
+        f'Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n'.encode(),
+        f'{name}-0.1.dist-info/WHEEL':
+        b'Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n'
+        b'Tag: py3-none-any\n'
+    }
     record = []
     for path, data in files.items():
         digest = base64.urlsafe_b64encode(
             hashlib.sha256(data).digest()).rstrip(b'=').decode()
         record.append(f'{path},sha256={digest},{len(data)}')
     record.append(f'{name}-0.1.dist-info/RECORD,,')
-    files[f'{name}-0.1.dist-info/RECORD'] = ('\n'.join(record) +
-                                             '\n').encode()
+    files[f'{name}-0.1.dist-info/RECORD'] = ('\n'.join(record) + '\n').encode()
     path = folder / f'{name}-0.1-py3-none-any.whl'
     with zipfile.ZipFile(path, 'w') as zf:
         for arcname, data in files.items():
@@ -44,16 +45,20 @@ def test_gpu_check_runs_its_cpu_parts(tmp_path):
     wheels.mkdir()
     probe_wheel(wheels)
     out = tmp_path / 'gpu_check.json'
-    result = run_python([tool('misc', 'gpu_check.py'), '--wheels', wheels,
-                         '--out', out], cwd=tmp_path, timeout=900)
+    result = run_python(
+        [tool('misc', 'gpu_check.py'), '--wheels', wheels, '--out', out],
+        cwd=tmp_path,
+        timeout=900)
     assert 'No GPU here' in result.stdout
     assert 'carried wheels: 1' in result.stdout
     report = json.loads(out.read_text())
     assert report['wheels'] == ['sn_mm_gpu_probe-0.1-py3-none-any.whl']
     checks = report['checks']
     assert all(c['ok'] for c in checks), [c for c in checks if not c['ok']]
-    ran = {c['check'].split('[')[0] for c in checks
-           if not c['detail'].startswith('skipped')}
+    ran = {
+        c['check'].split('[')[0]
+        for c in checks if not c['detail'].startswith('skipped')
+    }
     for expected in ('test_against_float64_reference', 'test_empty_batch',
                      'test_gradcheck_and_gradgradcheck', 'test_autocast',
                      'test_channels_last_without_a_full_size_copy',
@@ -70,13 +75,12 @@ def test_gpu_check_runs_its_cpu_parts(tmp_path):
         assert {(layer, 'float32'), (layer, 'bfloat16')} <= layers
     assert all(r['eval_bw_fraction'] > 0 for r in bench['layers']
                if r['layer'] == 'SN')
-    assert {r['dtype'] for r in bench['two_read']} == {'float32',
-                                                       'bfloat16'}
+    assert {r['dtype'] for r in bench['two_read']} == {'float32', 'bfloat16'}
     assert all(r['bw_fraction'] > 0 for r in bench['two_read'])
     assert 'Ceiling of the eval-bandwidth column at 2x32x8x8' in \
         result.stdout
-    assert [r['norm'] for r in bench['resnet50_step']['rows']] == [
-        'BN', 'GN(32)', 'SN']
+    assert [r['norm']
+            for r in bench['resnet50_step']['rows']] == ['BN', 'GN(32)', 'SN']
     assert '| ResNet-50 train step' in result.stdout
     groups = {r['layer'] for r in report['group_sn']['group_sn']}
     assert groups == {'SN', 'SN G=2', 'SN G=32'}
@@ -86,10 +90,12 @@ def test_gpu_check_runs_its_cpu_parts(tmp_path):
 def test_gpu_check_reports_a_failing_test(tmp_path):
     """A failing GPU test makes the check fail and names it."""
     out = tmp_path / 'gpu_check.json'
-    result = run_python([tool('misc', 'gpu_check.py'), '--skip-bench',
-                         '--out', out], cwd=tmp_path, ok=False,
-                        env={'SN_MM_KERNELS': 'no-such-kernels'},
-                        timeout=900)
+    result = run_python(
+        [tool('misc', 'gpu_check.py'), '--skip-bench', '--out', out],
+        cwd=tmp_path,
+        ok=False,
+        env={'SN_MM_KERNELS': 'no-such-kernels'},
+        timeout=900)
     assert result.returncode == 1
     report = json.loads(out.read_text())
     assert any(not c['ok'] for c in report['checks'])

@@ -6,14 +6,22 @@ import copy
 
 import pytest
 import torch
-
 from helpers import require_kernels
+
 from sn_mm import SwitchableNorm, fuse_conv_sn, harden_sn
 from sn_mm.models.hard_ratios import harden_state_dict
 
 
-def group_sn_float64(x, weight, bias, mean_logits, var_logits, running_mean,
-                     running_var, training, momentum=0.1, eps=1e-5):
+def group_sn_float64(x,
+                     weight,
+                     bias,
+                     mean_logits,
+                     var_logits,
+                     running_mean,
+                     running_var,
+                     training,
+                     momentum=0.1,
+                     eps=1e-5):
     """The definition, channel by channel, in float64: IN over a channel's
     positions, LN over a sample's channels and positions, BN over the
     batch's samples and positions, each variance with the released
@@ -23,7 +31,6 @@ def group_sn_float64(x, weight, bias, mean_logits, var_logits, running_mean,
     x = x.double()
     n, c = x.shape[:2]
     x3 = x.reshape(n, c, -1)
-    length = x3.shape[-1]
     groups = mean_logits.shape[0]
     y = torch.empty_like(x3)
     new_mean, new_var = running_mean.double().clone(), \
@@ -62,8 +69,7 @@ def group_layer(c, groups, seed=0, dtype=torch.float64, **kwargs):
                   layer.var_weight):
             p.copy_(torch.randn(p.shape, generator=gen, dtype=dtype))
         layer.running_mean.copy_(torch.randn(c, generator=gen, dtype=dtype))
-        layer.running_var.copy_(torch.rand(c, generator=gen,
-                                           dtype=dtype) + .5)
+        layer.running_var.copy_(torch.rand(c, generator=gen, dtype=dtype) + .5)
     return layer
 
 
@@ -87,8 +93,9 @@ def test_one_group_is_sn_bit_for_bit():
         xi = x.clone().requires_grad_()
         out = layer(xi)
         out.square().sum().backward()
-        outs.append((out, xi.grad, layer.mean_weight.grad,
-                     layer.var_weight.grad, layer.running_var.clone()))
+        outs.append(
+            (out, xi.grad, layer.mean_weight.grad, layer.var_weight.grad,
+             layer.running_var.clone()))
     for a, b in zip(*outs):
         assert torch.equal(a, b)
 
@@ -99,9 +106,11 @@ def test_matches_the_definition(groups, training):
     layer = group_layer(8, groups)
     layer.train(training)
     x = inputs((3, 8, 4, 5))
-    want, want_mean, want_var = group_sn_float64(
-        x, layer.weight, layer.bias, layer.mean_weight, layer.var_weight,
-        layer.running_mean, layer.running_var, training)
+    want, want_mean, want_var = group_sn_float64(x, layer.weight, layer.bias,
+                                                 layer.mean_weight,
+                                                 layer.var_weight,
+                                                 layer.running_mean,
+                                                 layer.running_var, training)
     out = layer(x)
     torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(layer.running_mean, want_mean)
@@ -116,10 +125,10 @@ def test_logit_gradients_are_per_group():
     grad[:, :4] = torch.randn(3, 4, 4, 5, dtype=torch.float64)
     (layer(x) * grad).sum().backward()
     assert layer.mean_weight.grad[0].abs().sum() > 0
-    assert torch.equal(layer.mean_weight.grad[1], torch.zeros(3,
-                                                             dtype=torch.float64))
-    assert torch.equal(layer.var_weight.grad[1], torch.zeros(3,
-                                                            dtype=torch.float64))
+    assert torch.equal(layer.mean_weight.grad[1],
+                       torch.zeros(3, dtype=torch.float64))
+    assert torch.equal(layer.var_weight.grad[1],
+                       torch.zeros(3, dtype=torch.float64))
 
 
 @pytest.mark.parametrize('training', [True, False], ids=['train', 'eval'])
@@ -133,8 +142,7 @@ def test_gradcheck_and_gradgradcheck(training):
     def fn(x, *ps):
         # Each evaluation on fresh copies of the running statistics.
         state = {k: v.clone() for k, v in buffers.items()}
-        state.update(zip(('weight', 'bias', 'mean_weight', 'var_weight'),
-                         ps))
+        state.update(zip(('weight', 'bias', 'mean_weight', 'var_weight'), ps))
         return torch.func.functional_call(layer, state, (x, ))
 
     assert torch.autograd.gradcheck(fn, (x, *params))
@@ -155,14 +163,14 @@ def run(layer, x, grad, kernels):
     out = layer(x)
     (out * grad).sum().backward()
     return [out, x.grad] + [p.grad for p in layer.parameters()] + [
-        b.clone() for b in layer.buffers() if b is not None]
+        b.clone() for b in layer.buffers() if b is not None
+    ]
 
 
 @pytest.mark.parametrize('groups', [1, 2, 8])
-@pytest.mark.parametrize('shape', [(3, 8, 4, 5), (3, 8), (2, 8, 1, 1),
-                                   (1, 8, 3, 3), (0, 8, 3, 3)],
-                         ids=['4d', '2d', 'one_position', 'one_sample',
-                              'empty'])
+@pytest.mark.parametrize(
+    'shape', [(3, 8, 4, 5), (3, 8), (2, 8, 1, 1), (1, 8, 3, 3), (0, 8, 3, 3)],
+    ids=['4d', '2d', 'one_position', 'one_sample', 'empty'])
 @pytest.mark.parametrize('training', [True, False], ids=['train', 'eval'])
 def test_native_kernels_match_the_reference(groups, shape, training):
     require_kernels('native')
@@ -194,8 +202,8 @@ def test_native_kernels_with_fixed_ratios_per_group(fn):
     grad = torch.randn(3, 8, 4, 5, dtype=torch.float64)
     state = copy.deepcopy(layer.state_dict())
     got = run(layer, x, grad, 'native')
-    assert torch.equal(layer.mean_weight.grad[1], torch.zeros(
-        3, dtype=torch.float64))
+    assert torch.equal(layer.mean_weight.grad[1],
+                       torch.zeros(3, dtype=torch.float64))
     layer.load_state_dict(state)
     want = run(layer, x, grad, 'torch')
     for a, b in zip(got, want):
@@ -223,20 +231,19 @@ def test_hard_ratios_per_group_fold_to_the_same_output():
         layer.mean_weight.copy_(torch.tensor([[3., 0, 0], [0, 0, 3]]))
         layer.var_weight.copy_(torch.tensor([[0., 0, 3], [0, 0, 3]]))
     assert harden_sn(layer) == 1
-    assert torch.equal(layer.fixed_ratios[0],
-                       torch.tensor([[1., 0, 0], [0, 0, 1]],
-                                    dtype=torch.float64))
+    assert torch.equal(
+        layer.fixed_ratios[0],
+        torch.tensor([[1., 0, 0], [0, 0, 1]], dtype=torch.float64))
     assert layer.fixed() == dict(mean=True, var=True)
     layer.eval()
     x = inputs((2, 8, 3, 3))
-    want, _, _ = group_sn_float64(
-        x, layer.weight, layer.bias, torch.tensor([[50., 0, 0], [0, 0, 50]]),
-        torch.tensor([[0., 0, 50], [0, 0, 50]]), layer.running_mean,
-        layer.running_var, False)
+    want, _, _ = group_sn_float64(x, layer.weight, layer.bias,
+                                  torch.tensor([[50., 0, 0], [0, 0, 50]]),
+                                  torch.tensor([[0., 0, 50], [0, 0, 50]]),
+                                  layer.running_mean, layer.running_var, False)
     torch.testing.assert_close(layer(x), want, rtol=1e-9, atol=1e-9)
     # Groups that select differently stay a layer; equal ones fold.
-    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 1).double(),
-                              layer).eval()
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 1).double(), layer).eval()
     folded = fuse_conv_sn(copy.deepcopy(net))
     assert isinstance(folded[1], SwitchableNorm)
     with torch.no_grad():
@@ -255,9 +262,9 @@ def test_harden_state_dict_per_group():
             torch.tensor([[3., 0, 0], [0, 3, 0]]))
     assert harden_state_dict(state) == 1
     assert state['neck.sn.ratio_fixed'].shape == (2, 2)
-    assert torch.equal(state['neck.sn.fixed_ratios'][0],
-                       torch.tensor([[1., 0, 0], [0, 1, 0]],
-                                    dtype=torch.float64))
+    assert torch.equal(
+        state['neck.sn.fixed_ratios'][0],
+        torch.tensor([[1., 0, 0], [0, 1, 0]], dtype=torch.float64))
     layer.load_state_dict({k[len('neck.sn.'):]: v for k, v in state.items()})
     assert layer.fixed() == dict(mean=True, var=True)
 
@@ -289,8 +296,8 @@ def test_ratios_summary_and_groups():
 
 def test_builds_from_norm_cfg_and_traces():
     from mmcv.cnn import ConvModule
-    block = ConvModule(3, 8, 3, padding=1,
-                       norm_cfg=dict(type='SN', ratio_groups=2))
+    block = ConvModule(
+        3, 8, 3, padding=1, norm_cfg=dict(type='SN', ratio_groups=2))
     assert block.norm.ratio_groups == 2
     block.eval()
     x = torch.randn(2, 3, 6, 6)
@@ -303,8 +310,8 @@ def test_builds_from_norm_cfg_and_traces():
 def test_digits_study_runs():
     from helpers import load_tool
     study = load_tool('analysis_tools', 'digits_group_sn_study.py')
-    rows = study.main(['--epochs', '1', '--batches', '32', '--groups', '1',
-                       '2'])
+    rows = study.main(
+        ['--epochs', '1', '--batches', '32', '--groups', '1', '2'])
     assert [r['groups'] for r in rows] == ['1', '2']
     assert rows[0]['spread'] == dict(mean=0.0, var=0.0)
     assert rows[1]['spread']['mean'] > 0
@@ -317,8 +324,11 @@ def test_plot_ratios_per_group_and_per_layer(tmp_path):
     net.add_module('conv', torch.nn.Conv2d(3, 8, 3))
     net.add_module('sn', group_layer(8, 2))
     ckpt = tmp_path / 'group_sn.pth'
-    torch.save(dict(state_dict={f'neck.{k}': v
-                                for k, v in net.state_dict().items()}), ckpt)
+    torch.save(
+        dict(state_dict={
+            f'neck.{k}': v
+            for k, v in net.state_dict().items()
+        }), ckpt)
     tool = load_tool('analysis_tools', 'plot_ratios.py')
     from sn_mm.analysis import sn_ratios
     state = tool.load_state(str(ckpt))
@@ -337,12 +347,11 @@ def test_onnx_export(tmp_path):
     layer = group_layer(8, 2, dtype=torch.float32).eval()
     x = torch.randn(2, 8, 5, 5)
     path = tmp_path / 'group_sn.onnx'
-    torch.onnx.export(layer, (x, ), str(path), dynamo=False,
-                      opset_version=17)
+    torch.onnx.export(layer, (x, ), str(path), dynamo=False, opset_version=17)
     session = ort.InferenceSession(str(path))
     got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
-    torch.testing.assert_close(torch.from_numpy(got), layer(x).detach(),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        torch.from_numpy(got), layer(x).detach(), rtol=1e-5, atol=1e-5)
 
 
 def build_mmdet(cfg):
@@ -355,25 +364,35 @@ def build_mmdet(cfg):
 
 
 def resnet18(norm_cfg, init_cfg=None):
-    return build_mmdet(dict(type='ResNet', depth=18, style='pytorch',
-                            norm_cfg=norm_cfg, init_cfg=init_cfg))
+    return build_mmdet(
+        dict(
+            type='ResNet',
+            depth=18,
+            style='pytorch',
+            norm_cfg=norm_cfg,
+            init_cfg=init_cfg))
 
 
 def sn_layers(model):
-    return {n: m for n, m in model.named_modules()
-            if isinstance(m, SwitchableNorm)}
+    return {
+        n: m
+        for n, m in model.named_modules() if isinstance(m, SwitchableNorm)
+    }
 
 
 def test_group_sn_configs_start_every_group_from_the_released_vectors(
         tmp_path):
     import os.path as osp
+
     from mmengine.config import Config
     root = osp.dirname(osp.dirname(osp.abspath(__file__)))
-    cfg = Config.fromfile(osp.join(
-        root, 'configs', 'mask_rcnn',
-        'mask-rcnn_r50-gsn2_fpn_gsn2-head_2x_coco.py'))
-    released = build_mmdet(dict(type='ResNet', depth=50, style='pytorch',
-                                norm_cfg=dict(type='SN')))
+    cfg = Config.fromfile(
+        osp.join(root, 'configs', 'mask_rcnn',
+                 'mask-rcnn_r50-gsn2_fpn_gsn2-head_2x_coco.py'))
+    released = build_mmdet(
+        dict(
+            type='ResNet', depth=50, style='pytorch',
+            norm_cfg=dict(type='SN')))
     with torch.no_grad():
         for layer in sn_layers(released).values():
             layer.mean_weight.normal_()
@@ -402,15 +421,23 @@ def test_sn_pretrained_into_group_sn(tmp_path, ratios):
     torch.save(bn.state_dict(), tmp_path / 'bn.pth')
     torch.save(sn.state_dict(), tmp_path / 'sn.pth')
     gsn = dict(type='SN', ratio_groups=4)
-    from_bn = resnet18(gsn, dict(type='SNPretrained', ratios=ratios,
-                                 checkpoint=str(tmp_path / 'bn.pth')))
+    from_bn = resnet18(
+        gsn,
+        dict(
+            type='SNPretrained',
+            ratios=ratios,
+            checkpoint=str(tmp_path / 'bn.pth')))
     from_bn.init_weights()
     bn_share = SOURCE_RATIO if ratios == 'source' else 1 / 3
     for layer in sn_layers(from_bn).values():
         for group in layer.group_ratios():
             assert group['mean']['bn'] == pytest.approx(bn_share, abs=1e-6)
-    from_sn = resnet18(gsn, dict(type='SNPretrained', ratios=ratios,
-                                 checkpoint=str(tmp_path / 'sn.pth')))
+    from_sn = resnet18(
+        gsn,
+        dict(
+            type='SNPretrained',
+            ratios=ratios,
+            checkpoint=str(tmp_path / 'sn.pth')))
     from_sn.init_weights()
     layer, source = sn_layers(from_sn)['layer2.1.sn2'], \
         sn_layers(sn)['layer2.1.sn2']

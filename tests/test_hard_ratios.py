@@ -8,16 +8,16 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers import (free_port, load_tool, make_sn, random_input,
+                     require_kernels, run_layer)
 from mmengine.config import Config
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import DefaultScope
+from tool_runner import ROOT, run_python, tool
 
-from helpers import (free_port, load_tool, make_sn, random_input,
-                     require_kernels, run_layer)
 from sn_mm import (SwitchableNorm, SyncSwitchableNorm, convert_sync_sn,
                    harden_sn, revert_sync_sn)
 from sn_mm.testing import reference_sn
-from tool_runner import ROOT, run_python, tool
 
 HARD_BN_IN = ([0., 0., 1.], [1., 0., 0.])  # mean from BN, variance from IN
 
@@ -31,21 +31,28 @@ def logits_of(ratio):
 def reference_fixed(sn, x, training, mean, var):
     """The reference with the given ratios (None: the layer's logits)."""
     if x[0, 0].numel() == 1:  # no IN: a ratio of IN alone means LN
-        mean, var = [[0., 1., 0.] if r is not None and sum(r[1:]) == 0
-                     else r for r in (mean, var)]
-    logits = [sn_logits.detach() if r is None else logits_of(r)
-              for r, sn_logits in ((mean, sn.mean_weight),
-                                   (var, sn.var_weight))]
-    return reference_sn(x, sn.weight.detach(), sn.bias.detach(),
-                        *logits, sn.running_mean,
-                        sn.running_var, training, eps=sn.eps,
-                        unbiased=sn.unbiased)
+        mean, var = [[0., 1., 0.] if r is not None and sum(r[1:]) == 0 else r
+                     for r in (mean, var)]
+    logits = [
+        sn_logits.detach() if r is None else logits_of(r)
+        for r, sn_logits in ((mean, sn.mean_weight), (var, sn.var_weight))
+    ]
+    return reference_sn(
+        x,
+        sn.weight.detach(),
+        sn.bias.detach(),
+        *logits,
+        sn.running_mean,
+        sn.running_var,
+        training,
+        eps=sn.eps,
+        unbiased=sn.unbiased)
 
 
 @pytest.mark.parametrize('shape', [(4, 5, 3, 4), (6, 5)], ids=['4d', '2d'])
-@pytest.mark.parametrize('ratios', [HARD_BN_IN, ([0.2, 0.3, .5], None),
-                                    (None, [0., 1., 0.])],
-                         ids=['hard', 'soft_mean', 'var_only'])
+@pytest.mark.parametrize(
+    'ratios', [HARD_BN_IN, ([0.2, 0.3, .5], None), (None, [0., 1., 0.])],
+    ids=['hard', 'soft_mean', 'var_only'])
 @pytest.mark.parametrize('kernels', ['native', 'torch'])
 def test_fixed_ratios_match_reference(shape, ratios, kernels):
     require_kernels(kernels)
@@ -58,8 +65,8 @@ def test_fixed_ratios_match_reference(shape, ratios, kernels):
     x = random_input(shape)
     for training in (True, False):
         expected, exp_rm, exp_rv = reference_fixed(sn, x, training, mean, var)
-        torch.testing.assert_close(sn.train(training)(x), expected,
-                                   rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(
+            sn.train(training)(x), expected, rtol=1e-10, atol=1e-10)
         if training:
             torch.testing.assert_close(sn.running_var, exp_rv)
 
@@ -68,20 +75,19 @@ def test_in_only_ratio_falls_back_to_ln_at_one_position():
     sn = make_sn(5)
     sn.fix_ratios(mean=[1., 0., 0.], var=[1., 0., 0.])
     x = random_input((4, 5, 1, 1))
-    expected, _, _ = reference_fixed(sn, x, True, [0., 1., 0.],
-                                     [0., 1., 0.])
+    expected, _, _ = reference_fixed(sn, x, True, [0., 1., 0.], [0., 1., 0.])
     torch.testing.assert_close(sn(x), expected, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize('kernels', ['native', 'triton', 'torch'])
-@pytest.mark.parametrize('mean', [HARD_BN_IN[0], [0.25, 0.25, 0.5]],
-                         ids=['one_hot', 'soft'])
+@pytest.mark.parametrize(
+    'mean', [HARD_BN_IN[0], [0.25, 0.25, 0.5]], ids=['one_hot', 'soft'])
 def test_fixed_ratios_take_no_gradient_and_never_move(kernels, mean):
     require_kernels(kernels)
     sn = make_sn(4, dtype=torch.float32, kernels=kernels)
     sn.fix_ratios(mean=mean)  # the variance stays learned
-    optim = torch.optim.SGD(sn.parameters(), lr=0.5, momentum=0.9,
-                            weight_decay=0.1)
+    optim = torch.optim.SGD(
+        sn.parameters(), lr=0.5, momentum=0.9, weight_decay=0.1)
     before = sn.ratios()
     for step in range(3):
         x = random_input((3, 4, 5, 5), seed=step, dtype=torch.float32)
@@ -109,8 +115,8 @@ def test_kernel_paths_agree_with_fixed_ratios(kernels):
         results.append(run_layer(sn, x, how))
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else {}
     for key in results[0]:
-        torch.testing.assert_close(results[0][key], results[1][key], **tol,
-                                   msg=key)
+        torch.testing.assert_close(
+            results[0][key], results[1][key], **tol, msg=key)
 
 
 def test_fixed_ratios_survive_state_dict_and_sync_conversion(tmp_path):
@@ -149,8 +155,8 @@ def test_bad_ratios_are_refused():
 
 
 def sync_worker(rank, port, out):
-    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}',
-                            rank=rank, world_size=2)
+    dist.init_process_group(
+        'gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=2)
     layer = SyncSwitchableNorm(5).double()
     layer.load_state_dict(make_sn(5).state_dict())
     layer.fix_ratios(*HARD_BN_IN)
@@ -158,9 +164,12 @@ def sync_worker(rank, port, out):
     x.requires_grad_()
     y = layer(x)
     y.square().sum().backward()
-    torch.save(dict(y=y.detach(), x_grad=x.grad,
-                    mean_weight_grad=layer.mean_weight.grad,
-                    running_var=layer.running_var), f'{out}.{rank}')
+    torch.save(
+        dict(
+            y=y.detach(),
+            x_grad=x.grad,
+            mean_weight_grad=layer.mean_weight.grad,
+            running_var=layer.running_var), f'{out}.{rank}')
     dist.destroy_process_group()
 
 
@@ -178,20 +187,23 @@ def test_syncsn_with_fixed_ratios_in_two_processes(tmp_path):
         torch.testing.assert_close(r['y'], y[part].detach())
         torch.testing.assert_close(r['x_grad'], x.grad[part])
         torch.testing.assert_close(r['running_var'], sn.running_var)
-        assert torch.equal(r['mean_weight_grad'], torch.zeros(3,
-                                                              dtype=torch.float64))
+        assert torch.equal(r['mean_weight_grad'],
+                           torch.zeros(3, dtype=torch.float64))
 
 
 def test_harden_sn_fixes_the_argmax():
-    model = torch.nn.Sequential(make_sn(4, seed=1), make_sn(6, seed=2),
-                                make_sn(3, using_bn=False, seed=3))
+    model = torch.nn.Sequential(
+        make_sn(4, seed=1), make_sn(6, seed=2),
+        make_sn(3, using_bn=False, seed=3))
     soft = [m.ratios() for m in model]
     assert harden_sn(model) == 3
     for m, before in zip(model, soft):
         for stat in ('mean', 'var'):
             best = max(before[stat], key=before[stat].get)
-            assert m.ratios()[stat] == {t: float(t == best)
-                                        for t in before[stat]}
+            assert m.ratios()[stat] == {
+                t: float(t == best)
+                for t in before[stat]
+            }
     assert harden_sn(model) == 0  # already hard
 
 
@@ -215,8 +227,12 @@ def test_harden_then_train_the_toy_mask_rcnn():
     hard = [m.ratios() for m in layers]
     model.train()
     torch.manual_seed(0)
-    packed = demo_mm_inputs(batch_size=2, image_shapes=[(3, 96, 128)] * 2,
-                            num_items=[3, 2], num_classes=4, with_mask=True)
+    packed = demo_mm_inputs(
+        batch_size=2,
+        image_shapes=[(3, 96, 128)] * 2,
+        num_items=[3, 2],
+        num_classes=4,
+        with_mask=True)
     data = model.data_preprocessor(packed, True)
     before = copy.deepcopy(model.state_dict())
     for _ in range(2):
@@ -224,8 +240,9 @@ def test_harden_then_train_the_toy_mask_rcnn():
         assert torch.isfinite(loss)
         optim_wrapper.update_params(loss)
     assert [m.ratios() for m in layers] == hard
-    assert not torch.equal(before['backbone.layer1.0.conv1.weight'],
-                           model.state_dict()['backbone.layer1.0.conv1.weight'])
+    assert not torch.equal(
+        before['backbone.layer1.0.conv1.weight'],
+        model.state_dict()['backbone.layer1.0.conv1.weight'])
 
 
 def test_harden_tool_and_the_hard_view(tmp_path):
@@ -233,8 +250,9 @@ def test_harden_tool_and_the_hard_view(tmp_path):
     soft_path, hard_path = tmp_path / 'soft.pth', tmp_path / 'hard.pth'
     model = randomise(ReleasedResNetSN(), seed=5)
     torch.save(dict(state_dict=model.state_dict(), epoch=3), soft_path)
-    result = run_python([tool('model_converters', 'harden_sn.py'), soft_path,
-                         hard_path], cwd=tmp_path)
+    result = run_python(
+        [tool('model_converters', 'harden_sn.py'), soft_path, hard_path],
+        cwd=tmp_path)
     assert 'Fixed 53 SN layers to hard ratios (53 changed)' in result.stdout
     ckpt = torch.load(hard_path, weights_only=False)
     assert ckpt['epoch'] == 3  # the rest of the checkpoint is kept
@@ -249,14 +267,23 @@ def test_harden_tool_and_the_hard_view(tmp_path):
 
     # The hard view: printed choices, figure cells, the two counts.
     out = tmp_path / 'hard.png'
-    result = run_python([tool('analysis_tools', 'plot_ratios.py'), hard_path,
-                         '--hard', '--compare', soft_path, '--out', out],
+    result = run_python([
+        tool('analysis_tools', 'plot_ratios.py'), hard_path, '--hard',
+        '--compare', soft_path, '--out', out
+    ],
                         cwd=tmp_path)
-    rows = {line.split()[0]: line.split()[1:]
-            for line in result.stdout.splitlines()[1:54]}
+    rows = {
+        line.split()[0]: line.split()[1:]
+        for line in result.stdout.splitlines()[1:54]
+    }
     terms = ('in', 'ln', 'bn')
-    choice = {layer: [terms[int(soft[f'{layer}.{s}_weight'].argmax())]
-                      for s in ('mean', 'var')] for layer in rows}
+    choice = {
+        layer: [
+            terms[int(soft[f'{layer}.{s}_weight'].argmax())]
+            for s in ('mean', 'var')
+        ]
+        for layer in rows
+    }
     assert rows['layer3.4.sn2'] == ['3x3'] + choice['layer3.4.sn2']
     assert rows['layer3.4.sn1'] == ['1x1'] + choice['layer3.4.sn1']
     assert rows['layer2.0.downsample.1'][0] == 'shortcut'
@@ -271,17 +298,23 @@ def test_harden_tool_and_the_hard_view(tmp_path):
     choices = hard_choices(sn_ratios(state))
     fig = plot.make_hard_figure(choices, {n: 'other' for n in choices}, 't')
     grid = fig.axes[0].images[0].get_array()
-    assert [[terms[int(v)] for v in row] for row in grid] == [
-        [choice[n][0] for n in choices], [choice[n][1] for n in choices]]
+    assert [[terms[int(v)] for v in row]
+            for row in grid] == [[choice[n][0] for n in choices],
+                                 [choice[n][1] for n in choices]]
     # Against a checkpoint with other choices: the count of changed layers.
-    flipped = {k: (-v if k.endswith('mean_weight') else v)
-               for k, v in soft.items()}
+    flipped = {
+        k: (-v if k.endswith('mean_weight') else v)
+        for k, v in soft.items()
+    }
     torch.save(dict(state_dict=flipped), tmp_path / 'flipped.pth')
-    result = run_python([tool('analysis_tools', 'plot_ratios.py'), hard_path,
-                         '--hard', '--compare', tmp_path / 'flipped.pth',
-                         '--out', out], cwd=tmp_path)
-    moved = sum(int(soft[f'{n}.mean_weight'].argmax())
-                != int((-soft[f'{n}.mean_weight']).argmax()) for n in choice)
+    result = run_python([
+        tool('analysis_tools', 'plot_ratios.py'), hard_path, '--hard',
+        '--compare', tmp_path / 'flipped.pth', '--out', out
+    ],
+                        cwd=tmp_path)
+    moved = sum(
+        int(soft[f'{n}.mean_weight'].argmax()) != int((
+            -soft[f'{n}.mean_weight']).argmax()) for n in choice)
     assert f'{moved} of 53 layers changed their choice' in result.stdout
 
 

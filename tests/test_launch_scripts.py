@@ -6,7 +6,6 @@ import os.path as osp
 import subprocess
 
 import pytest
-
 from tool_runner import ROOT
 
 
@@ -20,8 +19,8 @@ def test_scripts_run_the_tool_with_the_chosen_python(script, tool):
     args.append('1')
     env = dict(os.environ, PORT='29533')
     env.pop('PYTHON', None)  # the script's own choice: .venv's here
-    result = subprocess.run(args, capture_output=True, text=True, env=env,
-                            cwd=ROOT, timeout=300)
+    result = subprocess.run(
+        args, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert f'usage: {tool}' in result.stdout
 

@@ -9,7 +9,6 @@ import os.path as osp
 import re
 
 import pytest
-
 from tool_runner import ROOT
 
 PACKAGE = osp.join(ROOT, 'sn_mm')
@@ -35,8 +34,8 @@ def modules():
             if name.endswith('.py'):
                 path = osp.join(folder, name)
                 rel = osp.relpath(path, ROOT)[:-3].replace(os.sep, '.')
-                found[rel[:-len('.__init__')] if rel.endswith('__init__')
-                      else rel] = path
+                found[rel[:-len('.__init__')] if rel.
+                      endswith('__init__') else rel] = path
     return found
 
 
@@ -56,17 +55,21 @@ def imports_of(name, path, is_package):
                 found.add(base)
                 found.update(f'{base}.{a.name}' for a in node.names)
         elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names
-                         if a.name.startswith('sn_mm'))
+            found.update(
+                a.name for a in node.names if a.name.startswith('sn_mm'))
     return found
 
 
 def graph():
     mods = modules()
-    return {name: {m for m in imports_of(name, path,
-                                         path.endswith('__init__.py'))
-                   if m in mods and m != name}
-            for name, path in mods.items()}
+    return {
+        name: {
+            m
+            for m in imports_of(name, path, path.endswith('__init__.py'))
+            if m in mods and m != name
+        }
+        for name, path in mods.items()
+    }
 
 
 def part(module):
@@ -80,8 +83,10 @@ def test_no_upward_or_sideways_import():
         allowed = ALLOWED.get(part(name))
         if allowed is None:  # sn_mm/__init__.py: the package's face
             continue
-        wrong += [f'{name} -> {d}' for d in sorted(deps)
-                  if part(d) is not None and part(d) not in allowed]
+        wrong += [
+            f'{name} -> {d}' for d in sorted(deps)
+            if part(d) is not None and part(d) not in allowed
+        ]
     assert not wrong, wrong
 
 
@@ -115,8 +120,11 @@ def module_graph():
     """Edges between modules, a package's own __init__ left out of what its
     modules import (importing a sibling goes through it)."""
     edges = graph()
-    return {name: {d for d in deps if not name.startswith(d + '.')}
-            for name, deps in edges.items()}
+    return {
+        name: {d
+               for d in deps if not name.startswith(d + '.')}
+        for name, deps in edges.items()
+    }
 
 
 def test_no_import_cycle():
@@ -124,16 +132,18 @@ def test_no_import_cycle():
 
 
 def test_the_cycle_finder_finds_cycles():
-    assert find_cycle({'a': {'b'}, 'b': {'c'}, 'c': {'a'}}) == [
-        'a', 'b', 'c', 'a']
+    assert find_cycle({
+        'a': {'b'},
+        'b': {'c'},
+        'c': {'a'}
+    }) == ['a', 'b', 'c', 'a']
     assert find_cycle({'a': {'b'}, 'b': {'c'}}) is None
 
 
 def test_the_layering_check_sees_function_level_imports(tmp_path):
     path = tmp_path / 'mod.py'
     path.write_text('def f():\n    from ..analysis import sn_ratios\n')
-    assert 'sn_mm.analysis' in imports_of('sn_mm.models.mod', str(path),
-                                          False)
+    assert 'sn_mm.analysis' in imports_of('sn_mm.models.mod', str(path), False)
 
 
 @pytest.mark.parametrize('folder', ['sn_mm', 'tools'])
@@ -157,8 +167,9 @@ def test_tools_do_not_import_the_tests():
         for name in files:
             if name.endswith('.py'):
                 text = open(osp.join(base, name)).read()
-                if re.search(r'^\s*(from|import) (tests|helpers|sn_reference)'
-                             r'\b|sys\.path.*tests', text, re.M):
+                if re.search(
+                        r'^\s*(from|import) (tests|helpers|sn_reference)'
+                        r'\b|sys\.path.*tests', text, re.M):
                     hits.append(name)
     assert not hits, hits
 
@@ -195,8 +206,8 @@ def cpp_function_lengths(text):
 def test_no_function_longer_than_80_lines():
     long = []
     for folder in ('sn_mm', 'tools'):
-        for path in glob.glob(osp.join(ROOT, folder, '**', '*.py'),
-                              recursive=True):
+        for path in glob.glob(
+                osp.join(ROOT, folder, '**', '*.py'), recursive=True):
             long += [(osp.relpath(path, ROOT), name, n)
                      for name, n in python_function_lengths(path)
                      if n > MAX_FUNCTION_LINES]
@@ -211,4 +222,5 @@ def test_the_length_checks_count_lines():
     text = 'int f(int a) {\n' + '  a += 1;\n' * 90 + '  return a;\n}\n'
     assert cpp_function_lengths(text) == [('int f(int a) {', 93)]
     assert cpp_function_lengths('void g() {\n  if (x) {\n  }\n}\n') == [
-        ('void g() {', 4)]
+        ('void g() {', 4)
+    ]

@@ -5,15 +5,16 @@ import math
 
 import pytest
 import torch
-
 from helpers import make_sn, random_input, require_kernels
 
 
 def full_size_copies(prof, numel):
-    return [e.name for e in prof.events()
-            if e.name in ('aten::copy_', 'aten::clone', 'aten::contiguous',
-                          'aten::_to_copy')
-            and any(s and math.prod(s) == numel for s in e.input_shapes)]
+    return [
+        e.name for e in prof.events()
+        if e.name in ('aten::copy_', 'aten::clone', 'aten::contiguous',
+                      'aten::_to_copy') and any(
+                          s and math.prod(s) == numel for s in e.input_shapes)
+    ]
 
 
 @pytest.mark.parametrize('kernels', ['torch', 'native'])
@@ -37,8 +38,8 @@ def test_channels_last(kernels, training):
     torch.testing.assert_close(y, y_ref)
     torch.testing.assert_close(x_cl.grad, x_ref.grad)
     for name, p in layer.named_parameters():
-        torch.testing.assert_close(p.grad, dict(
-            twin.named_parameters())[name].grad)
+        torch.testing.assert_close(p.grad,
+                                   dict(twin.named_parameters())[name].grad)
     if kernels == 'torch':
         assert y.is_contiguous(memory_format=torch.channels_last)
         assert x_cl.grad.is_contiguous(memory_format=torch.channels_last)

@@ -4,16 +4,22 @@ import os
 
 import pytest
 import torch
-
 from helpers import make_sn, random_input, reference_of, run_layer
+
 from sn_mm import SwitchableNorm, ops
 from sn_mm.ops import native_available
 
 # 7x7 (RoI features) and 13x11 rows take the kernels' short- and long-row
 # paths, both with a remainder after the vector lanes.
-SHAPES = {'2d': (6, 5), '4d': (4, 5, 6, 7), '5d': (3, 5, 2, 4, 3),
-          'roi_7x7': (6, 5, 7, 7), 'long_rows': (2, 3, 13, 11),
-          'one_position': (4, 5, 1, 1), 'empty': (0, 5, 3, 3)}
+SHAPES = {
+    '2d': (6, 5),
+    '4d': (4, 5, 6, 7),
+    '5d': (3, 5, 2, 4, 3),
+    'roi_7x7': (6, 5, 7, 7),
+    'long_rows': (2, 3, 13, 11),
+    'one_position': (4, 5, 1, 1),
+    'empty': (0, 5, 3, 3)
+}
 
 
 @pytest.fixture(autouse=True, params=ops.cpu_isas() or [None])
@@ -74,8 +80,7 @@ def test_dispatch_table():
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     for key in ('CUDA', 'AutogradCUDA', 'Meta'):
         assert has('sn_mm::switchable_norm', key), key
-    assert has('sn_mm::switchable_norm_reference',
-               'CompositeImplicitAutograd')
+    assert has('sn_mm::switchable_norm_reference', 'CompositeImplicitAutograd')
     for key in ('CPU', 'AutogradCPU'):
         assert has('sn_mm::switchable_norm', key) == native_available(), key
 
@@ -87,29 +92,37 @@ def test_dispatch_table():
 @pytest.mark.parametrize('training', [True, False])
 def test_native_equals_pytorch_float64(shape, using_bn, unbiased, training):
     x = random_input(shape)
-    results = [run_layer(make_sn(shape[1], using_bn, unbiased).train(
-        training), x, kernels) for kernels in ('native', 'torch')]
+    results = [
+        run_layer(
+            make_sn(shape[1], using_bn, unbiased).train(training), x, kernels)
+        for kernels in ('native', 'torch')
+    ]
     for key in results[0]:
-        torch.testing.assert_close(results[0][key], results[1][key],
-                                   rtol=1e-12, atol=1e-12, msg=key)
+        torch.testing.assert_close(
+            results[0][key], results[1][key], rtol=1e-12, atol=1e-12, msg=key)
 
 
 @pytest.mark.skipif(not native_available(), reason='extension not built')
 def test_native_equals_pytorch_float32():
     x = random_input((4, 16, 9, 9), dtype=torch.float32)
-    results = [run_layer(make_sn(16, dtype=torch.float32), x, kernels)
-               for kernels in ('native', 'torch')]
+    results = [
+        run_layer(make_sn(16, dtype=torch.float32), x, kernels)
+        for kernels in ('native', 'torch')
+    ]
     for key in results[0]:
-        torch.testing.assert_close(results[0][key], results[1][key],
-                                   rtol=1e-4, atol=1e-5, msg=key)
+        torch.testing.assert_close(
+            results[0][key], results[1][key], rtol=1e-4, atol=1e-5, msg=key)
 
 
 @pytest.mark.skipif(not native_available(), reason='extension not built')
-@pytest.mark.parametrize('shape,dtype', [
-    ((64, 256, 7, 7), torch.float32),    # RoI features: short rows
-    ((300, 256, 3, 3), torch.float64),
-    ((2, 16, 70, 70), torch.float32),    # long rows
-], ids=['7x7', 'float64_3x3', '70x70'])
+@pytest.mark.parametrize(
+    'shape,dtype',
+    [
+        ((64, 256, 7, 7), torch.float32),  # RoI features: short rows
+        ((300, 256, 3, 3), torch.float64),
+        ((2, 16, 70, 70), torch.float32),  # long rows
+    ],
+    ids=['7x7', 'float64_3x3', '70x70'])
 @pytest.mark.parametrize('training', [True, False], ids=['train', 'eval'])
 def test_calls_split_across_threads(shape, dtype, training):
     """Calls of many tasks: every value against the reference, on one
@@ -132,13 +145,19 @@ def test_calls_split_across_threads(shape, dtype, training):
 
 
 @pytest.mark.skipif(not native_available(), reason='extension not built')
-@pytest.mark.parametrize('case', [
-    dict(shape=(8, 64, 24, 24), dtype=torch.float32),   # 144 KiB a sample
-    dict(shape=(9, 64, 16, 32), dtype=torch.float64),   # 256 KiB
-    dict(shape=(8, 64, 24, 24), dtype=torch.float32, ratio_groups=4),
-    dict(shape=(9, 64, 16, 32), dtype=torch.float64, using_bn=False,
-         training=True),
-], ids=['float32', 'float64', 'group_sn', 'train_without_bn'])
+@pytest.mark.parametrize(
+    'case',
+    [
+        dict(shape=(8, 64, 24, 24), dtype=torch.float32),  # 144 KiB a sample
+        dict(shape=(9, 64, 16, 32), dtype=torch.float64),  # 256 KiB
+        dict(shape=(8, 64, 24, 24), dtype=torch.float32, ratio_groups=4),
+        dict(
+            shape=(9, 64, 16, 32),
+            dtype=torch.float64,
+            using_bn=False,
+            training=True),
+    ],
+    ids=['float32', 'float64', 'group_sn', 'train_without_bn'])
 def test_samples_normalised_one_by_one(case):
     """Without the batch's BN statistics, samples of 128-512 KiB in batches
     that keep every thread busy are taken one at a time (moments, LN
@@ -156,13 +175,14 @@ def test_samples_normalised_one_by_one(case):
             torch.set_num_threads(count)
             results = []
             for kernels in ('native', 'torch'):
-                sn = SwitchableNorm(shape[1], kernels=kernels, **case).to(
-                    dtype).train(training)
+                sn = SwitchableNorm(
+                    shape[1], kernels=kernels,
+                    **case).to(dtype).train(training)
                 with torch.no_grad():
-                    sn.mean_weight.normal_(generator=torch.Generator()
-                                           .manual_seed(0))
-                    sn.var_weight.normal_(generator=torch.Generator()
-                                          .manual_seed(1))
+                    sn.mean_weight.normal_(
+                        generator=torch.Generator().manual_seed(0))
+                    sn.var_weight.normal_(
+                        generator=torch.Generator().manual_seed(1))
                     if sn.running_var is not None:
                         sn.running_mean.fill_(0.5)
                         sn.running_var.fill_(2.0)
@@ -172,8 +192,9 @@ def test_samples_normalised_one_by_one(case):
                 assert taken.calls == (kernels == 'native')
                 if training:
                     y.backward(grad)
-                results.append([y.detach()] + ([xs.grad] + [
-                    p.grad for p in sn.parameters()] if training else []))
+                results.append([y.detach()] + (
+                    [xs.grad] +
+                    [p.grad for p in sn.parameters()] if training else []))
             for got, want in zip(*results):
                 torch.testing.assert_close(got, want)
     finally:
@@ -264,19 +285,27 @@ def test_the_environment_picks_the_instruction_set(isa):
         pytest.skip('a fresh process per set would repeat this')
     code = 'from sn_mm.ops import cpu_isa; print(cpu_isa())'
     for wanted in ops.cpu_isas():
-        out = subprocess.run([sys.executable, '-c', code], check=True,
-                             capture_output=True, text=True,
-                             env={**os.environ, 'SN_MM_CPU_ISA': wanted})
+        out = subprocess.run([sys.executable, '-c', code],
+                             check=True,
+                             capture_output=True,
+                             text=True,
+                             env={
+                                 **os.environ, 'SN_MM_CPU_ISA': wanted
+                             })
         assert out.stdout.split()[-1] == wanted
-    bad = subprocess.run([sys.executable, '-c', code], capture_output=True,
-                         text=True, env={**os.environ, 'SN_MM_CPU_ISA': 'x87'})
+    bad = subprocess.run([sys.executable, '-c', code],
+                         capture_output=True,
+                         text=True,
+                         env={
+                             **os.environ, 'SN_MM_CPU_ISA': 'x87'
+                         })
     assert bad.returncode != 0
     assert "unknown instruction set 'x87'" in bad.stderr
 
 
 @pytest.mark.skipif(not native_available(), reason='extension not built')
-@pytest.mark.parametrize('path,shape', [
-    ('short_rows', (6, 5, 7, 7)), ('by_sample', (8, 64, 24, 24))])
+@pytest.mark.parametrize('path,shape', [('short_rows', (6, 5, 7, 7)),
+                                        ('by_sample', (8, 64, 24, 24))])
 @pytest.mark.parametrize('training', [True, False], ids=['train', 'eval'])
 def test_each_special_path_off_computes_the_same(path, shape, training):
     """A special path switched off: the call takes the general way, which
@@ -301,8 +330,9 @@ def test_each_special_path_off_computes_the_same(path, shape, training):
             ops.set_cpu_path(path, True)
             torch.set_num_threads(threads)
         taken.append(t.calls)
-        results.append([y.detach()] + ([xs.grad] + [
-            p.grad for p in sn.parameters()] if training else []))
+        results.append([y.detach()] +
+                       ([xs.grad] +
+                        [p.grad for p in sn.parameters()] if training else []))
     assert taken[0] > 0 and taken[1] == 0, taken
     for on, off in zip(*results):
         torch.testing.assert_close(on, off, rtol=1e-12, atol=1e-12)

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from helpers import free_port, make_sn, random_input, require_kernels
+
 from sn_mm import SwitchableNorm, SyncSwitchableNorm
 
 KERNELS = ['native', 'triton', 'torch']
@@ -51,8 +51,7 @@ def test_nonfinite_batch_leaves_running_statistics(kernels, momentum, how):
     # The next finite batch updates as usual, from the state before.
     x = random_input(shape, seed=3, dtype=torch.float32)
     sn(x)
-    fresh = make_sn(4, dtype=torch.float32, kernels=kernels,
-                    momentum=momentum)
+    fresh = make_sn(4, dtype=torch.float32, kernels=kernels, momentum=momentum)
     fresh.load_state_dict(before)
     fresh.train()(x)
     torch.testing.assert_close(sn.running_mean, fresh.running_mean)
@@ -80,8 +79,8 @@ def test_checkpoint_without_the_count_loads():
 
 
 def sync_worker(rank, port, out):
-    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}',
-                            rank=rank, world_size=2)
+    dist.init_process_group(
+        'gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=2)
     torch.manual_seed(0)
     layer = SyncSwitchableNorm(4)
     x = random_input((2, 4, 3, 3), seed=rank, dtype=torch.float32)
@@ -90,9 +89,13 @@ def sync_worker(rank, port, out):
     # Only rank 1's half holds a NaN: the shared statistics are NaN on both.
     layer(poisoned((2, 4, 3, 3), 'nan') if rank else x)
     after = layer.state_dict()
-    torch.save(dict(same=all(torch.equal(after[k], before[k]) for k in (
-        'running_mean', 'running_var', 'num_batches_tracked')),
-        count=int(layer.nonfinite_batches)), f'{out}.{rank}')
+    torch.save(
+        dict(
+            same=all(
+                torch.equal(after[k], before[k])
+                for k in ('running_mean', 'running_var',
+                          'num_batches_tracked')),
+            count=int(layer.nonfinite_batches)), f'{out}.{rank}')
     dist.destroy_process_group()
 
 

@@ -5,9 +5,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
+from helpers import free_port, make_sn, random_input, require_kernels
 from torch.func import functional_call
 
-from helpers import free_port, make_sn, random_input, require_kernels
 from sn_mm import SwitchableNorm, SyncSwitchableNorm
 from sn_mm.testing.precision import (float32_errors, offset_inputs,
                                      pytorch_norms)
@@ -60,9 +60,9 @@ def test_float32_with_large_offsets_matches_float64(offset, scale, kernels):
     sn32 = float32_layer(sn64, kernels=kernels)
     # Like GroupNorm's error on the same inputs: at most a few float32
     # roundings of the input relative to its spread.
-    tol = 4 * max(groupnorm_error(offset_input(shape, offset, scale), 1),
-                  groupnorm_error(offset_input(shape, offset, scale), 8),
-                  1e-5)
+    tol = 4 * max(
+        groupnorm_error(offset_input(shape, offset, scale), 1),
+        groupnorm_error(offset_input(shape, offset, scale), 8), 1e-5)
     for step in range(3):
         x = offset_input(shape, offset, scale, seed=step)
         x64 = x.double().requires_grad_()
@@ -81,17 +81,17 @@ def test_float32_with_large_offsets_matches_float64(offset, scale, kernels):
         # GroupNorm's weight gradient weighs: they are that much more
         # sensitive to the float32 rounding of the input (measured: 1-30x
         # GroupNorm's error; the released formula is off by over 100%).
-        for name, factor in (('weight', 4), ('mean_weight', 50),
-                             ('var_weight', 50)):
+        for name, factor in (('weight', 4), ('mean_weight', 50), ('var_weight',
+                                                                  50)):
             p32, p64 = getattr(sn32, name).grad, getattr(sn64, name).grad
             err = (p32.double() - p64).abs().max() / p64.abs().max()
             assert err <= factor * max(gn_w, 1e-5), (step, name, err, gn_w)
         sn32.zero_grad()
         sn64.zero_grad()
-    torch.testing.assert_close(sn32.running_mean.double(), sn64.running_mean,
-                               rtol=1e-6, atol=0)
-    torch.testing.assert_close(sn32.running_var.double(), sn64.running_var,
-                               rtol=1e-2, atol=0)
+    torch.testing.assert_close(
+        sn32.running_mean.double(), sn64.running_mean, rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        sn32.running_var.double(), sn64.running_var, rtol=1e-2, atol=0)
     # Eval after training: the running statistics are float32-exact.
     x = offset_input(shape, offset, scale, seed=7)
     y64, y32 = sn64.eval()(x.double()), sn32.eval()(x)
@@ -109,11 +109,13 @@ def test_float32_as_precise_as_pytorch_norms(kernels, offset):
     shape, steps = (4, 16, 8, 8), 5
     for scale in SCALES:
         inputs = offset_inputs(shape, offset, scale, steps + 1)
-        theirs = {name: float32_errors(make, inputs, offset, scale)
-                  for name, make in pytorch_norms(shape[1]).items()}
+        theirs = {
+            name: float32_errors(make, inputs, offset, scale)
+            for name, make in pytorch_norms(shape[1]).items()
+        }
         ours = float32_errors(
-            lambda: SwitchableNorm(shape[1], kernels=kernels), inputs,
-            offset, scale)
+            lambda: SwitchableNorm(shape[1], kernels=kernels), inputs, offset,
+            scale)
         bounds = dict(
             train=2 * max(e['train'] for e in theirs.values()),
             eval=2 * max(e['eval'] for e in theirs.values()),
@@ -124,8 +126,8 @@ def test_float32_as_precise_as_pytorch_norms(kernels, offset):
 
 
 def sync_worker(rank, port, shape, offset, scale, out):
-    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}',
-                            rank=rank, world_size=2)
+    dist.init_process_group(
+        'gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=2)
     sn64 = make_sn(shape[1])
     layer = float32_layer(sn64, SyncSwitchableNorm)
     x = offset_input(shape, offset, scale)
@@ -138,9 +140,12 @@ def sync_worker(rank, port, shape, offset, scale, out):
         refused = ''
     except RuntimeError as err:
         refused = str(err)
-    torch.save(dict(y=y.detach(), running_var=layer.running_var,
-                    running_mean=layer.running_mean, refused=refused),
-               f'{out}.{rank}')
+    torch.save(
+        dict(
+            y=y.detach(),
+            running_var=layer.running_var,
+            running_mean=layer.running_mean,
+            refused=refused), f'{out}.{rank}')
     dist.destroy_process_group()
 
 
@@ -148,8 +153,11 @@ def sync_worker(rank, port, shape, offset, scale, out):
 def test_syncsn_float32_with_large_offsets(tmp_path, offset, scale):
     shape = (4, 6, 5, 5)
     out = str(tmp_path / 'sync')
-    mp.spawn(sync_worker, args=(free_port(), shape, offset, scale, out),
-             nprocs=2, join=True)
+    mp.spawn(
+        sync_worker,
+        args=(free_port(), shape, offset, scale, out),
+        nprocs=2,
+        join=True)
     sn64 = make_sn(shape[1])
     x = offset_input(shape, offset, scale)
     expected = sn64(x.double())
@@ -158,15 +166,22 @@ def test_syncsn_float32_with_large_offsets(tmp_path, offset, scale):
         result = torch.load(f'{out}.{rank}')
         part = expected[rank * 2:(rank + 1) * 2]
         assert (result['y'].double() - part).abs().max() <= tol
-        torch.testing.assert_close(result['running_mean'].double(),
-                                   sn64.running_mean, rtol=1e-6, atol=0)
-        torch.testing.assert_close(result['running_var'].double(),
-                                   sn64.running_var, rtol=1e-3, atol=0)
+        torch.testing.assert_close(
+            result['running_mean'].double(),
+            sn64.running_mean,
+            rtol=1e-6,
+            atol=0)
+        torch.testing.assert_close(
+            result['running_var'].double(),
+            sn64.running_var,
+            rtol=1e-3,
+            atol=0)
         assert 'double backward' in result['refused']
 
 
-@pytest.mark.parametrize('shape', [(3, 4, 3, 2), (5, 4), (3, 4, 1, 1)],
-                         ids=['4d', '2d', 'one_position'])
+@pytest.mark.parametrize(
+    'shape', [(3, 4, 3, 2), (5, 4), (3, 4, 1, 1)],
+    ids=['4d', '2d', 'one_position'])
 @pytest.mark.parametrize('using_bn', [True, False])
 @pytest.mark.parametrize('training', [True, False])
 @pytest.mark.parametrize('cls', [SwitchableNorm, SyncSwitchableNorm])

@@ -35,11 +35,15 @@ def build_resnet50(scope, norm_type):
         # mmseg's 'ResNet' is the plain-stem v1 ResNet, as the released SN
         # backbones are; the deep-stem one is 'ResNetV1c'.
         return MODELS.build(
-            dict(type='ResNet', depth=50, style='pytorch', norm_eval=False,
-                 norm_cfg=dict(type=norm_type, requires_grad=True),
-                 # Zero-initialised residual norms would make every branch's
-                 # gradient exactly 0 on the first steps.
-                 zero_init_residual=False))
+            dict(
+                type='ResNet',
+                depth=50,
+                style='pytorch',
+                norm_eval=False,
+                norm_cfg=dict(type=norm_type, requires_grad=True),
+                # Zero-initialised residual norms would make every branch's
+                # gradient exactly 0 on the first steps.
+                zero_init_residual=False))
 
 
 @pytest.mark.parametrize('norm_type', NORMS)
@@ -75,9 +79,12 @@ def test_resnet50_train_step(scope, norm_type):
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
-@pytest.mark.parametrize('arch', [
-    dict(type='ResNet', depth=50), dict(type='ResNetV1d', depth=50),
-    dict(type='ResNeXt', depth=50, groups=32, width_per_group=4)],
+@pytest.mark.parametrize(
+    'arch', [
+        dict(type='ResNet', depth=50),
+        dict(type='ResNetV1d', depth=50),
+        dict(type='ResNeXt', depth=50, groups=32, width_per_group=4)
+    ],
     ids=lambda a: a['type'])
 @pytest.mark.parametrize('norm_type', NORMS)
 def test_mmpretrain_backbones(arch, norm_type):
@@ -88,16 +95,17 @@ def test_mmpretrain_backbones(arch, norm_type):
     from mmpretrain.utils import register_all_modules
     register_all_modules(init_default_scope=False)
     with DefaultScope.overwrite_default_scope('mmpretrain'):
-        model = MODELS.build(dict(
-            type='ImageClassifier',
-            backbone=dict(arch, norm_cfg=dict(type=norm_type)),
-            neck=dict(type='GlobalAveragePooling'),
-            head=dict(type='LinearClsHead', num_classes=10,
-                      in_channels=2048)))
+        model = MODELS.build(
+            dict(
+                type='ImageClassifier',
+                backbone=dict(arch, norm_cfg=dict(type=norm_type)),
+                neck=dict(type='GlobalAveragePooling'),
+                head=dict(
+                    type='LinearClsHead', num_classes=10, in_channels=2048)))
     norms = [m for m in model.modules() if isinstance(m, NORMS[norm_type])]
     assert len(norms) >= 53
-    assert not any(isinstance(m, torch.nn.BatchNorm2d)
-                   for m in model.modules())
+    assert not any(
+        isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
     model.train()
     loss = model(torch.randn(2, 3, 32, 32), mode='tensor').square().mean()
     loss.backward()

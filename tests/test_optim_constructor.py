@@ -23,8 +23,11 @@ class Net(nn.Module):
 def groups(paramwise_cfg, constructor=SNOptimWrapperConstructor):
     model = Net()
     wrapper = constructor(
-        dict(optimizer=dict(type='SGD', lr=BASE_LR, momentum=0.9,
-                            weight_decay=BASE_WD)), paramwise_cfg)(model)
+        dict(
+            optimizer=dict(
+                type='SGD', lr=BASE_LR, momentum=0.9, weight_decay=BASE_WD)),
+        paramwise_cfg)(
+            model)
     names = {id(p): n for n, p in model.named_parameters()}
     return {
         names[id(g['params'][0])]: (g['lr'], g['weight_decay'])
@@ -45,8 +48,13 @@ def test_default_constructor_misses_sn():
 
 
 def test_sn_affine_is_norm_and_ratios_take_their_multipliers():
-    g = groups(dict(norm_decay_mult=0., bias_lr_mult=2., bias_decay_mult=0.5,
-                    ratio_lr_mult=10., ratio_decay_mult=0.))
+    g = groups(
+        dict(
+            norm_decay_mult=0.,
+            bias_lr_mult=2.,
+            bias_decay_mult=0.5,
+            ratio_lr_mult=10.,
+            ratio_decay_mult=0.))
     for prefix in ('sn', 'head.1', 'bn'):
         assert g[f'{prefix}.weight'] == (BASE_LR, 0.)
         # bias_lr_mult leaves norm biases alone, as mmengine does for BN.
@@ -66,8 +74,11 @@ def test_ratios_follow_norm_rule_without_their_own():
 
 
 def test_custom_keys_override_sn_rules():
-    g = groups(dict(norm_decay_mult=0., ratio_decay_mult=0.,
-                    custom_keys={'head': dict(lr_mult=0.1, decay_mult=3.)}))
+    g = groups(
+        dict(
+            norm_decay_mult=0.,
+            ratio_decay_mult=0.,
+            custom_keys={'head': dict(lr_mult=0.1, decay_mult=3.)}))
     assert g['head.1.weight'] == pytest.approx((BASE_LR * 0.1, BASE_WD * 3))
     assert g['head.1.var_weight'] == pytest.approx(
         (BASE_LR * 0.1, BASE_WD * 3))

@@ -7,12 +7,12 @@ import pytest
 import torch
 import torch.nn as nn
 from mmengine.registry import DefaultScope
-
-import sn_mm  # noqa: F401
-from sn_mm import PreActResNet, SwitchableNorm, SyncSwitchableNorm
 from released_sn_resnet import (ReleasedPreActResNetSN, ReleasedResNetSN,
                                 assert_reproduces, randomise)
 from test_sn2mm import run_tool, save_released
+
+import sn_mm  # noqa: F401
+from sn_mm import PreActResNet, SwitchableNorm, SyncSwitchableNorm
 
 RELEASED = {
     'v1-101': lambda: ReleasedResNetSN(layers=(3, 4, 23, 3)),
@@ -47,11 +47,21 @@ def test_released_model_converts_loads_and_reproduces(tmp_path, name):
     state = torch.load(dst, weights_only=True)['state_dict']
     assert not any(k.startswith('fc.') for k in state)
 
-    cfg = (dict(type='PreActResNet', depth=depth, norm_cfg=dict(type='SN'))
-           if v2 else dict(type='ResNet', depth=depth, style='pytorch',
-                           norm_eval=False, norm_cfg=dict(type='SN')))
-    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(4),
-                    dtype=torch.float64)
+    cfg = (
+        dict(type='PreActResNet', depth=depth, norm_cfg=dict(
+            type='SN')) if v2 else dict(
+                type='ResNet',
+                depth=depth,
+                style='pytorch',
+                norm_eval=False,
+                norm_cfg=dict(type='SN')))
+    x = torch.randn(
+        2,
+        3,
+        64,
+        64,
+        generator=torch.Generator().manual_seed(4),
+        dtype=torch.float64)
     for scope in ('mmdet', 'mmseg'):
         reference = copy.deepcopy(released).double()
         backbone = build(scope, cfg)
@@ -59,15 +69,19 @@ def test_released_model_converts_loads_and_reproduces(tmp_path, name):
         backbone.double()
         assert_reproduces(reference, backbone, x, 1e-10)
         # Training moved the running statistics the same way.
-        torch.testing.assert_close(backbone.layer3[5].sn2.running_var,
-                                   reference.layer3[5].sn2.running_var
-                                   .flatten(), rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(
+            backbone.layer3[5].sn2.running_var,
+            reference.layer3[5].sn2.running_var.flatten(),
+            rtol=1e-10,
+            atol=1e-12)
 
 
-NORMS = {'SN': (dict(type='SN'), SwitchableNorm),
-         'SyncSN': (dict(type='SyncSN'), SyncSwitchableNorm),
-         'BN': (dict(type='BN'), nn.BatchNorm2d),
-         'GN': (dict(type='GN', num_groups=32), nn.GroupNorm)}
+NORMS = {
+    'SN': (dict(type='SN'), SwitchableNorm),
+    'SyncSN': (dict(type='SyncSN'), SyncSwitchableNorm),
+    'BN': (dict(type='BN'), nn.BatchNorm2d),
+    'GN': (dict(type='GN', num_groups=32), nn.GroupNorm)
+}
 
 
 @pytest.mark.parametrize('norm', NORMS)
@@ -84,7 +98,8 @@ def test_backbone_with_each_norm_trains(norm, depth):
     outs = model(x)
     expansion = 4 if depth == 50 else 1
     assert [tuple(o.shape) for o in outs] == [
-        (2, 64 * expansion * 2**i, 16 // 2**i, 16 // 2**i) for i in range(4)]
+        (2, 64 * expansion * 2**i, 16 // 2**i, 16 // 2**i) for i in range(4)
+    ]
     # The last stage's output went through sn_out and ReLU.
     assert (outs[-1] >= 0).all()
     sum(o.mean() for o in outs).backward()
@@ -92,11 +107,11 @@ def test_backbone_with_each_norm_trains(norm, depth):
 
 
 def test_output_stride_8_and_out_indices():
-    model = PreActResNet(50, strides=(1, 2, 1, 1), dilations=(1, 1, 2, 4),
-                         out_indices=(2, 3)).eval()
+    model = PreActResNet(
+        50, strides=(1, 2, 1, 1), dilations=(1, 1, 2, 4),
+        out_indices=(2, 3)).eval()
     outs = model(torch.randn(1, 3, 64, 64))
-    assert [tuple(o.shape) for o in outs] == [(1, 1024, 8, 8),
-                                              (1, 2048, 8, 8)]
+    assert [tuple(o.shape) for o in outs] == [(1, 1024, 8, 8), (1, 2048, 8, 8)]
     assert model.layer4[0].conv2.dilation == (4, 4)
     assert model.layer4[1].conv2.padding == (4, 4)
 
@@ -119,8 +134,8 @@ def test_frozen_stages_freeze_what_they_say():
 def test_norm_eval_keeps_norm_layers_in_eval():
     model = PreActResNet(18, norm_eval=True).train()
     assert model.training
-    assert not any(m.training for m in model.modules()
-                   if isinstance(m, SwitchableNorm))
+    assert not any(m.training
+                   for m in model.modules() if isinstance(m, SwitchableNorm))
     before = model.layer2[0].sn2.running_var.clone()
     model(torch.randn(2, 3, 32, 32))
     assert torch.equal(model.layer2[0].sn2.running_var, before)

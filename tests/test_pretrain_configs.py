@@ -17,8 +17,9 @@ from sn_mm import SwitchableNorm
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs', 'pretrain', '*.py')))
-SN_SETTINGS = ['8xb32', '8xb16', '8xb8', '8xb4', '8xb2', '1xb16', '1xb32',
-               '8xb1', '1xb8']
+SN_SETTINGS = [
+    '8xb32', '8xb16', '8xb8', '8xb4', '8xb2', '1xb16', '1xb32', '8xb1', '1xb8'
+]
 
 
 def config_id(path):
@@ -37,10 +38,13 @@ def build(cfg):
 
 def test_table_2_rows_are_all_there():
     names = {config_id(p) for p in CONFIGS}
-    assert names == (
-        {f'resnet50-sn_{s}_in1k' for s in SN_SETTINGS}
-        | {f'resnet50-{n}_{s}_in1k' for n in ('bn', 'gn')
-           for s in ('8xb32', '8xb2')})
+    assert names == ({f'resnet50-sn_{s}_in1k'
+                      for s in SN_SETTINGS}
+                     | {
+                         f'resnet50-{n}_{s}_in1k'
+                         for n in ('bn', 'gn')
+                         for s in ('8xb32', '8xb2')
+                     })
 
 
 @pytest.mark.parametrize('path', CONFIGS, ids=config_id)
@@ -84,22 +88,28 @@ def test_recipe_and_batch_setting(path):
     if norm == 'sn':
         # The ratio logits decay like every other parameter.
         logits = {id(m.mean_weight) for m in sn}
-        decays = {g['weight_decay'] for g in optim_wrapper.param_groups
-                  if any(id(p) in logits for p in g['params'])}
+        decays = {
+            g['weight_decay']
+            for g in optim_wrapper.param_groups if any(
+                id(p) in logits for p in g['params'])
+        }
         assert decays == {1e-4}
 
 
 def test_sn_row_trains_a_step():
-    cfg = Config.fromfile(osp.join(ROOT, 'configs', 'pretrain',
-                                   'resnet50-sn_8xb32_in1k.py'))
+    cfg = Config.fromfile(
+        osp.join(ROOT, 'configs', 'pretrain', 'resnet50-sn_8xb32_in1k.py'))
     model, optim_wrapper = build(cfg)
     model.train()
     torch.manual_seed(0)
     from mmpretrain.structures import DataSample
-    data = model.data_preprocessor(dict(
-        inputs=[torch.randint(0, 256, (3, 64, 64), dtype=torch.uint8)
-                for _ in range(2)],
-        data_samples=[DataSample().set_gt_label(i) for i in (3, 7)]), True)
+    data = model.data_preprocessor(
+        dict(
+            inputs=[
+                torch.randint(0, 256, (3, 64, 64), dtype=torch.uint8)
+                for _ in range(2)
+            ],
+            data_samples=[DataSample().set_gt_label(i) for i in (3, 7)]), True)
     stem = model.backbone.norm1
     before = stem.mean_weight.detach().clone()
     losses = model(**data, mode='loss')

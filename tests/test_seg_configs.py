@@ -21,8 +21,14 @@ SEG_CONFIGS = sorted(
     glob.glob(osp.join(ROOT, 'configs', 'deeplabv3', '*.py')) +
     glob.glob(osp.join(ROOT, 'configs', 'pspnet', '*.py')))
 TOY_CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs', 'toy', '*seg.py')))
-NORM_TYPES = {'syncbn': 'SyncBN', 'gn': 'GN', 'sn': 'SN', 'syncsn': 'SyncSN',
-              'ssn': 'SN', 'gsn2': 'SN'}
+NORM_TYPES = {
+    'syncbn': 'SyncBN',
+    'gn': 'GN',
+    'sn': 'SN',
+    'syncsn': 'SyncSN',
+    'ssn': 'SN',
+    'gsn2': 'SN'
+}
 
 
 def config_id(path):
@@ -44,14 +50,20 @@ def row(path):
 def distinct_models(paths):
     # R50 (8,4), (8,32) and from-BN rows differ from (8,2) only in the
     # checkpoint.
-    return [p for p in paths if not (backbone_and_row(p)[0] == 'r50' and
-                                     row(p).endswith(('8x4', '8x32',
-                                                      'from-bn')))]
+    return [
+        p for p in paths
+        if not (backbone_and_row(p)[0] == 'r50' and row(p).endswith(
+            ('8x4', '8x32', 'from-bn')))
+    ]
 
 
 # The released backbone each (8,32)-and-beyond row starts from.
-CHECKPOINTS = {'r50': 'resnet50', 'r101': 'resnet101',
-               'preact-r50': 'resnet50v2', 'preact-r101': 'resnet101v2'}
+CHECKPOINTS = {
+    'r50': 'resnet50',
+    'r101': 'resnet101',
+    'preact-r50': 'resnet50v2',
+    'preact-r101': 'resnet101v2'
+}
 
 
 def build(cfg):
@@ -63,26 +75,33 @@ def build(cfg):
 def test_the_paper_rows_are_all_there():
     # and the Sparse SN (8,2) row, from the released ResNet50v1+SSN, and
     # the SN row from torchvision's BN ResNet-50
-    rows = {'syncbn', 'gn', 'sn-8x2', 'sn-8x4', 'sn-8x32', 'syncsn-8x2',
-            'syncsn-8x4', 'syncsn-8x32', 'ssn-8x2', 'sn-from-bn'}
+    rows = {
+        'syncbn', 'gn', 'sn-8x2', 'sn-8x4', 'sn-8x32', 'syncsn-8x2',
+        'syncsn-8x4', 'syncsn-8x32', 'ssn-8x2', 'sn-from-bn'
+    }
     for model in ('deeplabv3', 'pspnet'):
         for data in ('ade20k-450x450', 'cityscapes-713x713'):
-            found = {row(p) for p in SEG_CONFIGS
-                     if config_id(p).startswith(model + '_r50-')
-                     and data in p}
+            found = {
+                row(p)
+                for p in SEG_CONFIGS
+                if config_id(p).startswith(model + '_r50-') and data in p
+            }
             # and DeepLabV3's ADE20K SN (8,2) row with group SN
-            extra = {'gsn2-8x2'} if (model, data) == (
-                'deeplabv3', 'ade20k-450x450') else set()
+            extra = {'gsn2-8x2'} if (model,
+                                     data) == ('deeplabv3',
+                                               'ade20k-450x450') else set()
             assert found == rows | extra, (model, data)
 
 
 def test_the_stronger_backbones_are_all_there():
     for data in ('ade20k-450x450', 'cityscapes-713x713'):
-        found = {backbone_and_row(p) for p in SEG_CONFIGS
-                 if config_id(p).startswith('deeplabv3_') and data in p
-                 and backbone_and_row(p)[0] != 'r50'}
-        assert found == {(b, r) for b in ('r101', 'preact-r50',
-                                          'preact-r101')
+        found = {
+            backbone_and_row(p)
+            for p in SEG_CONFIGS if config_id(p).startswith('deeplabv3_')
+            and data in p and backbone_and_row(p)[0] != 'r50'
+        }
+        assert found == {(b, r)
+                         for b in ('r101', 'preact-r50', 'preact-r101')
                          for r in ('sn-8x32', 'syncsn-8x32')}, data
 
 
@@ -92,8 +111,8 @@ def test_config_builds(path):
     assert 'sn_mm' in cfg.custom_imports.imports
     model = build(cfg)
     # The plain-stem ResNet of the released SN checkpoints, not ResNetV1c.
-    assert hasattr(model.backbone, 'conv1') and not hasattr(
-        model.backbone, 'stem')
+    assert hasattr(model.backbone,
+                   'conv1') and not hasattr(model.backbone, 'stem')
     if 'preact' in config_id(path):
         assert type(model.backbone).__name__ == 'PreActResNet'
         assert model.backbone.depth == int(
@@ -120,10 +139,9 @@ def test_config_builds(path):
         assert cfg.model.backbone.init_cfg.checkpoint == (
             f'checkpoints/{released}_{"ssn" if sparse else "sn"}_{pretrain}'
             '_mm.pth')
-        layers = [m for m in model.modules()
-                  if isinstance(m, SwitchableNorm)]
-        assert layers and all((m.ratio_fn == 'sparsestmax') == sparse
-                              for m in layers)
+        layers = [m for m in model.modules() if isinstance(m, SwitchableNorm)]
+        assert layers and all(
+            (m.ratio_fn == 'sparsestmax') == sparse for m in layers)
         groups = 2 if kind == 'gsn2' else 1
         assert all(m.ratio_groups == groups for m in layers)
         hooks = [h['type'] for h in cfg.get('custom_hooks', [])]
@@ -152,15 +170,17 @@ def tta_sample(cfg, root, path):
             t.scale = (t.scale[0] // 10, t.scale[1] // 10)
     with DefaultScope.overwrite_default_scope('mmseg'):
         pipeline = Compose(tta)
-    sample = pipeline(dict(
-        img_path=str(root / 'images' / 'training' / '00000.png'),
-        seg_map_path=str(root / 'annotations' / 'training' / '00000.png'),
-        reduce_zero_label='ade20k' in path, seg_fields=[]))
+    sample = pipeline(
+        dict(
+            img_path=str(root / 'images' / 'training' / '00000.png'),
+            seg_map_path=str(root / 'annotations' / 'training' / '00000.png'),
+            reduce_zero_label='ade20k' in path,
+            seg_fields=[]))
     return pseudo_collate([sample])
 
 
-@pytest.mark.parametrize('path', distinct_models(SEG_CONFIGS) + TOY_CONFIGS,
-                         ids=config_id)
+@pytest.mark.parametrize(
+    'path', distinct_models(SEG_CONFIGS) + TOY_CONFIGS, ids=config_id)
 def test_train_step_and_multiscale_predict(path, toy_images):
     cfg = Config.fromfile(path)
     # The preprocessor pads training batches to the crop size (713x713 for
@@ -173,18 +193,22 @@ def test_train_step_and_multiscale_predict(path, toy_images):
     with DefaultScope.overwrite_default_scope('mmseg'):
         optim_wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
     model.train()
-    from mmseg.structures import SegDataSample
     from mmengine.structures import PixelData
+    from mmseg.structures import SegDataSample
     samples = []
     for _ in range(2):
-        s = SegDataSample(metainfo=dict(img_shape=(64, 64),
-                                        pad_shape=(64, 64)))
+        s = SegDataSample(
+            metainfo=dict(img_shape=(64, 64), pad_shape=(64, 64)))
         s.gt_sem_seg = PixelData(
             data=torch.randint(0, 4, (1, 64, 64), dtype=torch.long))
         samples.append(s)
     data = model.data_preprocessor(
-        dict(inputs=[torch.randint(0, 255, (3, 64, 64), dtype=torch.uint8)
-                     for _ in range(2)], data_samples=samples), True)
+        dict(
+            inputs=[
+                torch.randint(0, 255, (3, 64, 64), dtype=torch.uint8)
+                for _ in range(2)
+            ],
+            data_samples=samples), True)
     sn_layers = [m for m in model.modules() if isinstance(m, SwitchableNorm)]
     ratios_before = [m.mean_weight.detach().clone() for m in sn_layers]
     losses = model(**data, mode='loss')

@@ -4,21 +4,22 @@ import os.path as osp
 
 import pytest
 import torch
-
 from helpers import free_port
 from tool_runner import ROOT, run_python, tool
 
 TESTS = osp.join(ROOT, 'tests')
 SYNC_CONFIG = osp.join(ROOT, 'configs', 'toy',
                        'deeplabv3_r18-syncsn-d8_toy-seg.py')
-SHORT = ['train_cfg.max_iters=3', 'train_dataloader.batch_size=2',
-         'default_hooks.logger.interval=1']
+SHORT = [
+    'train_cfg.max_iters=3', 'train_dataloader.batch_size=2',
+    'default_hooks.logger.interval=1'
+]
 
 
 def run(args, cwd):
     # PYTHONPATH: the processes import the test's dump hook.
-    result = run_python(args, cwd, env=dict(PYTHONPATH=TESTS,
-                                            OMP_NUM_THREADS='1'))
+    result = run_python(
+        args, cwd, env=dict(PYTHONPATH=TESTS, OMP_NUM_THREADS='1'))
     return result.stdout + result.stderr
 
 
@@ -35,14 +36,18 @@ def workspace(toy_seg_workspace):
 
 def test_two_process_syncsn_training_agrees_on_every_rank(workspace):
     cwd = workspace
-    log = run(['-m', 'torch.distributed.run',
-               '--nproc_per_node', '2', '--master_port', str(free_port()),
-               tool('train.py'), 'dump_config.py',
-               '--launcher', 'pytorch', '--work-dir', 'wd', '--cfg-options',
-               *SHORT], cwd=cwd)
+    log = run([
+        '-m', 'torch.distributed.run', '--nproc_per_node', '2',
+        '--master_port',
+        str(free_port()),
+        tool('train.py'), 'dump_config.py', '--launcher', 'pytorch',
+        '--work-dir', 'wd', '--cfg-options', *SHORT
+    ],
+              cwd=cwd)
     assert 'Iter(train) [3/3]' in log
-    ranks = [torch.load(cwd / 'wd' / f'sn_state_rank{r}.pth')
-             for r in range(2)]
+    ranks = [
+        torch.load(cwd / 'wd' / f'sn_state_rank{r}.pth') for r in range(2)
+    ]
     assert set(ranks[0]['types'].values()) == {'SyncSwitchableNorm'}
     state0, state1 = ranks[0]['state'], ranks[1]['state']
     assert state0.keys() == state1.keys()
@@ -57,14 +62,20 @@ def test_two_process_syncsn_training_agrees_on_every_rank(workspace):
 
 def test_test_tool_turns_syncsn_into_sn_on_one_process(workspace):
     cwd = workspace
-    run([tool('train.py'), 'dump_config.py',
-         '--work-dir', 'single', '--cfg-options', *SHORT], cwd=cwd)
+    run([
+        tool('train.py'), 'dump_config.py', '--work-dir', 'single',
+        '--cfg-options', *SHORT
+    ],
+        cwd=cwd)
     trained = torch.load(cwd / 'single' / 'sn_state_rank0.pth')
     # Not distributed: the runner ran SN layers, training too, as mmengine
     # does with SyncBN.
     assert set(trained['types'].values()) == {'SwitchableNorm'}
-    log = run([tool('test.py'), 'dump_config.py', 'single/iter_3.pth',
-               '--work-dir', 'single_test'], cwd=cwd)
+    log = run([
+        tool('test.py'), 'dump_config.py', 'single/iter_3.pth', '--work-dir',
+        'single_test'
+    ],
+              cwd=cwd)
     assert 'mIoU' in log
     tested = torch.load(cwd / 'single_test' / 'sn_state_test_rank0.pth')
     # Every SyncSN layer of the config ran as SN, with the trained state.

@@ -7,9 +7,9 @@ import sys
 import pytest
 import torch
 from mmengine.registry import DefaultScope
+from released_sn_resnet import ReleasedResNetSN, assert_reproduces, randomise
 
 import sn_mm  # noqa: F401
-from released_sn_resnet import ReleasedResNetSN, assert_reproduces, randomise
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TOOL = osp.join(ROOT, 'tools', 'model_converters', 'sn2mm.py')
@@ -17,7 +17,9 @@ TOOL = osp.join(ROOT, 'tools', 'model_converters', 'sn2mm.py')
 
 def run_tool(*args):
     return subprocess.run([sys.executable, TOOL, *map(str, args)],
-                          capture_output=True, text=True, cwd=ROOT)
+                          capture_output=True,
+                          text=True,
+                          cwd=ROOT)
 
 
 def save_released(model, path, prefix='module.', extra=True):
@@ -31,9 +33,11 @@ def save_released(model, path, prefix='module.', extra=True):
 @pytest.fixture(scope='module')
 def released(tmp_path_factory):
     """A randomised ResNet50v1+SN with BN branch, and one without."""
-    return {using_bn: randomise(ReleasedResNetSN(using_bn=using_bn),
-                                seed=int(using_bn))
-            for using_bn in (True, False)}
+    return {
+        using_bn:
+        randomise(ReleasedResNetSN(using_bn=using_bn), seed=int(using_bn))
+        for using_bn in (True, False)
+    }
 
 
 def build_backbone(scope, using_bn):
@@ -42,29 +46,37 @@ def build_backbone(scope, using_bn):
     else:
         from mmseg.models.backbones import ResNet
     with DefaultScope.overwrite_default_scope(scope):
-        return ResNet(depth=50, style='pytorch', norm_eval=False,
-                      norm_cfg=dict(type='SN', using_bn=using_bn))
+        return ResNet(
+            depth=50,
+            style='pytorch',
+            norm_eval=False,
+            norm_cfg=dict(type='SN', using_bn=using_bn))
 
 
 @pytest.mark.parametrize('using_bn,prefix', [(True, 'module.'), (True, ''),
                                              (False, 'module.')])
-def test_convert_loads_strictly_and_reproduces_outputs(
-        tmp_path, released, using_bn, prefix):
+def test_convert_loads_strictly_and_reproduces_outputs(tmp_path, released,
+                                                       using_bn, prefix):
     model = released[using_bn]
     src, dst = tmp_path / 'released.pth.tar', tmp_path / 'out' / 'sn.pth'
     save_released(model, src, prefix)
     result = run_tool(src, dst)
     assert result.returncode == 0, result.stderr
-    expected_cfg = ("dict(type='SN')" if using_bn else
-                    "dict(type='SN', using_bn=False)")
+    expected_cfg = ("dict(type='SN')"
+                    if using_bn else "dict(type='SN', using_bn=False)")
     assert f'norm_cfg={expected_cfg}' in result.stdout
     assert 'fc.weight' in result.stdout  # says what it dropped
 
     ckpt = torch.load(dst, weights_only=True)  # safe to load
     assert not any(k.startswith('fc.') for k in ckpt['state_dict'])
     # float64: differences are then the converter's, not rounding's.
-    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(3),
-                    dtype=torch.float64)
+    x = torch.randn(
+        2,
+        3,
+        64,
+        64,
+        generator=torch.Generator().manual_seed(3),
+        dtype=torch.float64)
     for scope in ('mmdet', 'mmseg'):
         # Fresh copies: a training-mode pass moves running statistics.
         reference = copy.deepcopy(released[using_bn]).double()

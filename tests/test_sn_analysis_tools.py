@@ -6,13 +6,11 @@ import os.path as osp
 
 import pytest
 import torch
-
 from helpers import load_tool
 from released_sn_resnet import ReleasedResNetSN
 from tool_runner import ROOT, run_python
 
 SEG_CONFIG = osp.join(ROOT, 'configs', 'toy', 'deeplabv3_r18-sn-d8_toy-seg.py')
-
 
 run = run_python
 
@@ -24,10 +22,11 @@ def trained(toy_seg_workspace):
         f"_base_ = '{SEG_CONFIG}'\n"
         "custom_hooks = [dict(type='SNRatioHook', interval=2),\n"
         "                dict(type='SNBatchAverageHook', num_batches=2)]\n")
-    result = run([osp.join(ROOT, 'tools', 'train.py'), 'hooks_config.py',
-                  '--work-dir', 'wd', '--cfg-options',
-                  'train_cfg.max_iters=4', 'train_dataloader.batch_size=2',
-                  'default_hooks.logger.interval=1'], cwd)
+    result = run([
+        osp.join(ROOT, 'tools', 'train.py'), 'hooks_config.py', '--work-dir',
+        'wd', '--cfg-options', 'train_cfg.max_iters=4',
+        'train_dataloader.batch_size=2', 'default_hooks.logger.interval=1'
+    ], cwd)
     return cwd, result.stdout + result.stderr
 
 
@@ -58,28 +57,36 @@ def test_batch_average_hook_runs_before_the_final_checkpoint(trained):
 def test_batch_average_tool(trained):
     cwd, _ = trained
     src, out = cwd / 'wd' / 'iter_4.pth', cwd / 'averaged.pth'
-    result = run([osp.join(ROOT, 'tools', 'analysis_tools',
-                           'batch_average.py'), SEG_CONFIG, src,
-                  '--num-batches', '3', '--out', out], cwd)
+    result = run([
+        osp.join(ROOT, 'tools', 'analysis_tools', 'batch_average.py'),
+        SEG_CONFIG, src, '--num-batches', '3', '--out', out
+    ], cwd)
     assert 'over 3 training batches' in result.stdout
     before = torch.load(src, weights_only=False)
     after = torch.load(out, weights_only=False)
     assert after['meta']['sn_batch_average']['num_batches'] == 3
-    changed = [k for k, v in after['state_dict'].items()
-               if not torch.equal(v, before['state_dict'][k])]
-    assert changed and all(k.endswith(('running_mean', 'running_var'))
-                           for k in changed)
+    changed = [
+        k for k, v in after['state_dict'].items()
+        if not torch.equal(v, before['state_dict'][k])
+    ]
+    assert changed and all(
+        k.endswith(('running_mean', 'running_var')) for k in changed)
     # An existing output is not overwritten.
-    again = run([osp.join(ROOT, 'tools', 'analysis_tools',
-                          'batch_average.py'), SEG_CONFIG, src, '--out', out],
-                cwd, ok=False)
+    again = run([
+        osp.join(ROOT, 'tools', 'analysis_tools', 'batch_average.py'),
+        SEG_CONFIG, src, '--out', out
+    ],
+                cwd,
+                ok=False)
     assert again.returncode != 0 and 'exists' in again.stderr
 
 
 def expected_ratios(state, layer):
-    return {stat: torch.softmax(state[f'{layer}.{stat}_weight'].double()
-                                .flatten(), 0)
-            for stat in ('mean', 'var')}
+    return {
+        stat: torch.softmax(state[f'{layer}.{stat}_weight'].double().flatten(),
+                            0)
+        for stat in ('mean', 'var')
+    }
 
 
 @pytest.mark.parametrize('kind', ['trained', 'imagenet'])
@@ -97,11 +104,14 @@ def test_plot_ratios(trained, tmp_path, kind):
                     p.normal_(0, 2)
         state = model.state_dict()
         torch.save(dict(state_dict=state), ckpt)
-    layers = [k[:-len('.mean_weight')] for k in state
-              if k.endswith('.mean_weight')]
+    layers = [
+        k[:-len('.mean_weight')] for k in state if k.endswith('.mean_weight')
+    ]
     out = tmp_path / 'ratios.png'
-    result = run([osp.join(ROOT, 'tools', 'analysis_tools',
-                           'plot_ratios.py'), ckpt, '--out', out], cwd)
+    result = run([
+        osp.join(ROOT, 'tools', 'analysis_tools', 'plot_ratios.py'), ckpt,
+        '--out', out
+    ], cwd)
     assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     # The printed table: one row per layer, in network order, the values of
     # the checkpoint's softmax ratios.
@@ -113,8 +123,11 @@ def test_plot_ratios(trained, tmp_path, kind):
         values = torch.tensor([float(v) for v in row.split()[1:7]],
                               dtype=torch.float64)
         ratios = expected_ratios(state, layer)
-        torch.testing.assert_close(values, torch.cat(
-            [ratios['mean'], ratios['var']]), rtol=0, atol=6e-4)
+        torch.testing.assert_close(
+            values,
+            torch.cat([ratios['mean'], ratios['var']]),
+            rtol=0,
+            atol=6e-4)
     # The figure: bar heights are the ratios, term by term, layer by layer.
     tool = load_tool('analysis_tools', 'plot_ratios.py')
     from sn_mm.analysis import sn_ratios
@@ -123,15 +136,16 @@ def test_plot_ratios(trained, tmp_path, kind):
         for t, bars in enumerate(ax.containers):
             heights = torch.tensor([b.get_height() for b in bars],
                                    dtype=torch.float64)
-            expected = torch.stack([expected_ratios(state, layer)[stat][t]
-                                    for layer in layers])
-            torch.testing.assert_close(heights, expected, rtol=1e-6,
-                                       atol=1e-6)
+            expected = torch.stack(
+                [expected_ratios(state, layer)[stat][t] for layer in layers])
+            torch.testing.assert_close(heights, expected, rtol=1e-6, atol=1e-6)
 
 
 def test_plot_ratios_refuses_checkpoint_without_sn(tmp_path):
     ckpt = tmp_path / 'bn.pth'
     torch.save(dict(state_dict=torch.nn.BatchNorm2d(3).state_dict()), ckpt)
-    result = run([osp.join(ROOT, 'tools', 'analysis_tools',
-                           'plot_ratios.py'), ckpt], tmp_path, ok=False)
+    result = run(
+        [osp.join(ROOT, 'tools', 'analysis_tools', 'plot_ratios.py'), ckpt],
+        tmp_path,
+        ok=False)
     assert result.returncode != 0 and 'no SN layers' in result.stderr

@@ -19,11 +19,19 @@ def build(cfg):
 
 
 def resnet(norm, depth=50, init_cfg=None, **kwargs):
-    norm_cfg = dict(BN=dict(type='BN'), SN=dict(type='SN'),
-                    GN=dict(type='GN', num_groups=32))[norm]
-    return build(dict(type='ResNet', depth=depth, style='pytorch',
-                      norm_eval=False, norm_cfg=norm_cfg, init_cfg=init_cfg,
-                      **kwargs))
+    norm_cfg = dict(
+        BN=dict(type='BN'),
+        SN=dict(type='SN'),
+        GN=dict(type='GN', num_groups=32))[norm]
+    return build(
+        dict(
+            type='ResNet',
+            depth=depth,
+            style='pytorch',
+            norm_eval=False,
+            norm_cfg=norm_cfg,
+            init_cfg=init_cfg,
+            **kwargs))
 
 
 def randomise(model, seed=0):
@@ -50,8 +58,11 @@ def bn_checkpoint(tmp_path_factory):
     with torch.no_grad():
         for _ in range(3):
             model(torch.randn(4, 3, 64, 64))
-    state = dict(model.state_dict(), **{'fc.weight': torch.randn(1000, 2048),
-                                        'fc.bias': torch.zeros(1000)})
+    state = dict(
+        model.state_dict(), **{
+            'fc.weight': torch.randn(1000, 2048),
+            'fc.bias': torch.zeros(1000)
+        })
     path = tmp_path_factory.mktemp('ckpt') / 'resnet50_bn.pth'
     torch.save(state, path)
     model.eval()  # (mmdet's ResNet.train returns None)
@@ -59,8 +70,10 @@ def bn_checkpoint(tmp_path_factory):
 
 
 def sn_layers(model):
-    return {n: m for n, m in model.named_modules()
-            if isinstance(m, SwitchableNorm)}
+    return {
+        n: m
+        for n, m in model.named_modules() if isinstance(m, SwitchableNorm)
+    }
 
 
 def backbone_of(config, options):
@@ -68,6 +81,7 @@ def backbone_of(config, options):
     ``--cfg-options`` does), built in its scope (mmseg's for the
     segmentation configs, else mmdet's) and initialised."""
     import os.path as osp
+
     from mmengine.config import Config
     root = osp.dirname(osp.dirname(osp.abspath(__file__)))
     cfg = Config.fromfile(osp.join(root, 'configs', config))
@@ -90,8 +104,10 @@ def backbone_of(config, options):
 @pytest.mark.parametrize('ratios', ['uniform', 'source'])
 def test_from_a_torchvision_bn_resnet50(bn_checkpoint, ratios):
     path, bn_model = bn_checkpoint
-    model = resnet('SN', init_cfg=dict(type='SNPretrained',
-                                       checkpoint=str(path), ratios=ratios))
+    model = resnet(
+        'SN',
+        init_cfg=dict(
+            type='SNPretrained', checkpoint=str(path), ratios=ratios))
     model.init_weights()
     source = bn_model.state_dict()
     layers = sn_layers(model)
@@ -100,8 +116,8 @@ def test_from_a_torchvision_bn_resnet50(bn_checkpoint, ratios):
         src = name.replace('.sn', '.bn') if '.sn' in name else \
             name.replace('sn', 'bn', 1) if name.startswith('sn') else name
         for key in ('weight', 'bias', 'running_mean', 'running_var'):
-            torch.testing.assert_close(getattr(layer, key),
-                                       source[f'{src}.{key}'], rtol=0, atol=0)
+            torch.testing.assert_close(
+                getattr(layer, key), source[f'{src}.{key}'], rtol=0, atol=0)
         bn_ratio = layer.ratios()['mean']['bn']
         if ratios == 'uniform':
             assert bn_ratio == pytest.approx(1 / 3)
@@ -122,8 +138,10 @@ def test_from_an_mmdet_gn_resnet50(tmp_path):
     gn_model = randomise(resnet('GN'))
     path = tmp_path / 'gn.pth'
     torch.save(dict(state_dict=gn_model.state_dict(), meta={}), path)
-    model = resnet('SN', init_cfg=dict(type='SNPretrained',
-                                       checkpoint=str(path), ratios='source'))
+    model = resnet(
+        'SN',
+        init_cfg=dict(
+            type='SNPretrained', checkpoint=str(path), ratios='source'))
     model.init_weights()
     layers = sn_layers(model)
     torch.testing.assert_close(layers['layer2.1.sn2'].weight,
@@ -145,8 +163,11 @@ def test_from_an_sn_checkpoint_keeps_or_resets_ratios(tmp_path):
     path = tmp_path / 'sn.pth'
     torch.save(source.state_dict(), path)
     for ratios in ('source', 'uniform'):
-        model = resnet('SN', depth=18, init_cfg=dict(
-            type='SNPretrained', checkpoint=str(path), ratios=ratios))
+        model = resnet(
+            'SN',
+            depth=18,
+            init_cfg=dict(
+                type='SNPretrained', checkpoint=str(path), ratios=ratios))
         model.init_weights()
         got, want = sn_layers(model)['layer1.0.sn1'], \
             sn_layers(source)['layer1.0.sn1']
@@ -165,27 +186,35 @@ def mmpretrain_checkpoint(tmp_path_factory):
     from mmpretrain.utils import register_all_modules
     register_all_modules(init_default_scope=False)
     with DefaultScope.overwrite_default_scope('mmpretrain'):
-        classifier = MODELS.build(dict(
-            type='ImageClassifier',
-            backbone=dict(type='ResNet', depth=50, norm_cfg=dict(type='SN')),
-            neck=dict(type='GlobalAveragePooling'),
-            head=dict(type='LinearClsHead', num_classes=10,
-                      in_channels=2048)))
+        classifier = MODELS.build(
+            dict(
+                type='ImageClassifier',
+                backbone=dict(
+                    type='ResNet', depth=50, norm_cfg=dict(type='SN')),
+                neck=dict(type='GlobalAveragePooling'),
+                head=dict(
+                    type='LinearClsHead', num_classes=10, in_channels=2048)))
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for layer in sn_layers(classifier).values():
             for t in (layer.weight, layer.bias, layer.mean_weight,
                       layer.var_weight, layer.running_mean):
                 t.copy_(torch.randn(t.shape, generator=gen))
-            layer.running_var.copy_(torch.rand(layer.running_var.shape,
-                                               generator=gen) + .5)
+            layer.running_var.copy_(
+                torch.rand(layer.running_var.shape, generator=gen) + .5)
     path = tmp_path_factory.mktemp('mmpretrain') / 'epoch_100.pth'
-    torch.save(dict(state_dict=classifier.state_dict(), meta={},
-                    message_hub=dict(log_scalars=dict(
-                        loss=HistoryBuffer([1.0, 0.5], [1, 1])))), path)
-    backbone = {k[len('backbone.'):]: v
-                for k, v in classifier.state_dict().items()
-                if k.startswith('backbone.')}
+    torch.save(
+        dict(
+            state_dict=classifier.state_dict(),
+            meta={},
+            message_hub=dict(
+                log_scalars=dict(loss=HistoryBuffer([1.0, 0.5], [1, 1])))),
+        path)
+    backbone = {
+        k[len('backbone.'):]: v
+        for k, v in classifier.state_dict().items()
+        if k.startswith('backbone.')
+    }
     return path, backbone
 
 
@@ -201,23 +230,34 @@ def test_from_an_mmpretrain_sn_resnet50(mmpretrain_checkpoint, tmp_path):
     affine, ratio logits and running statistics. Its training checkpoint
     needs trusted=True; its weights alone load with ``Pretrained`` too."""
     path, backbone_state = mmpretrain_checkpoint
-    model = resnet('SN', init_cfg=dict(
-        type='SNPretrained', checkpoint=str(path), prefix='backbone.',
-        ratios='source', trusted=True))
+    model = resnet(
+        'SN',
+        init_cfg=dict(
+            type='SNPretrained',
+            checkpoint=str(path),
+            prefix='backbone.',
+            ratios='source',
+            trusted=True))
     model.init_weights()
     assert_loaded_as_is(model, backbone_state)
 
     with pytest.raises(RuntimeError, match='trusted=True'):
-        resnet('SN', init_cfg=dict(
-            type='SNPretrained', checkpoint=str(path),
-            prefix='backbone.')).init_weights()
+        resnet(
+            'SN',
+            init_cfg=dict(
+                type='SNPretrained', checkpoint=str(path),
+                prefix='backbone.')).init_weights()
 
     weights = tmp_path / 'weights.pth'
-    torch.save(dict(state_dict={f'backbone.{k}': v
-                                for k, v in backbone_state.items()}), weights)
-    model = resnet('SN', init_cfg=dict(type='Pretrained',
-                                       checkpoint=str(weights),
-                                       prefix='backbone.'))
+    torch.save(
+        dict(state_dict={
+            f'backbone.{k}': v
+            for k, v in backbone_state.items()
+        }), weights)
+    model = resnet(
+        'SN',
+        init_cfg=dict(
+            type='Pretrained', checkpoint=str(weights), prefix='backbone.'))
     model.init_weights()
     assert_loaded_as_is(model, backbone_state)
 
@@ -235,13 +275,15 @@ README_OPTIONS = {
     'mask_rcnn/mask-rcnn_r50-sn_fpn_sn-head_2x_coco.py',
     'faster_rcnn/faster-rcnn_r50-sn-c4_120k_coco.py',
     'deeplabv3/deeplabv3_r50-sn-8x2-d8_8xb2-100k_ade20k-450x450.py',
-    'pspnet/pspnet_r50-sn-8x32-d8_8xb2-74k_cityscapes-713x713.py'])
+    'pspnet/pspnet_r50-sn-8x32-d8_8xb2-74k_cityscapes-713x713.py'
+])
 def test_mmpretrain_checkpoint_into_det_and_seg_configs(
         mmpretrain_checkpoint, config):
-    import os.path as osp
     path, backbone_state = mmpretrain_checkpoint
-    backbone = backbone_of(config, dict(README_OPTIONS, **{
-        'model.backbone.init_cfg.checkpoint': str(path)}))
+    backbone = backbone_of(
+        config,
+        dict(README_OPTIONS,
+             **{'model.backbone.init_cfg.checkpoint': str(path)}))
     # The C4 detector's backbone stops before layer4 (the RoI head's).
     state = backbone.state_dict()
     assert len(state) > 250
@@ -249,11 +291,12 @@ def test_mmpretrain_checkpoint_into_det_and_seg_configs(
         assert torch.equal(value, backbone_state[key]), key
 
 
-def test_shapes_that_do_not_fit_are_refused_with_nothing_loaded(
-        bn_checkpoint):
+def test_shapes_that_do_not_fit_are_refused_with_nothing_loaded(bn_checkpoint):
     path, _ = bn_checkpoint
-    model = resnet('SN', depth=18, init_cfg=dict(type='SNPretrained',
-                                                 checkpoint=str(path)))
+    model = resnet(
+        'SN',
+        depth=18,
+        init_cfg=dict(type='SNPretrained', checkpoint=str(path)))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(ValueError, match=r'layer1\.0\.conv1\.weight'):
         model.init_weights()
@@ -265,8 +308,11 @@ def test_prefix_and_report(bn_checkpoint, tmp_path):
     path, _ = bn_checkpoint
     state = torch.load(path)
     classifier = tmp_path / 'classifier.pth'
-    torch.save(dict(state_dict={f'backbone.{k}': v
-                                for k, v in state.items()}), classifier)
+    torch.save(
+        dict(state_dict={
+            f'backbone.{k}': v
+            for k, v in state.items()
+        }), classifier)
     from sn_mm.engine import SNPretrainedInit
     init = SNPretrainedInit(str(classifier), prefix='backbone.')
     model = resnet('SN')
@@ -282,19 +328,23 @@ def test_prefix_and_report(bn_checkpoint, tmp_path):
 
 @pytest.mark.parametrize('arch', [
     dict(type='ResNeXt', depth=50, groups=32, base_width=4),
-    dict(type='RegNet', arch='regnetx_400mf')])
+    dict(type='RegNet', arch='regnetx_400mf')
+])
 def test_resnext_and_regnet(arch, tmp_path):
     source = randomise(build(dict(arch, norm_cfg=dict(type='BN'))))
     path = tmp_path / 'bn.pth'
     torch.save(source.state_dict(), path)
-    model = build(dict(arch, norm_cfg=dict(type='SN'), init_cfg=dict(
-        type='SNPretrained', checkpoint=str(path))))
+    model = build(
+        dict(
+            arch,
+            norm_cfg=dict(type='SN'),
+            init_cfg=dict(type='SNPretrained', checkpoint=str(path))))
     model.init_weights()
     src = source.state_dict()
     count = 0
     for name, layer in sn_layers(model).items():
-        src_name = '.'.join(name.split('.')[:-1] + [
-            name.split('.')[-1].replace('sn', 'bn')])
+        src_name = '.'.join(
+            name.split('.')[:-1] + [name.split('.')[-1].replace('sn', 'bn')])
         torch.testing.assert_close(layer.running_var,
                                    src[f'{src_name}.running_var'])
         count += 1
@@ -303,11 +353,12 @@ def test_resnext_and_regnet(arch, tmp_path):
 
 @pytest.mark.parametrize('config', [
     'mask_rcnn/mask-rcnn_r50-sn-from-bn_fpn_sn-head_2x_coco.py',
-    'deeplabv3/deeplabv3_r50-sn-from-bn-d8_8xb2-100k_ade20k-450x450.py'])
+    'deeplabv3/deeplabv3_r50-sn-from-bn-d8_8xb2-100k_ade20k-450x450.py'
+])
 def test_from_bn_configs_start_from_the_bn_checkpoint(bn_checkpoint, config):
     path, bn_model = bn_checkpoint
-    backbone = backbone_of(
-        config, {'model.backbone.init_cfg.checkpoint': str(path)})
+    backbone = backbone_of(config,
+                           {'model.backbone.init_cfg.checkpoint': str(path)})
     layer = sn_layers(backbone)['layer3.2.sn2']
     torch.testing.assert_close(layer.running_var,
                                bn_model.layer3[2].bn2.running_var)
@@ -320,7 +371,8 @@ def test_digits_study_runs():
     rows = study.main(['--epochs', '1', '--batches', '32'])
     assert [r['start'] for r in rows] == [
         'the BN source', 'BN source, ratios=uniform',
-        'BN source, ratios=source', 'scratch']
+        'BN source, ratios=source', 'scratch'
+    ]
     assert all(0 <= r['accuracy'] <= 1 for r in rows)
     # Started at BN, the 'source' network's ratios are still BN's.
     assert float(rows[2]['ratios'][0]) > 0.99

@@ -7,18 +7,18 @@ import os.path as osp
 
 import pytest
 import torch
-from mmengine.registry import DefaultScope
-from torch.autograd import gradcheck
-
-import sn_mm  # noqa: F401
 from helpers import make_sn, random_input, require_kernels
+from mmengine.registry import DefaultScope
 from released_sn_resnet import ReleasedResNetSN, assert_reproduces, randomise
-from sn_mm import SwitchableNorm, convert_sync_sn, revert_sync_sn
-from sn_mm.engine import SSNRadiusHook
-from sn_mm.ops.sparsestmax import sparsemax, sparsestmax
 from ssn_reference import (ReleasedSSN2d, make_fixed, sparsemax_by_bisection,
                            sparsestmax_by_candidates)
 from tool_runner import ROOT, run_python, tool
+from torch.autograd import gradcheck
+
+import sn_mm  # noqa: F401
+from sn_mm import SwitchableNorm, convert_sync_sn, revert_sync_sn
+from sn_mm.engine import SSNRadiusHook
+from sn_mm.ops.sparsestmax import sparsemax, sparsestmax
 
 VERTEX_DISTANCE = math.sqrt(2 / 3)  # from u = 1/3 to a one-hot vector
 EDGE_DISTANCE = math.sqrt(1 / 6)  # from u to an edge's midpoint
@@ -31,8 +31,9 @@ def logit_cases(seed=0, n=300):
     cases = []
     for i in range(n):
         k = 3 if i % 4 else 2
-        z = torch.randn(k, generator=gen, dtype=torch.float64) * (
-            0.05 + 3 * torch.rand(1, generator=gen).item())
+        z = torch.randn(
+            k, generator=gen, dtype=torch.float64) * (
+                0.05 + 3 * torch.rand(1, generator=gen).item())
         if i % 7 == 0:
             z[1] = z[0]  # tie among the top two (or all, for K=2)
         if i % 11 == 0 and k == 3:
@@ -48,11 +49,12 @@ def test_sparsemax_is_the_simplex_projection(k):
         z = torch.randn(k, generator=gen, dtype=torch.float64) * 2
         if i % 5 == 0:
             z[1] = z[0]
-        torch.testing.assert_close(sparsemax(z), sparsemax_by_bisection(z),
-                                   rtol=0, atol=1e-12)
+        torch.testing.assert_close(
+            sparsemax(z), sparsemax_by_bisection(z), rtol=0, atol=1e-12)
     # all equal: uniform; far apart: one-hot
-    torch.testing.assert_close(sparsemax(torch.zeros(k, dtype=torch.float64)),
-                               torch.full((k, ), 1 / k, dtype=torch.float64))
+    torch.testing.assert_close(
+        sparsemax(torch.zeros(k, dtype=torch.float64)),
+        torch.full((k, ), 1 / k, dtype=torch.float64))
     far = torch.zeros(k, dtype=torch.float64)
     far[1] = 5
     assert sparsemax(far).tolist() == torch.eye(k)[1].tolist()
@@ -77,8 +79,7 @@ def test_sparsestmax_matches_its_definition():
                 torch.testing.assert_close(p, sparsemax(z))
                 continue
             assert abs(float(p.sum()) - 1) < 1e-12 and float(p.min()) >= 0
-            gap = float((p - z).square().sum() -
-                        (expected - z).square().sum())
+            gap = float((p - z).square().sum() - (expected - z).square().sum())
             assert abs(gap) < 1e-10, (z, r, p, expected)
             if k == 3 and int((p == 0).sum()) == 1 and r > EDGE_DISTANCE:
                 recursive += 1
@@ -90,11 +91,13 @@ def test_sparsestmax_matches_its_definition():
 def test_sparsestmax_gradient():
     """Within each piece (inside, on the circle, on an edge) autograd's
     Jacobian matches finite differences."""
-    cases = [(torch.tensor([0.3, 0.2, -0.1]), 0.0),  # sparsemax interior
-             (torch.tensor([0.3, 0.2, -0.1]), 0.3),  # on the circle
-             (torch.tensor([0.9, 0.1, -0.5]), 0.3),  # sparsemax on an edge
-             (torch.tensor([0.3, 0.25, 0.1]), 0.6),  # circle meets an edge
-             (torch.tensor([0.4, -0.2]), 0.2)]  # K = 2, on the circle
+    cases = [
+        (torch.tensor([0.3, 0.2, -0.1]), 0.0),  # sparsemax interior
+        (torch.tensor([0.3, 0.2, -0.1]), 0.3),  # on the circle
+        (torch.tensor([0.9, 0.1, -0.5]), 0.3),  # sparsemax on an edge
+        (torch.tensor([0.3, 0.25, 0.1]), 0.6),  # circle meets an edge
+        (torch.tensor([0.4, -0.2]), 0.2)
+    ]  # K = 2, on the circle
     for z, r in cases:
         z = z.double().requires_grad_()
         assert gradcheck(lambda v: sparsestmax(v, r), (z, ))
@@ -113,9 +116,10 @@ def ssn_pair(c=6, radius=0.35, seed=0):
         ours.var_weight.copy_(torch.tensor([0.1, 0.3, 0.35]))
     ours.set_radius(radius)
     ref = ReleasedSSN2d(c).double()
-    state = {k: v.reshape(ref.state_dict()[k].shape)
-             for k, v in ours.state_dict().items()
-             if k in ref.state_dict()}
+    state = {
+        k: v.reshape(ref.state_dict()[k].shape)
+        for k, v in ours.state_dict().items() if k in ref.state_dict()
+    }
     state['radius'] = torch.tensor([radius], dtype=torch.float64)
     ref.load_state_dict(state, strict=False)
     ref.momentum = 1 - ours.momentum
@@ -136,7 +140,9 @@ def test_layer_matches_the_released_ssn_layer(kernels, training):
     ratios = ours.ratios()
     torch.testing.assert_close(
         torch.tensor(list(ratios['mean'].values()), dtype=torch.float64),
-        ref.ratios()[0], rtol=0, atol=1e-12)
+        ref.ratios()[0],
+        rtol=0,
+        atol=1e-12)
 
 
 @pytest.mark.parametrize('kernels', ['torch', 'native'])
@@ -150,8 +156,10 @@ def test_layer_gradients(kernels):
 
     def f(x, *p):
         return torch.func.functional_call(
-            layer, dict(zip(('weight', 'bias', 'mean_weight', 'var_weight'),
-                            p)), (x, ))
+            layer,
+            dict(zip(('weight', 'bias', 'mean_weight', 'var_weight'),
+                     p)), (x, ))
+
     layer.eval()
     assert torch.autograd.gradcheck(f, (x, *params))
     assert torch.autograd.gradgradcheck(f, (x, *params))
@@ -228,26 +236,31 @@ def test_toy_training_ends_with_every_layer_fixed(toy_seg_workspace):
     mmseg's zero-initialised residual branches, whose layers would take no
     gradient in so few iterations and keep uniform ratios.)"""
     cwd = toy_seg_workspace
-    common = ['--work-dir', 'ssn_wd', '--cfg-options',
-              'train_cfg.max_iters=8', 'train_cfg.val_interval=100',
-              'train_dataloader.batch_size=2',
-              'model.backbone.zero_init_residual=False',
-              'default_hooks.checkpoint.interval=4',
-              'default_hooks.checkpoint.max_keep_ckpts=3']
+    common = [
+        '--work-dir', 'ssn_wd', '--cfg-options', 'train_cfg.max_iters=8',
+        'train_cfg.val_interval=100', 'train_dataloader.batch_size=2',
+        'model.backbone.zero_init_residual=False',
+        'default_hooks.checkpoint.interval=4',
+        'default_hooks.checkpoint.max_keep_ckpts=3'
+    ]
     run_python([tool('train.py'), SSN_TOY, *common], cwd)
     first = torch.load(cwd / 'ssn_wd' / 'iter_4.pth', weights_only=False)
-    radii = {float(v) for k, v in first['state_dict'].items()
-             if k.endswith('.radius')}
+    radii = {
+        float(v)
+        for k, v in first['state_dict'].items() if k.endswith('.radius')
+    }
     assert radii == {3 / 8}  # set before the 4th iteration (index 3)
     # resume from iteration 4 in a fresh work dir
     (cwd / 'ssn_resumed').mkdir()
-    run_python([tool('train.py'), SSN_TOY, '--resume',
-                str(cwd / 'ssn_wd' / 'iter_4.pth'), '--work-dir',
-                'ssn_resumed', *common[2:]], cwd)
-    last = torch.load(cwd / 'ssn_resumed' / 'iter_8.pth',
-                      weights_only=False)['state_dict']
-    assert {float(v) for k, v in last.items() if k.endswith('.radius')} == {
-        7 / 8}
+    run_python([
+        tool('train.py'), SSN_TOY, '--resume',
+        str(cwd / 'ssn_wd' / 'iter_4.pth'), '--work-dir', 'ssn_resumed',
+        *common[2:]
+    ], cwd)
+    last = torch.load(
+        cwd / 'ssn_resumed' / 'iter_8.pth', weights_only=False)['state_dict']
+    assert {float(v)
+            for k, v in last.items() if k.endswith('.radius')} == {7 / 8}
     fixed = {k: v for k, v in last.items() if k.endswith('.ratio_fixed')}
     assert len(fixed) > 20 and all(bool(v.all()) for v in fixed.values())
     for k in fixed:
@@ -257,50 +270,57 @@ def test_toy_training_ends_with_every_layer_fixed(toy_seg_workspace):
 
 # -- sn2mm on released-layout SSN checkpoints --------------------------------
 
+
 def save_released(model, path):
     state = {'module.' + k: v for k, v in model.state_dict().items()}
-    torch.save(dict(state_dict=state, epoch=100, model='resnet_v1_ssn50'),
-               path)
+    torch.save(
+        dict(state_dict=state, epoch=100, model='resnet_v1_ssn50'), path)
 
 
 def mmdet_resnet50(**norm):
     from mmdet.models.backbones import ResNet
     with DefaultScope.overwrite_default_scope('mmdet'):
-        return ResNet(depth=50, style='pytorch', norm_eval=False,
-                      norm_cfg=dict(type='SN', **norm))
+        return ResNet(
+            depth=50,
+            style='pytorch',
+            norm_eval=False,
+            norm_cfg=dict(type='SN', **norm))
 
 
 @pytest.fixture(scope='module')
 def released_ssn():
-    return make_fixed(randomise(ReleasedResNetSN(norm=ReleasedSSN2d),
-                                seed=5))
+    return make_fixed(randomise(ReleasedResNetSN(norm=ReleasedSSN2d), seed=5))
 
 
 def test_convert_fixed_ssn_checkpoint(tmp_path, released_ssn):
     src, dst = tmp_path / 'ssn.pth.tar', tmp_path / 'ssn_mm.pth'
     save_released(released_ssn, src)
-    result = run_python([tool('model_converters', 'sn2mm.py'), src, dst],
-                        ROOT)
+    result = run_python([tool('model_converters', 'sn2mm.py'), src, dst], ROOT)
     assert 'Sparse SN layers' in result.stdout
     assert 'all were one-hot' in result.stdout
     state = torch.load(dst, weights_only=True)['state_dict']
-    assert not any(k.endswith(('mean_fixed', 'var_fixed', '.radius'))
-                   for k in state)
-    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(3),
-                    dtype=torch.float64)
+    assert not any(
+        k.endswith(('mean_fixed', 'var_fixed', '.radius')) for k in state)
+    x = torch.randn(
+        2,
+        3,
+        64,
+        64,
+        generator=torch.Generator().manual_seed(3),
+        dtype=torch.float64)
     for norm in (dict(), dict(ratio_fn='sparsestmax')):
         backbone = mmdet_resnet50(**norm)
         backbone.load_state_dict(state, strict=True)
         backbone.double()
-        layers = [m for m in backbone.modules()
-                  if isinstance(m, SwitchableNorm)]
+        layers = [
+            m for m in backbone.modules() if isinstance(m, SwitchableNorm)
+        ]
         assert all(m.fixed() == dict(mean=True, var=True) for m in layers)
-        assert_reproduces(copy.deepcopy(released_ssn).double(), backbone, x,
-                          1e-10)
+        assert_reproduces(
+            copy.deepcopy(released_ssn).double(), backbone, x, 1e-10)
 
 
-def test_unfixed_ssn_layers_are_refused_unless_allowed(tmp_path,
-                                                       released_ssn):
+def test_unfixed_ssn_layers_are_refused_unless_allowed(tmp_path, released_ssn):
     model = copy.deepcopy(released_ssn)
     make_fixed(model, seed=5, unfixed=('layer2.1.sn2', 'layer4.0.sn1'))
     src, dst = tmp_path / 'ssn.pth.tar', tmp_path / 'ssn_mm.pth'
@@ -317,7 +337,12 @@ def test_unfixed_ssn_layers_are_refused_unless_allowed(tmp_path,
     backbone = mmdet_resnet50()
     backbone.load_state_dict(state, strict=True)
     backbone.double()
-    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(3),
-                    dtype=torch.float64)
+    x = torch.randn(
+        2,
+        3,
+        64,
+        64,
+        generator=torch.Generator().manual_seed(3),
+        dtype=torch.float64)
     # float32 ratios in the checkpoint: float32's tolerance
     assert_reproduces(copy.deepcopy(model).double(), backbone, x, 1e-5)

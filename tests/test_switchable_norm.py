@@ -1,10 +1,10 @@
 import pytest
 import torch
 import torch.nn as nn
+from helpers import make_sn, random_input, reference_of
 from torch.func import functional_call
 
-from helpers import make_sn, random_input, reference_of
-from sn_mm import SyncSwitchableNorm, SwitchableNorm
+from sn_mm import SwitchableNorm, SyncSwitchableNorm
 from sn_mm.models.switchable_norm import TERMS
 from sn_mm.testing import reference_sn
 
@@ -133,12 +133,12 @@ def test_bf16_autocast_computes_statistics_in_fp32():
     # are float32-exact, so the running mean agrees to float32 precision and
     # the output to the rounding of a bf16 result.
     fresh = SwitchableNorm(8).double()
-    expected, exp_rm, exp_rv = reference_of(fresh, feat.detach().double(),
-                                            training=True)
-    torch.testing.assert_close(sn.running_mean.double(), exp_rm, rtol=1e-6,
-                               atol=1e-5)
-    torch.testing.assert_close(sn.running_var.double(), exp_rv, rtol=1e-4,
-                               atol=1e-5)
+    expected, exp_rm, exp_rv = reference_of(
+        fresh, feat.detach().double(), training=True)
+    torch.testing.assert_close(
+        sn.running_mean.double(), exp_rm, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(
+        sn.running_var.double(), exp_rv, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out.double(), expected, rtol=1e-2, atol=1e-2)
 
 
@@ -149,8 +149,9 @@ def test_wrong_input_raises():
     with pytest.raises(ValueError, match='built for 4 channels, got .* 3'):
         sn(torch.randn(2, 3, 5, 5))
     for dtype in (torch.int64, torch.bool):
-        with pytest.raises(TypeError, match=f'floating-point inputs, got '
-                           f'{dtype}'):
+        with pytest.raises(
+                TypeError, match=f'floating-point inputs, got '
+                f'{dtype}'):
             sn(torch.ones(2, 4, 3, 3, dtype=dtype))
     # A rejected input must not have touched the running statistics.
     assert torch.equal(sn.running_mean, torch.zeros(4))
@@ -197,7 +198,8 @@ def test_ratios_and_repr():
         sn.mean_weight.copy_(torch.tensor([0.0, 0.0, 10.0]))
     assert sn.ratios()['mean']['bn'] > 0.99
     assert 'mean_ratios=(in=0.000, ln=0.000, bn=1.000)' in repr(sn)
-    assert list(SwitchableNorm(4, using_bn=False).ratios()['var']) == ['in', 'ln']
+    assert list(SwitchableNorm(
+        4, using_bn=False).ratios()['var']) == ['in', 'ln']
 
 
 def test_cumulative_average_with_momentum_none():
@@ -211,14 +213,22 @@ def test_cumulative_average_with_momentum_none():
         sn(x)
     assert sn.num_batches_tracked == 3
     # With momentum 1 the reference's new running stats are the batch's.
-    batch_stats = [reference_sn(x, sn.weight, sn.bias, sn.mean_weight,
-                                sn.var_weight, sn.running_mean,
-                                sn.running_var, True, momentum=1.)[1:]
-                   for x in batches]
-    torch.testing.assert_close(
-        sn.running_mean, sum(s[0] for s in batch_stats) / 3)
-    torch.testing.assert_close(
-        sn.running_var, sum(s[1] for s in batch_stats) / 3)
+    batch_stats = [
+        reference_sn(
+            x,
+            sn.weight,
+            sn.bias,
+            sn.mean_weight,
+            sn.var_weight,
+            sn.running_mean,
+            sn.running_var,
+            True,
+            momentum=1.)[1:] for x in batches
+    ]
+    torch.testing.assert_close(sn.running_mean,
+                               sum(s[0] for s in batch_stats) / 3)
+    torch.testing.assert_close(sn.running_var,
+                               sum(s[1] for s in batch_stats) / 3)
 
 
 def test_batch_counter_is_in_the_state_and_optional_when_loading():

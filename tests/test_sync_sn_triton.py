@@ -9,27 +9,33 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from helpers import free_port
-from sn_mm import SwitchableNorm, SyncSwitchableNorm
 from test_sync_switchable_norm import (CASES, PARAMS, case_data, init_layer,
                                        run_layer)
+
+from sn_mm import SwitchableNorm, SyncSwitchableNorm
 
 pytest.importorskip('triton')
 # Marked cuda as well: on a GPU the two processes share the one device
 # (gloo carries CUDA tensors), the multi-rank path on CUDA tensors that
 # `make gpu-check` runs.
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(
-    not torch.cuda.is_available()
-    and os.environ.get('TRITON_INTERPRET') != '1',
-    reason='needs a GPU or Triton\'s interpreter')]
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(
+        not torch.cuda.is_available()
+        and os.environ.get('TRITON_INTERPRET') != '1',
+        reason='needs a GPU or Triton\'s interpreter')
+]
 WORLD = 2
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 
 
 def worker(rank, port, result_file):
-    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}',
-                            rank=rank, world_size=WORLD)
+    dist.init_process_group(
+        'gloo',
+        init_method=f'tcp://127.0.0.1:{port}',
+        rank=rank,
+        world_size=WORLD)
     from sn_mm.ops import triton_fused
     calls = []
     real = triton_fused._combine_over_group
@@ -39,12 +45,15 @@ def worker(rank, port, result_file):
         x, grad_out = case_data(shape, seed=i)
         start = sum(split[:rank])
         sl = slice(start, start + split[rank])
-        layer = init_layer(SyncSwitchableNorm(shape[1], kernels='triton',
-                                              ratio_groups=groups),
-                           seed=100 + i).to(DEVICE)
-        results[name] = {k: v.cpu() for k, v in run_layer(
-            layer, x[sl].float().to(DEVICE),
-            grad_out[sl].float().to(DEVICE)).items()}
+        layer = init_layer(
+            SyncSwitchableNorm(
+                shape[1], kernels='triton', ratio_groups=groups),
+            seed=100 + i).to(DEVICE)
+        results[name] = {
+            k: v.cpu()
+            for k, v in run_layer(layer, x[sl].float().to(DEVICE),
+                                  grad_out[sl].float().to(DEVICE)).items()
+        }
     results['fused_calls'] = len(calls)
     torch.save(results, f'{result_file}.{rank}')
     dist.destroy_process_group()
@@ -69,9 +78,9 @@ def test_fused_sync_matches_sn_on_whole_batch(sync_results, case):
     name, shape, split, groups = CASES[case]
     x, grad_out = case_data(shape, seed=case)
     expected = run_layer(
-        init_layer(SwitchableNorm(shape[1], kernels='torch',
-                                  ratio_groups=groups),
-                   seed=100 + case), x.float(), grad_out.float())
+        init_layer(
+            SwitchableNorm(shape[1], kernels='torch', ratio_groups=groups),
+            seed=100 + case), x.float(), grad_out.float())
     per_rank = [r[name] for r in sync_results]
     tol = dict(rtol=1e-4, atol=1e-4)
     for key in ('out', 'x_grad'):

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from helpers import free_port
+
 from sn_mm import (SwitchableNorm, SyncSwitchableNorm, convert_sync_sn,
                    revert_sync_sn)
 
@@ -47,22 +47,28 @@ def run_layer(layer, x, grad_out, steps=2):
         x = x.detach().requires_grad_()
         out = layer(x)
         (out * grad_out).sum().backward()
-    return dict(out=out.detach(), x_grad=x.grad,
-                running_mean=layer.running_mean.clone(),
-                running_var=layer.running_var.clone(),
-                **{n: getattr(layer, n).grad.clone() for n in PARAMS})
+    return dict(
+        out=out.detach(),
+        x_grad=x.grad,
+        running_mean=layer.running_mean.clone(),
+        running_var=layer.running_var.clone(),
+        **{n: getattr(layer, n).grad.clone()
+           for n in PARAMS})
 
 
 def worker(rank, port, result_file):
-    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}',
-                            rank=rank, world_size=WORLD)
+    dist.init_process_group(
+        'gloo',
+        init_method=f'tcp://127.0.0.1:{port}',
+        rank=rank,
+        world_size=WORLD)
     results = {}
     for i, (name, shape, split, groups) in enumerate(CASES):
         x, grad_out = case_data(shape, seed=i)
         start = sum(split[:rank])
         sl = slice(start, start + split[rank])
-        layer = init_layer(SyncSwitchableNorm(
-            shape[1], ratio_groups=groups).double(),
+        layer = init_layer(
+            SyncSwitchableNorm(shape[1], ratio_groups=groups).double(),
             seed=100 + i)
         results[name] = run_layer(layer, x[sl], grad_out[sl])
     torch.save(results, f'{result_file}.{rank}')
@@ -81,8 +87,9 @@ def test_sync_matches_sn_on_whole_batch(sync_results, case):
     name, shape, split, groups = CASES[case]
     x, grad_out = case_data(shape, seed=case)
     expected = run_layer(
-        init_layer(SwitchableNorm(shape[1], ratio_groups=groups).double(),
-                   seed=100 + case), x, grad_out)
+        init_layer(
+            SwitchableNorm(shape[1], ratio_groups=groups).double(),
+            seed=100 + case), x, grad_out)
     per_rank = [r[name] for r in sync_results]
     # Outputs and input gradients: each rank holds its own slice.
     for key in ('out', 'x_grad'):
@@ -101,8 +108,8 @@ def test_sync_matches_sn_on_whole_batch(sync_results, case):
 def test_without_process_group_equals_sn():
     assert not dist.is_initialized()
     x, grad_out = case_data((4, 5, 3, 3), seed=7)
-    sync = run_layer(init_layer(SyncSwitchableNorm(5).double(), 3), x,
-                     grad_out)
+    sync = run_layer(
+        init_layer(SyncSwitchableNorm(5).double(), 3), x, grad_out)
     plain = run_layer(init_layer(SwitchableNorm(5).double(), 3), x, grad_out)
     for key in plain:
         assert torch.equal(sync[key], plain[key]), key
@@ -111,8 +118,9 @@ def test_without_process_group_equals_sn():
 def test_convert_and_revert_round_trip():
     model = torch.nn.Sequential(
         torch.nn.Conv2d(3, 4, 3), SwitchableNorm(4),
-        torch.nn.Sequential(torch.nn.Conv2d(4, 6, 1),
-                            SwitchableNorm(6, using_bn=False, unbiased=False)))
+        torch.nn.Sequential(
+            torch.nn.Conv2d(4, 6, 1),
+            SwitchableNorm(6, using_bn=False, unbiased=False)))
     init_layer(model[1], 0)
     model.eval()
     state = {k: v.clone() for k, v in model.state_dict().items()}

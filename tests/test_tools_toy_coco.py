@@ -3,9 +3,9 @@ import os.path as osp
 
 import pytest
 import torch
+from tool_runner import ROOT, run_python, tool
 
 from sn_mm.testing import make_toy_coco
-from tool_runner import ROOT, run_python, tool
 
 CONFIG = osp.join(ROOT, 'configs', 'toy',
                   'mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py')
@@ -13,7 +13,8 @@ CONFIG = osp.join(ROOT, 'configs', 'toy',
 SHORT_RUN = [
     'train_cfg.max_iters=4', 'train_dataloader.batch_size=2',
     'default_hooks.checkpoint.interval=2',
-    'default_hooks.checkpoint.max_keep_ckpts=2', 'default_hooks.logger.interval=1'
+    'default_hooks.checkpoint.max_keep_ckpts=2',
+    'default_hooks.logger.interval=1'
 ]
 
 
@@ -27,10 +28,16 @@ def workspace(tmp_path_factory):
     """A folder with data/toy_coco, where the config's relative data_root
     points, and a first 4-iteration training run."""
     cwd = tmp_path_factory.mktemp('toy')
-    make_toy_coco(str(cwd / 'data' / 'toy_coco'), num_train=12, num_val=4,
-                  size=96)
-    log = run('train.py', CONFIG, '--work-dir', cwd / 'first',
-              '--cfg-options', *SHORT_RUN, cwd=cwd)
+    make_toy_coco(
+        str(cwd / 'data' / 'toy_coco'), num_train=12, num_val=4, size=96)
+    log = run(
+        'train.py',
+        CONFIG,
+        '--work-dir',
+        cwd / 'first',
+        '--cfg-options',
+        *SHORT_RUN,
+        cwd=cwd)
     return cwd, log
 
 
@@ -45,9 +52,16 @@ def test_train_logs_progress_and_saves_checkpoints(workspace):
 
 def test_resume_continues_the_iteration_count(workspace):
     cwd, _ = workspace
-    log = run('train.py', CONFIG, '--work-dir', cwd / 'resumed', '--resume',
-              cwd / 'first' / 'iter_2.pth', '--cfg-options', *SHORT_RUN,
-              cwd=cwd)
+    log = run(
+        'train.py',
+        CONFIG,
+        '--work-dir',
+        cwd / 'resumed',
+        '--resume',
+        cwd / 'first' / 'iter_2.pth',
+        '--cfg-options',
+        *SHORT_RUN,
+        cwd=cwd)
     assert 'resumed epoch: 0, iter: 2' in log
     assert 'Iter(train) [3/4]' in log and 'Iter(train) [1/4]' not in log
     ckpt = torch.load(cwd / 'resumed' / 'iter_4.pth', weights_only=False)
@@ -58,8 +72,13 @@ def test_test_tool_prints_coco_metrics(workspace):
     # A 4-iteration model may predict nothing: the tool then says so. What
     # it prints must not depend on what 4 CPU iterations happen to learn.
     cwd, _ = workspace
-    log = run('test.py', CONFIG, cwd / 'first' / 'iter_4.pth', '--work-dir',
-              cwd / 'test', cwd=cwd)
+    log = run(
+        'test.py',
+        CONFIG,
+        cwd / 'first' / 'iter_4.pth',
+        '--work-dir',
+        cwd / 'test',
+        cwd=cwd)
     assert 'Iter(test)' in log
     if 'No metrics: the model made no prediction' in log:
         assert 'bbox_mAP_copypaste' not in log

@@ -11,9 +11,9 @@ import os.path as osp
 
 import pytest
 import torch
+from tool_runner import ROOT, run_python
 
 from sn_mm import SwitchableNorm
-from tool_runner import ROOT, run_python
 
 pytest.importorskip('triton')
 from sn_mm.ops import triton_fused  # noqa: E402
@@ -31,37 +31,62 @@ CASES = [
     ((4, 6, 5, 3), False, True, True, torch.float32, {}),
     ((4, 6, 5, 3), True, True, True, torch.float32, {}),
     ((4, 6, 5, 3), True, False, False, torch.bfloat16, {}),
-    ((3, 5), False, True, True, torch.float32, {'momentum': None}),
+    ((3, 5), False, True, True, torch.float32, {
+        'momentum': None
+    }),
     ((2, 5, 1, 1), False, True, True, torch.float32, {}),
-    ((2, 5, 1, 1), False, False, True, torch.float32, {'fixed': True}),
+    ((2, 5, 1, 1), False, False, True, torch.float32, {
+        'fixed': True
+    }),
     ((2, 3, 40, 50), False, True, True, torch.float32, {}),  # split rows
     ((2, 3, 40, 50), False, True, False, torch.bfloat16, {}),
-    ((6, 8, 7, 7), False, True, True, torch.float32, {'fixed': True}),
-    ((6, 8, 7, 7), False, True, True, torch.float32,
-     {'ratio_fn': 'sparsestmax'}),
-    ((6, 8, 7, 7), False, False, False, torch.float32,
-     {'ratio_fn': 'sparsestmax'}),
+    ((6, 8, 7, 7), False, True, True, torch.float32, {
+        'fixed': True
+    }),
+    ((6, 8, 7, 7), False, True, True, torch.float32, {
+        'ratio_fn': 'sparsestmax'
+    }),
+    ((6, 8, 7, 7), False, False, False, torch.float32, {
+        'ratio_fn': 'sparsestmax'
+    }),
     ((2, 3, 2, 2, 3), False, True, True, torch.float32, {}),
-    ((2, 3, 2, 2, 3), False, True, False, torch.float32,
-     {'momentum': None}),
+    ((2, 3, 2, 2, 3), False, True, False, torch.float32, {
+        'momentum': None
+    }),
     # Group SN: two groups, one per channel, fixed ratios in one group,
     # SparsestMax per group, channels_last, split rows, bf16.
-    ((4, 6, 5, 3), False, True, True, torch.float32, {'ratio_groups': 2}),
-    ((4, 6, 5, 3), True, True, False, torch.float32, {'ratio_groups': 6}),
-    ((6, 8, 7, 7), False, True, True, torch.float32,
-     {'ratio_groups': 4, 'fixed': True}),
-    ((6, 8, 7, 7), False, False, True, torch.float32,
-     {'ratio_groups': 4, 'ratio_fn': 'sparsestmax'}),
-    ((2, 4, 40, 50), False, True, True, torch.bfloat16, {'ratio_groups': 2}),
-    ((2, 6, 1, 1), False, True, True, torch.float32, {'ratio_groups': 3}),
+    ((4, 6, 5, 3), False, True, True, torch.float32, {
+        'ratio_groups': 2
+    }),
+    ((4, 6, 5, 3), True, True, False, torch.float32, {
+        'ratio_groups': 6
+    }),
+    ((6, 8, 7, 7), False, True, True, torch.float32, {
+        'ratio_groups': 4,
+        'fixed': True
+    }),
+    ((6, 8, 7, 7), False, False, True, torch.float32, {
+        'ratio_groups': 4,
+        'ratio_fn': 'sparsestmax'
+    }),
+    ((2, 4, 40, 50), False, True, True, torch.bfloat16, {
+        'ratio_groups': 2
+    }),
+    ((2, 6, 1, 1), False, True, True, torch.float32, {
+        'ratio_groups': 3
+    }),
 ]
 
 
 @needs_interpreter_or_gpu
-@pytest.mark.parametrize('case', CASES, ids=[
-    f'{"x".join(map(str, c[0]))}-cl{int(c[1])}-bn{int(c[2])}-'
-    f'train{int(c[3])}-{str(c[4])[6:]}-{"-".join(c[5]) or "plain"}'
-    for c in CASES])
+@pytest.mark.parametrize(
+    'case',
+    CASES,
+    ids=[
+        f'{"x".join(map(str, c[0]))}-cl{int(c[1])}-bn{int(c[2])}-'
+        f'train{int(c[3])}-{str(c[4])[6:]}-{"-".join(c[5]) or "plain"}'
+        for c in CASES
+    ])
 def test_fused_kernels_equal_pytorch_kernels(case):
     assert agreement.compare_case(DEVICE, *case) < 3e-2
 
@@ -80,6 +105,7 @@ def test_the_comparison_can_fail(monkeypatch):
             args[at] = args[at] * 2
             mutated.append(1)
         return real(kernel, None, grid, tuple(args), index)
+
     monkeypatch.setattr(triton_fused, '_launch', launch)
     with pytest.raises(AssertionError, match='input_grad'):
         agreement.compare_case(DEVICE, (4, 6, 5, 3), False, True, True,
@@ -112,21 +138,22 @@ def test_bfloat16_in_bfloat16_out_without_a_float32_copy():
     assert y.dtype == x.grad.dtype == torch.bfloat16
     # (The PyTorch kernels make 4 such copies here: float32 in, bf16 out,
     # in forward and in backward.)
-    copies = [e.name for e in prof.events() if e.name in (
-        'aten::_to_copy', 'aten::copy_') and any(
-            s and math.prod(s) == x.numel() for s in e.input_shapes)]
+    copies = [
+        e.name for e in prof.events()
+        if e.name in ('aten::_to_copy', 'aten::copy_') and any(
+            s and math.prod(s) == x.numel() for s in e.input_shapes)
+    ]
     assert not copies, copies
 
 
 @needs_interpreter_or_gpu
-@pytest.mark.parametrize('training,groups', [(True, 1), (False, 1),
-                                             (True, 5)])
+@pytest.mark.parametrize('training,groups', [(True, 1), (False, 1), (True, 5)])
 def test_double_backward_equals_pytorch_kernels(training, groups):
     results = []
     for kernels in ('triton', 'torch'):
         torch.manual_seed(0)
-        layer = agreement.make_layer(5, True, kernels,
-                                     ratio_groups=groups).to(DEVICE)
+        layer = agreement.make_layer(
+            5, True, kernels, ratio_groups=groups).to(DEVICE)
         layer.train(training)
         x = (torch.randn(3, 5, 4, 4) * 2 + 1).to(DEVICE).requires_grad_()
         y = layer(x)
@@ -140,8 +167,11 @@ def test_double_backward_equals_pytorch_kernels(training, groups):
 def test_fused_kernels_compile_for_nvidia_gpus():
     env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
     result = run_python(
-        [osp.join(ROOT, 'tests', 'triton_fused_compile_check.py')], cwd=ROOT,
-        ok=False, timeout=600, base_env=env)
+        [osp.join(ROOT, 'tests', 'triton_fused_compile_check.py')],
+        cwd=ROOT,
+        ok=False,
+        timeout=600,
+        base_env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stdout.splitlines() if 'cubin=' in line]
     assert len(lines) == 72, result.stdout
@@ -161,6 +191,7 @@ def test_the_probe_refuses_failing_kernels_with_a_warning(monkeypatch):
     # with must not stop a training run that PyTorch's ops can do.
     def broken(*args, **kwargs):
         raise RuntimeError('no such instruction')
+
     monkeypatch.setattr(triton_fused, '_launch', broken)
     with pytest.warns(UserWarning, match='no such instruction'):
         assert not triton_fused._probe(torch.device(DEVICE))
@@ -171,6 +202,7 @@ def test_the_probe_refuses_failing_kernels_with_a_warning(monkeypatch):
         y, *rest = real(*args)
         wrong.append(1)
         return (y + 1, *rest)
+
     monkeypatch.undo()
     monkeypatch.setattr(triton_fused, '_forward', off_by_one)
     with pytest.warns(UserWarning, match='differ from the reference'):

@@ -13,11 +13,14 @@ def run_python(args, cwd, ok=True, env=None, timeout=900, base_env=None):
     (showing the output's tail) unless it exits 0."""
     base = os.environ if base_env is None else base_env
     result = subprocess.run([sys.executable, *map(str, args)],
-                            capture_output=True, text=True, cwd=cwd,
-                            env=dict(base, **(env or {})), timeout=timeout)
+                            capture_output=True,
+                            text=True,
+                            cwd=cwd,
+                            env=dict(base, **(env or {})),
+                            timeout=timeout)
     if ok:
-        assert result.returncode == 0, (result.stdout[-3000:] +
-                                        result.stderr[-3000:])
+        assert result.returncode == 0, (
+            result.stdout[-3000:] + result.stderr[-3000:])
     return result
 
 

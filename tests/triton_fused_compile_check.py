@@ -40,8 +40,9 @@ def compile_source(kernel, signature, constexprs, arch):
 def compile_kernel(kernel, constexprs, data_type, arch):
     pointers = {name: '*' + data_type for name in DATA}
     pointers.update(fixed_ptr='*i1', nbt_ptr='*i64', bad_ptr='*i64')
-    return compile_source(kernel, signature_of(kernel, constexprs, FLOATS,
-                                               pointers), constexprs, arch)
+    return compile_source(kernel,
+                          signature_of(kernel, constexprs, FLOATS, pointers),
+                          constexprs, arch)
 
 
 def blocks(c, groups):
@@ -58,40 +59,63 @@ def main():
     for (n, c, length, sc, sl), groups in zip(shapes, (2, 2, 32, 64)):
         # (The CPU's plan: fewer chunks per row than a GPU's, the same code.)
         plan = tf._plan(n, c, length, sc, sl, tf.torch.device('cpu'))
-        tiles = dict(SPLIT=plan['split'], ROWS=plan['rows'],
-                     BLOCK=plan['block'])
-        flags = dict(K=3, HAS_IN=length > 1, GIVEN=False, HAS_FIXED=True,
-                     BN_BATCH=True, GROUPED=False)
+        tiles = dict(
+            SPLIT=plan['split'], ROWS=plan['rows'], BLOCK=plan['block'])
+        flags = dict(
+            K=3,
+            HAS_IN=length > 1,
+            GIVEN=False,
+            HAS_FIXED=True,
+            BN_BATCH=True,
+            GROUPED=False)
         # Group SN: the kernels that take each row's ratios from its group.
         grouped = dict(flags, GROUPED=True)
         cases = [
-            ('_moments_kernel', dict(tiles, ONE_STEP=plan['chunk'] ==
-                                     plan['block'])),
-            ('_stats_kernel', dict(SPLIT=plan['split'], CB=plan['cb'],
-                                   NB=plan['nb'], LOCAL=False)),
-            ('_normalize_kernel', dict(tiles, UPDATE=True, CB=plan['cb'],
-                                       CUMULATIVE=length == 1,
-                                       COUNT_BAD=True, **flags)),
+            ('_moments_kernel',
+             dict(tiles, ONE_STEP=plan['chunk'] == plan['block'])),
+            ('_stats_kernel',
+             dict(
+                 SPLIT=plan['split'],
+                 CB=plan['cb'],
+                 NB=plan['nb'],
+                 LOCAL=False)),
+            ('_normalize_kernel',
+             dict(
+                 tiles,
+                 UPDATE=True,
+                 CB=plan['cb'],
+                 CUMULATIVE=length == 1,
+                 COUNT_BAD=True,
+                 **flags)),
             ('_grad_sums_kernel', tiles),
-            ('_grad_stats_kernel', dict(SPLIT=plan['split'], CB=plan['cb'],
-                                        NB=plan['nb'], **flags)),
-            ('_input_grad_kernel', dict(tiles, SYNC=True, **flags,
-                                        **blocks(c, 1))),
-            ('_normalize_kernel', dict(tiles, UPDATE=True, CB=plan['cb'],
-                                       CUMULATIVE=False, COUNT_BAD=True,
-                                       **grouped)),
-            ('_grad_stats_kernel', dict(SPLIT=plan['split'], CB=plan['cb'],
-                                        NB=plan['nb'], **grouped)),
-            ('_input_grad_kernel', dict(tiles, SYNC=False, **grouped,
-                                        **blocks(c, groups))),
+            ('_grad_stats_kernel',
+             dict(SPLIT=plan['split'], CB=plan['cb'], NB=plan['nb'], **flags)),
+            ('_input_grad_kernel',
+             dict(tiles, SYNC=True, **flags, **blocks(c, 1))),
+            ('_normalize_kernel',
+             dict(
+                 tiles,
+                 UPDATE=True,
+                 CB=plan['cb'],
+                 CUMULATIVE=False,
+                 COUNT_BAD=True,
+                 **grouped)),
+            ('_grad_stats_kernel',
+             dict(
+                 SPLIT=plan['split'], CB=plan['cb'], NB=plan['nb'],
+                 **grouped)),
+            ('_input_grad_kernel',
+             dict(tiles, SYNC=False, **grouped, **blocks(c, groups))),
         ]
         for name, constexprs in cases:
             for data_type in ('fp32', 'bf16'):
-                compiled = compile_kernel(getattr(tf, name), constexprs,
-                                          data_type, 90)
-                print(f'{name} {n}x{c}x{length} {data_type} '
-                      f'grouped={constexprs.get("GROUPED", False)} sm_90 '
-                      f'cubin={len(compiled.asm["cubin"])}', flush=True)
+                compiled = compile_kernel(
+                    getattr(tf, name), constexprs, data_type, 90)
+                print(
+                    f'{name} {n}x{c}x{length} {data_type} '
+                    f'grouped={constexprs.get("GROUPED", False)} sm_90 '
+                    f'cubin={len(compiled.asm["cubin"])}',
+                    flush=True)
     return 0
 
 

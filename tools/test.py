@@ -16,10 +16,9 @@ import argparse
 import os
 
 import sn_mm  # noqa: F401  (registers SN, SyncSN, hooks, constructors)
-from sn_mm.engine import trusted_torch_load
 from sn_mm.cli import (build_runner, end_distributed, load_config,
-                         parse_tool_args)
-
+                       parse_tool_args)
+from sn_mm.engine import trusted_torch_load
 
 # mmdet's CocoMetric returns nothing when the model predicted no box on the
 # whole test set (e.g. after a few training iterations); say why.
@@ -31,16 +30,23 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('config', help='test config file')
     parser.add_argument('checkpoint', help='checkpoint file')
-    parser.add_argument('--out', help='dump the raw predictions to this '
-                        '.pkl file')
-    parser.add_argument('--tta', action='store_true',
-                        help='test-time augmentation (the config\'s '
-                        'tta_model and tta_pipeline)')
-    parser.add_argument('--show-dir', help='save drawn predictions under '
-                        'this folder of the work dir')
-    parser.add_argument('--fuse-conv-sn', action='store_true',
-                        help='fold SN layers with hard fixed ratios away '
-                        '(sn_mm.fuse_conv_sn) before testing')
+    parser.add_argument(
+        '--out', help='dump the raw predictions to this '
+        '.pkl file')
+    parser.add_argument(
+        '--tta',
+        action='store_true',
+        help='test-time augmentation (the config\'s '
+        'tta_model and tta_pipeline)')
+    parser.add_argument(
+        '--show-dir',
+        help='save drawn predictions under '
+        'this folder of the work dir')
+    parser.add_argument(
+        '--fuse-conv-sn',
+        action='store_true',
+        help='fold SN layers with hard fixed ratios away '
+        '(sn_mm.fuse_conv_sn) before testing')
     return parse_tool_args(parser, argv)
 
 
@@ -62,20 +68,22 @@ def main(argv=None):
         if cfg.default_scope == 'mmdet':
             vis.test_out_dir = args.show_dir
         else:
-            cfg.visualizer.save_dir = os.path.join(cfg.work_dir,
-                                                   args.show_dir)
+            cfg.visualizer.save_dir = os.path.join(cfg.work_dir, args.show_dir)
     if args.out:
-        dump = (dict(type='DumpDetResults', out_file_path=args.out)
-                if cfg.default_scope == 'mmdet' else
-                dict(type='DumpResults', out_file_path=args.out))
+        dump = (
+            dict(type='DumpDetResults', out_file_path=args.out)
+            if cfg.default_scope == 'mmdet' else dict(
+                type='DumpResults', out_file_path=args.out))
         evaluators = cfg.test_evaluator
         if not isinstance(evaluators, (list, tuple)):
             evaluators = [evaluators]
         cfg.test_evaluator = [*evaluators, dump]
 
     if args.fuse_conv_sn:
-        cfg.custom_hooks = [*cfg.get('custom_hooks', []),
-                            dict(type='SNFuseHook')]
+        cfg.custom_hooks = [
+            *cfg.get('custom_hooks', []),
+            dict(type='SNFuseHook')
+        ]
     runner = build_runner(cfg)
     with trusted_torch_load():
         metrics = runner.test()

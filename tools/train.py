@@ -12,19 +12,26 @@ import argparse
 
 import sn_mm  # noqa: F401  (registers SN, SyncSN, hooks, constructors)
 from sn_mm.cli import (build_runner, end_distributed, load_config,
-                         parse_tool_args)
+                       parse_tool_args)
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('config', help='train config file')
-    parser.add_argument('--amp', action='store_true',
-                        help='automatic mixed precision (needs a GPU)')
-    parser.add_argument('--auto-scale-lr', action='store_true',
-                        help='scale the LR by the actual total batch size '
-                        '(the config\'s auto_scale_lr.base_batch_size)')
     parser.add_argument(
-        '--resume', nargs='?', type=str, const='auto',
+        '--amp',
+        action='store_true',
+        help='automatic mixed precision (needs a GPU)')
+    parser.add_argument(
+        '--auto-scale-lr',
+        action='store_true',
+        help='scale the LR by the actual total batch size '
+        '(the config\'s auto_scale_lr.base_batch_size)')
+    parser.add_argument(
+        '--resume',
+        nargs='?',
+        type=str,
+        const='auto',
         help='resume from this checkpoint, or, with no value, from the '
         'latest one in the work dir')
     return parse_tool_args(parser, argv)

@@ -22,8 +22,11 @@ sn_norm_cfg = dict(type='SN', requires_grad=True)
 # torchvision-style input, so mmdet's 'pytorch' ResNet and RGB mean/std
 # apply.
 gn_backbone = dict(
-    norm_cfg=gn_norm_cfg, norm_eval=False,
+    norm_cfg=gn_norm_cfg,
+    norm_eval=False,
     init_cfg=dict(type='Pretrained', checkpoint={{_base_.gn_checkpoint}}))
 sn_backbone = dict(
-    style='pytorch', norm_cfg=sn_norm_cfg, norm_eval=False,
+    style='pytorch',
+    norm_cfg=sn_norm_cfg,
+    norm_eval=False,
     init_cfg=dict(type='Pretrained', checkpoint={{_base_.sn_8x2_checkpoint}}))

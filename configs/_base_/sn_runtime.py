@@ -5,9 +5,11 @@ custom_imports = dict(imports=['sn_mm'], allow_failed_imports=False)
 # Pretrained backbones are files you bring (nothing is downloaded at run
 # time); docs/configs_and_checkpoints.md says where each comes from.
 # Override with --cfg-options model.backbone.init_cfg.checkpoint=PATH.
-sn_8x2_checkpoint = 'checkpoints/resnet50_sn_8x2_mm.pth'  # tools/model_converters/sn2mm.py
-bn_checkpoint = 'checkpoints/resnet50_torchvision.pth'  # torchvision://resnet50
-gn_checkpoint = 'checkpoints/resnet50_gn_detectron.pth'  # open-mmlab://detectron/resnet50_gn
+# tools/model_converters/sn2mm.py makes the first; the others are
+# torchvision://resnet50 and open-mmlab://detectron/resnet50_gn.
+sn_8x2_checkpoint = 'checkpoints/resnet50_sn_8x2_mm.pth'
+bn_checkpoint = 'checkpoints/resnet50_torchvision.pth'
+gn_checkpoint = 'checkpoints/resnet50_gn_detectron.pth'
 sn_8x4_checkpoint = 'checkpoints/resnet50_sn_8x4_mm.pth'
 sn_8x32_checkpoint = 'checkpoints/resnet50_sn_8x32_mm.pth'
 # The strongest released SN backbones (the (8,32) setting), converted the

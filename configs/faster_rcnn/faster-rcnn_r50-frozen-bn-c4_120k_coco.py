@@ -10,7 +10,8 @@ _base_ = [
 backbone_checkpoint = {{_base_.bn_checkpoint}}
 model = dict(
     data_preprocessor=dict(
-        mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375],
+        mean=[123.675, 116.28, 103.53],
+        std=[58.395, 57.12, 57.375],
         bgr_to_rgb=True),
     backbone=dict(
         style='pytorch',
@@ -18,8 +19,7 @@ model = dict(
     roi_head=dict(
         shared_head=dict(
             style='pytorch',
-            init_cfg=dict(type='Pretrained',
-                          checkpoint=backbone_checkpoint))))
+            init_cfg=dict(type='Pretrained', checkpoint=backbone_checkpoint))))
 
 # The paper's practice (_base_/det_runtime.py) at the LR of 4 GPUs x 3
 # images.
@@ -27,7 +27,6 @@ optim_wrapper = dict(
     optimizer=dict(lr=0.01),
     constructor='SNOptimWrapperConstructor',
     paramwise_cfg=dict(norm_decay_mult=0., ratio_decay_mult=0.))
-
 
 train_pipeline = [
     dict(type='LoadImageFromFile'),
@@ -40,22 +39,31 @@ test_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='Resize', scale=(1000, 600), keep_ratio=True),
     dict(type='LoadAnnotations', with_bbox=True),
-    dict(type='PackDetInputs',
-         meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape',
-                    'scale_factor'))
+    dict(
+        type='PackDetInputs',
+        meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape',
+                   'scale_factor'))
 ]
 train_dataloader = dict(batch_size=3, dataset=dict(pipeline=train_pipeline))
 val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
 test_dataloader = val_dataloader
 
 max_iters = 120000
-train_cfg = dict(_delete_=True, type='IterBasedTrainLoop',
-                 max_iters=max_iters, val_interval=10000)
+train_cfg = dict(
+    _delete_=True,
+    type='IterBasedTrainLoop',
+    max_iters=max_iters,
+    val_interval=10000)
 param_scheduler = [
-    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0,
-         end=500),
-    dict(type='MultiStepLR', by_epoch=False, begin=0, end=max_iters,
-         milestones=[80000], gamma=0.1)
+    dict(
+        type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500),
+    dict(
+        type='MultiStepLR',
+        by_epoch=False,
+        begin=0,
+        end=max_iters,
+        milestones=[80000],
+        gamma=0.1)
 ]
 default_hooks = dict(
     checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=10000))

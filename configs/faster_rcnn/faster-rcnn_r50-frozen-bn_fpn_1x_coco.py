@@ -1,7 +1,8 @@
 # Table 5, row BN(frozen) / -- : Faster R-CNN + FPN, ResNet-50 with frozen
 # BN, no normalization in the head; 8 GPUs x 2 images, shorter side 800, 1x.
 _base_ = [
-    'mmdet::faster_rcnn/faster-rcnn_r50_fpn_1x_coco.py', '../_base_/det_runtime.py'
+    'mmdet::faster_rcnn/faster-rcnn_r50_fpn_1x_coco.py',
+    '../_base_/det_runtime.py'
 ]
 model = dict(
     backbone=dict(

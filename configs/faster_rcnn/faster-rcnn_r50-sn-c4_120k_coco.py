@@ -5,10 +5,11 @@ norm_cfg = dict(type='SN', requires_grad=True)
 backbone_checkpoint = {{_base_.sn_8x2_checkpoint}}
 model = dict(
     backbone=dict(
-        norm_cfg=norm_cfg, norm_eval=False,
+        norm_cfg=norm_cfg,
+        norm_eval=False,
         init_cfg=dict(type='Pretrained', checkpoint=backbone_checkpoint)),
     roi_head=dict(
         shared_head=dict(
-            norm_cfg=norm_cfg, norm_eval=False,
-            init_cfg=dict(type='Pretrained',
-                          checkpoint=backbone_checkpoint))))
+            norm_cfg=norm_cfg,
+            norm_eval=False,
+            init_cfg=dict(type='Pretrained', checkpoint=backbone_checkpoint))))

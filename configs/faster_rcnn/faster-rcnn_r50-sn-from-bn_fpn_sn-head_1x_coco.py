@@ -3,6 +3,10 @@
 # released files: SNPretrained gives each SN layer its BN layer's affine and
 # running statistics; the ratio logits start equal. No published result.
 _base_ = './faster-rcnn_r50-sn_fpn_sn-head_1x_coco.py'
-model = dict(backbone=dict(init_cfg=dict(
-    _delete_=True, type='SNPretrained', checkpoint={{_base_.bn_checkpoint}},
-    ratios='uniform')))
+model = dict(
+    backbone=dict(
+        init_cfg=dict(
+            _delete_=True,
+            type='SNPretrained',
+            checkpoint={{_base_.bn_checkpoint}},
+            ratios='uniform')))

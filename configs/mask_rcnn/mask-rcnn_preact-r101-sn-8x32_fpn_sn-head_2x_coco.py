@@ -6,5 +6,4 @@ _base_ = './mask-rcnn_preact-r50-sn-8x32_fpn_sn-head_2x_coco.py'
 model = dict(
     backbone=dict(
         depth=101,
-        init_cfg=dict(
-            checkpoint={{_base_.sn_preact_r101_8x32_checkpoint}})))
+        init_cfg=dict(checkpoint={{_base_.sn_preact_r101_8x32_checkpoint}})))

@@ -5,8 +5,8 @@
 # backbone starts from the released ResNet50v1+SN(8,2), whose single ratio
 # vector per layer starts both groups. No published result.
 _base_ = './mask-rcnn_r50-sn_fpn_sn-head_2x_coco.py'
-gsn_norm_cfg = dict(_delete_=True, type='SN', requires_grad=True,
-                    ratio_groups=2)
+gsn_norm_cfg = dict(
+    _delete_=True, type='SN', requires_grad=True, ratio_groups=2)
 model = dict(
     backbone=dict(norm_cfg=gsn_norm_cfg),
     neck=dict(norm_cfg=gsn_norm_cfg),

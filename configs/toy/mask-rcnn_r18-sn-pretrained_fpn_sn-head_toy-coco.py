@@ -8,6 +8,12 @@
 # is the demo's own.
 _base_ = './mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py'
 pretrained = 'work_dirs/demo-pretrain/cls/epoch_8.pth'
-model = dict(backbone=dict(init_cfg=dict(
-    _delete_=True, type='SNPretrained', checkpoint=pretrained,
-    prefix='backbone.', ratios='source', trusted=True)))
+model = dict(
+    backbone=dict(
+        init_cfg=dict(
+            _delete_=True,
+            type='SNPretrained',
+            checkpoint=pretrained,
+            prefix='backbone.',
+            ratios='source',
+            trusted=True)))

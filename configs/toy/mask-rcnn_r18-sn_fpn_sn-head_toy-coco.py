@@ -14,23 +14,35 @@ model = dict(
     # which leaves the blocks' ratio logits without gradient for most of a
     # 100-step run.
     backbone=dict(
-        depth=18, norm_cfg=norm_cfg, norm_eval=False, frozen_stages=-1,
-        style='pytorch', zero_init_residual=False, init_cfg=None),
-    neck=dict(in_channels=[64, 128, 256, 512], out_channels=128,
-              norm_cfg=norm_cfg),
+        depth=18,
+        norm_cfg=norm_cfg,
+        norm_eval=False,
+        frozen_stages=-1,
+        style='pytorch',
+        zero_init_residual=False,
+        init_cfg=None),
+    neck=dict(
+        in_channels=[64, 128, 256, 512], out_channels=128, norm_cfg=norm_cfg),
     rpn_head=dict(
-        in_channels=128, feat_channels=128,
+        in_channels=128,
+        feat_channels=128,
         # Toy objects are 17-60 px: anchors of 16-256 px over the levels.
         anchor_generator=dict(scales=[4])),
     roi_head=dict(
         bbox_roi_extractor=dict(out_channels=128),
         bbox_head=dict(
-            type='Shared4Conv1FCBBoxHead', in_channels=128,
-            conv_out_channels=128, fc_out_channels=512, norm_cfg=norm_cfg,
+            type='Shared4Conv1FCBBoxHead',
+            in_channels=128,
+            conv_out_channels=128,
+            fc_out_channels=512,
+            norm_cfg=norm_cfg,
             num_classes=len(classes)),
         mask_roi_extractor=dict(out_channels=128),
-        mask_head=dict(in_channels=128, conv_out_channels=128,
-                       norm_cfg=norm_cfg, num_classes=len(classes))),
+        mask_head=dict(
+            in_channels=128,
+            conv_out_channels=128,
+            norm_cfg=norm_cfg,
+            num_classes=len(classes))),
     train_cfg=dict(
         rpn=dict(sampler=dict(num=128)),
         # Toy images hold at most 4 objects: few proposals and RoIs do.
@@ -51,48 +63,69 @@ test_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='Resize', scale=(128, 128), keep_ratio=True),
     dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
-    dict(type='PackDetInputs',
-         meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape',
-                    'scale_factor')),
+    dict(
+        type='PackDetInputs',
+        meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape',
+                   'scale_factor')),
 ]
 # Loading a 128 px PNG costs far less than a step: no worker processes,
 # so both cores compute.
 train_dataloader = dict(
-    batch_size=4, num_workers=0, persistent_workers=False,
-    dataset=dict(data_root=data_root, metainfo=metainfo,
-                 ann_file='annotations/instances_train.json',
-                 data_prefix=dict(img='train/'), pipeline=train_pipeline))
+    batch_size=4,
+    num_workers=0,
+    persistent_workers=False,
+    dataset=dict(
+        data_root=data_root,
+        metainfo=metainfo,
+        ann_file='annotations/instances_train.json',
+        data_prefix=dict(img='train/'),
+        pipeline=train_pipeline))
 val_dataloader = dict(
-    batch_size=4, num_workers=0, persistent_workers=False,
-    dataset=dict(data_root=data_root, metainfo=metainfo,
-                 ann_file='annotations/instances_val.json',
-                 data_prefix=dict(img='val/'), pipeline=test_pipeline))
+    batch_size=4,
+    num_workers=0,
+    persistent_workers=False,
+    dataset=dict(
+        data_root=data_root,
+        metainfo=metainfo,
+        ann_file='annotations/instances_val.json',
+        data_prefix=dict(img='val/'),
+        pipeline=test_pipeline))
 test_dataloader = val_dataloader
 val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json')
 test_evaluator = val_evaluator
 
 max_iters = 100
-train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=max_iters,
-                 val_interval=max_iters)
+train_cfg = dict(
+    _delete_=True,
+    type='IterBasedTrainLoop',
+    max_iters=max_iters,
+    val_interval=max_iters)
 param_scheduler = [
-    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0,
-         end=25),
-    dict(type='MultiStepLR', by_epoch=False, begin=0, end=max_iters,
-         milestones=[int(max_iters * 0.75), int(max_iters * 0.9)],
-         gamma=0.1),
+    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=25),
+    dict(
+        type='MultiStepLR',
+        by_epoch=False,
+        begin=0,
+        end=max_iters,
+        milestones=[int(max_iters * 0.75),
+                    int(max_iters * 0.9)],
+        gamma=0.1),
 ]
 optim_wrapper = dict(
     constructor='SNOptimWrapperConstructor',
     optimizer=dict(type='SGD', lr=0.04, momentum=0.9, weight_decay=1e-4),
     # The ratio logits learn faster than the weights, so that 100 steps
     # move them visibly from the uniform start (the figure make demo draws).
-    paramwise_cfg=dict(norm_decay_mult=0.0, ratio_decay_mult=0.0,
-                       ratio_lr_mult=20.0),
+    paramwise_cfg=dict(
+        norm_decay_mult=0.0, ratio_decay_mult=0.0, ratio_lr_mult=20.0),
     clip_grad=dict(max_norm=10, norm_type=2))
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=20),
-    checkpoint=dict(type='CheckpointHook', by_epoch=False,
-                    interval=max_iters, max_keep_ckpts=1))
+    checkpoint=dict(
+        type='CheckpointHook',
+        by_epoch=False,
+        interval=max_iters,
+        max_keep_ckpts=1))
 log_processor = dict(by_epoch=False)
 env_cfg = dict(dist_cfg=dict(backend='gloo'))
 auto_scale_lr = dict(enable=False, base_batch_size=4)

@@ -13,19 +13,28 @@ num_classes = 4
 # The detector's input normalisation (mmdet's ImageNet mean/std, RGB), so
 # the backbone sees in finetuning what it saw here.
 data_preprocessor = dict(
-    num_classes=num_classes, mean=[123.675, 116.28, 103.53],
-    std=[58.395, 57.12, 57.375], to_rgb=True)
+    num_classes=num_classes,
+    mean=[123.675, 116.28, 103.53],
+    std=[58.395, 57.12, 57.375],
+    to_rgb=True)
 model = dict(
     type='ImageClassifier',
     # The toy Mask R-CNN's backbone (mmdet's ResNet-18 has the same keys):
     # zero_init_residual=False for the same reason as there.
-    backbone=dict(type='ResNet', depth=18, out_indices=(3, ),
-                  style='pytorch', norm_cfg=norm_cfg,
-                  zero_init_residual=False),
+    backbone=dict(
+        type='ResNet',
+        depth=18,
+        out_indices=(3, ),
+        style='pytorch',
+        norm_cfg=norm_cfg,
+        zero_init_residual=False),
     neck=dict(type='GlobalAveragePooling'),
-    head=dict(type='LinearClsHead', num_classes=num_classes,
-              in_channels=512, loss=dict(type='CrossEntropyLoss'),
-              topk=(1, )))
+    head=dict(
+        type='LinearClsHead',
+        num_classes=num_classes,
+        in_channels=512,
+        loss=dict(type='CrossEntropyLoss'),
+        topk=(1, )))
 
 data_root = 'data/toy_cls'
 train_pipeline = [
@@ -36,22 +45,31 @@ train_pipeline = [
 test_pipeline = [dict(type='LoadImageFromFile'), dict(type='PackInputs')]
 # Class folders (CustomDataset); no worker processes, so both cores compute.
 train_dataloader = dict(
-    batch_size=32, num_workers=0, persistent_workers=False,
-    dataset=dict(type='CustomDataset', data_root=data_root,
-                 data_prefix='train', pipeline=train_pipeline),
+    batch_size=32,
+    num_workers=0,
+    persistent_workers=False,
+    dataset=dict(
+        type='CustomDataset',
+        data_root=data_root,
+        data_prefix='train',
+        pipeline=train_pipeline),
     sampler=dict(type='DefaultSampler', shuffle=True))
 val_dataloader = dict(
-    batch_size=32, num_workers=0, persistent_workers=False,
-    dataset=dict(type='CustomDataset', data_root=data_root,
-                 data_prefix='val', pipeline=test_pipeline),
+    batch_size=32,
+    num_workers=0,
+    persistent_workers=False,
+    dataset=dict(
+        type='CustomDataset',
+        data_root=data_root,
+        data_prefix='val',
+        pipeline=test_pipeline),
     sampler=dict(type='DefaultSampler', shuffle=False))
 val_evaluator = dict(type='Accuracy', topk=(1, ))
 test_dataloader = val_dataloader
 test_evaluator = val_evaluator
 
 max_epochs = 8
-train_cfg = dict(by_epoch=True, max_epochs=max_epochs,
-                 val_interval=max_epochs)
+train_cfg = dict(by_epoch=True, max_epochs=max_epochs, val_interval=max_epochs)
 val_cfg = dict()
 test_cfg = dict()
 param_scheduler = [
@@ -65,8 +83,8 @@ optim_wrapper = dict(
     paramwise_cfg=dict(ratio_lr_mult=10.0))
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=10),
-    checkpoint=dict(type='CheckpointHook', interval=max_epochs,
-                    max_keep_ckpts=1))
+    checkpoint=dict(
+        type='CheckpointHook', interval=max_epochs, max_keep_ckpts=1))
 custom_hooks = [
     dict(type='SNRatioHook', interval=10, log_layers=False),
     dict(type='SNBatchAverageHook', num_batches=10),

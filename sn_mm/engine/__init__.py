@@ -1,6 +1,5 @@
 from .batch_average import sn_batch_average
-from .hooks import (SNBatchAverageHook, SNFuseHook, SNRatioHook,
-                    SSNRadiusHook)
+from .hooks import SNBatchAverageHook, SNFuseHook, SNRatioHook, SSNRadiusHook
 from .optim_constructor import SNOptimWrapperConstructor
 from .pretrained import SNPretrainedInit, sn_state_from
 from .runner import SNRunner, trusted_torch_load
@@ -8,6 +7,5 @@ from .runner import SNRunner, trusted_torch_load
 __all__ = [
     'sn_batch_average', 'SNBatchAverageHook', 'SNFuseHook', 'SNRatioHook',
     'SSNRadiusHook', 'SNOptimWrapperConstructor', 'SNPretrainedInit',
-    'SNRunner', 'sn_state_from',
-    'trusted_torch_load'
+    'SNRunner', 'sn_state_from', 'trusted_torch_load'
 ]

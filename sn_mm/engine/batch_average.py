@@ -10,8 +10,8 @@ from ..models import SwitchableNorm
 
 
 @torch.no_grad()
-def sn_batch_average(model: nn.Module, batches: Iterable,
-                     forward: Callable, num_batches: int) -> int:
+def sn_batch_average(model: nn.Module, batches: Iterable, forward: Callable,
+                     num_batches: int) -> int:
     """Set every SN layer's running mean and variance to the average of the
     BN statistics over ``num_batches`` batches (Sec. 3, "Inference").
 
@@ -28,13 +28,18 @@ def sn_batch_average(model: nn.Module, batches: Iterable,
     saw no sample anywhere keeps its running statistics. Returns the number
     of batches fed on this rank.
     """
-    layers = [m for m in model.modules()
-              if isinstance(m, SwitchableNorm) and m.using_bn]
+    layers = [
+        m for m in model.modules()
+        if isinstance(m, SwitchableNorm) and m.using_bn
+    ]
     if not layers:
         return 0
     modes = {m: m.training for m in model.modules()}
-    saved = {m: (m.momentum, m.running_mean.clone(), m.running_var.clone(),
-                 m.num_batches_tracked.clone()) for m in layers}
+    saved = {
+        m: (m.momentum, m.running_mean.clone(), m.running_var.clone(),
+            m.num_batches_tracked.clone())
+        for m in layers
+    }
 
     model.eval()
     for m in layers:
@@ -54,10 +59,11 @@ def sn_batch_average(model: nn.Module, batches: Iterable,
 
     # Per layer: count * average of the mean and of the variance, count.
     packed = torch.cat([
-        torch.cat([m.running_mean.double(), m.running_var.double(),
-                   torch.ones(1, dtype=torch.float64,
-                              device=m.running_mean.device)])
-        * m.num_batches_tracked.double() for m in layers
+        torch.cat([
+            m.running_mean.double(),
+            m.running_var.double(),
+            torch.ones(1, dtype=torch.float64, device=m.running_mean.device)
+        ]) * m.num_batches_tracked.double() for m in layers
     ])
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(packed)

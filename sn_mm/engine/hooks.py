@@ -37,7 +37,9 @@ class SNBatchAverageHook(Hook):
 
     priority = 'NORMAL'  # before CheckpointHook (VERY_LOW) saves the model
 
-    def __init__(self, num_batches: int = 100, before_val: bool = True,
+    def __init__(self,
+                 num_batches: int = 100,
+                 before_val: bool = True,
                  after_train: bool = True,
                  dataloader: Optional[dict] = None) -> None:
         if num_batches < 1:
@@ -60,17 +62,19 @@ class SNBatchAverageHook(Hook):
             cfg = self.dataloader_cfg or runner.cfg.train_dataloader
             self._loader = runner.build_dataloader(cfg, seed=runner.seed)
         model = runner.model
-        seen = sn_batch_average(_unwrap(model), self._loader,
-                                model.test_step, self.num_batches)
+        seen = sn_batch_average(
+            _unwrap(model), self._loader, model.test_step, self.num_batches)
         self._done_at = done_iters
         runner.logger.info(f'SN batch average: BN statistics of every SN '
                            f'layer re-estimated from {seen} batches')
 
-    def after_train_iter(self, runner, batch_idx, data_batch=None,
+    def after_train_iter(self,
+                         runner,
+                         batch_idx,
+                         data_batch=None,
                          outputs=None) -> None:
         # Iteration-based loops save the final checkpoint here.
-        if (self.at_end
-                and isinstance(runner.train_loop, IterBasedTrainLoop)
+        if (self.at_end and isinstance(runner.train_loop, IterBasedTrainLoop)
                 and self.is_last_train_iter(runner)):
             self._average(runner, runner.iter + 1)
 
@@ -107,20 +111,24 @@ class SNRatioHook(Hook):
         self._nonfinite = 0
 
     def _log_nonfinite(self, runner, model) -> None:
-        counts = {name: int(m.nonfinite_batches)
-                  for name, m in model.named_modules()
-                  if isinstance(m, SwitchableNorm)
-                  and m.nonfinite_batches is not None}
+        counts = {
+            name: int(m.nonfinite_batches)
+            for name, m in model.named_modules() if
+            isinstance(m, SwitchableNorm) and m.nonfinite_batches is not None
+        }
         total = sum(counts.values())
         runner.message_hub.update_scalar('train/sn_nonfinite_batches', total)
         if total > self._nonfinite:
             runner.logger.warning(
                 'SN: batches with non-finite BN statistics (running '
-                'statistics not updated for them): ' + ', '.join(
-                    f'{name}: {n}' for name, n in counts.items() if n))
+                'statistics not updated for them): ' +
+                ', '.join(f'{name}: {n}' for name, n in counts.items() if n))
         self._nonfinite = total
 
-    def after_train_iter(self, runner, batch_idx, data_batch=None,
+    def after_train_iter(self,
+                         runner,
+                         batch_idx,
+                         data_batch=None,
                          outputs=None) -> None:
         if not (self.every_n_train_iters(runner, self.interval)
                 or self.is_last_train_iter(runner)):
@@ -135,16 +143,21 @@ class SNRatioHook(Hook):
                 runner.message_hub.update_scalar(f'train/sn_{stat}_{term}',
                                                  value)
         runner.visualizer.add_scalars(
-            {f'sn_ratio/{layer}/{stat}_{term}': value
-             for layer, r in ratios.items() for stat, terms in r.items()
-             for term, value in terms.items()},
+            {
+                f'sn_ratio/{layer}/{stat}_{term}': value
+                for layer, r in ratios.items()
+                for stat, terms in r.items()
+                for term, value in terms.items()
+            },
             step=runner.iter + 1)
         if self.log_layers:
-            lines = [f'{layer}: ' + '  '.join(
-                f'{stat} ' + ' '.join(f'{t}={v:.3f}' for t, v in
-                                      terms.items())
-                for stat, terms in r.items())
-                     for layer, r in ratios.items()]
+            lines = [
+                f'{layer}: ' +
+                '  '.join(f'{stat} ' + ' '.join(f'{t}={v:.3f}'
+                                                for t, v in terms.items())
+                          for stat, terms in r.items())
+                for layer, r in ratios.items()
+            ]
             runner.logger.info(f'SN ratios at iter {runner.iter + 1}:\n' +
                                '\n'.join(lines))
 
@@ -189,8 +202,10 @@ class SSNRadiusHook(Hook):
         self.start, self.end = start, end
 
     def _layers(self, runner):
-        return [m for m in _unwrap(runner.model).modules()
-                if isinstance(m, SwitchableNorm) and m.radius is not None]
+        return [
+            m for m in _unwrap(runner.model).modules()
+            if isinstance(m, SwitchableNorm) and m.radius is not None
+        ]
 
     def before_train(self, runner) -> None:
         self._found = self._layers(runner)

@@ -42,8 +42,7 @@ class SNOptimWrapperConstructor(DefaultOptimWrapperConstructor):
 
     def _validate_cfg(self) -> None:
         super()._validate_cfg()
-        if ('ratio_decay_mult' in self.paramwise_cfg
-                and self.base_wd is None):
+        if ('ratio_decay_mult' in self.paramwise_cfg and self.base_wd is None):
             raise ValueError('ratio_decay_mult needs the optimizer to set '
                              'weight_decay (base_wd is None)')
 
@@ -85,6 +84,8 @@ class SNOptimWrapperConstructor(DefaultOptimWrapperConstructor):
             if self.base_wd is not None and decay_mult is not None:
                 group['weight_decay'] = self.base_wd * decay_mult
             print_log(
-                f'paramwise_options (SN) -- {full_name}: ' + ', '.join(
-                    f'{k}={v}' for k, v in group.items() if k != 'params'),
-                logger='current', level=logging.DEBUG)
+                f'paramwise_options (SN) -- {full_name}: ' +
+                ', '.join(f'{k}={v}'
+                          for k, v in group.items() if k != 'params'),
+                logger='current',
+                level=logging.DEBUG)

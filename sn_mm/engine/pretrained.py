@@ -34,9 +34,10 @@ def _source_names(name: str) -> List[str]:
     if not match:  # e.g. 'downsample.1': the same name in every network
         return [name]
     lead = parent + '.' if parent else ''
-    return [name] + [f'{lead}{abbr}{match.group(1)}'
-                     for abbr in _SOURCE_ABBRS if abbr + match.group(1)
-                     != last]
+    return [name] + [
+        f'{lead}{abbr}{match.group(1)}'
+        for abbr in _SOURCE_ABBRS if abbr + match.group(1) != last
+    ]
 
 
 def _kind(state: Dict[str, torch.Tensor], src: str) -> str:
@@ -63,7 +64,8 @@ def _source_logits(kind: str, terms: int) -> Optional[torch.Tensor]:
     return torch.tensor([math.log(r) for r in ratios])
 
 
-def sn_state_from(module: nn.Module, state: Dict[str, torch.Tensor],
+def sn_state_from(module: nn.Module,
+                  state: Dict[str, torch.Tensor],
                   ratios: str = 'uniform') -> Tuple[dict, dict]:
     """The state dict that starts ``module`` from checkpoint ``state``, and
     a report: each SN layer takes the affine parameters of the norm layer
@@ -76,27 +78,30 @@ def sn_state_from(module: nn.Module, state: Dict[str, torch.Tensor],
                          f'{", ".join(map(repr, RATIO_CHOICES))}')
     own = module.state_dict()
     plan, sources, used = {}, {}, set()
-    layers = {n: m for n, m in module.named_modules()
-              if isinstance(m, SwitchableNorm)}
+    layers = {
+        n: m
+        for n, m in module.named_modules() if isinstance(m, SwitchableNorm)
+    }
     for name, layer in layers.items():
         src = next((s for s in _source_names(name)
-                    if s + '.weight' in state and s + '.bias' in state),
-                   None)
+                    if s + '.weight' in state and s + '.bias' in state), None)
         if src is None:
             continue
         kind = _kind(state, src)
         sources[name] = (src, kind)
-        keys = ['weight', 'bias'] + (list(_SN_KEYS) if kind == 'SN' else [
-            'running_mean', 'running_var', 'num_batches_tracked'])
+        keys = ['weight', 'bias'] + (
+            list(_SN_KEYS) if kind == 'SN' else
+            ['running_mean', 'running_var', 'num_batches_tracked'])
         for key in keys:
             if f'{src}.{key}' in state and f'{name}.{key}' in own:
-                plan[f'{name}.{key}'] = to_groups(
-                    key, state[f'{src}.{key}'], own[f'{name}.{key}'])
+                plan[f'{name}.{key}'] = to_groups(key, state[f'{src}.{key}'],
+                                                  own[f'{name}.{key}'])
                 used.add(f'{src}.{key}')
         if ratios == 'uniform' or kind != 'SN':
             shape = layer.mean_weight.shape  # (K,), or (G, K): group SN
-            logits = (_source_logits(kind, shape[-1]) if ratios == 'source'
-                      else None)
+            logits = (
+                _source_logits(kind, shape[-1])
+                if ratios == 'source' else None)
             if logits is None:
                 logits = torch.zeros(shape[-1])
             for key in ('mean_weight', 'var_weight'):
@@ -106,17 +111,22 @@ def sn_state_from(module: nn.Module, state: Dict[str, torch.Tensor],
         if key not in sn_keys and key in state:
             plan[key] = state[key]
             used.add(key)
-    bad = [f'{key}: the model has {tuple(own[key].shape)}, the checkpoint '
-           f'{tuple(value.shape)}' for key, value in plan.items()
-           if tuple(value.shape) != tuple(own[key].shape)]
+    bad = [
+        f'{key}: the model has {tuple(own[key].shape)}, the checkpoint '
+        f'{tuple(value.shape)}' for key, value in plan.items()
+        if tuple(value.shape) != tuple(own[key].shape)
+    ]
     if bad:
         raise ValueError('SNPretrained: the checkpoint does not fit the '
                          'model (nothing was loaded): ' + '; '.join(bad))
     report = dict(
-        sn_layers={n: f'{kind} {src}' for n, (src, kind) in sources.items()},
+        sn_layers={
+            n: f'{kind} {src}'
+            for n, (src, kind) in sources.items()
+        },
         sn_uninitialised=sorted(set(layers) - set(sources)),
-        uninitialised=sorted(k for k in own if k not in plan
-                             and k not in sn_keys),
+        uninitialised=sorted(k for k in own
+                             if k not in plan and k not in sn_keys),
         unused=sorted(k for k in state if k not in used))
     new = dict(own)
     new.update({k: v.to(own[k].dtype) for k, v in plan.items()})
@@ -124,8 +134,8 @@ def sn_state_from(module: nn.Module, state: Dict[str, torch.Tensor],
 
 
 def own_keys(layer: SwitchableNorm) -> List[str]:
-    return [k for k, _ in layer.named_parameters()] + [
-        k for k, v in layer.named_buffers() if v is not None]
+    return [k for k, _ in layer.named_parameters()
+            ] + [k for k, v in layer.named_buffers() if v is not None]
 
 
 @WEIGHT_INITIALIZERS.register_module(name='SNPretrained')
@@ -163,8 +173,11 @@ class SNPretrainedInit:
             unrestricted loader. Default: False (the safe loader).
     """
 
-    def __init__(self, checkpoint: str, prefix: Optional[str] = None,
-                 ratios: str = 'uniform', map_location: str = 'cpu',
+    def __init__(self,
+                 checkpoint: str,
+                 prefix: Optional[str] = None,
+                 ratios: str = 'uniform',
+                 map_location: str = 'cpu',
                  trusted: bool = False) -> None:
         if ratios not in RATIO_CHOICES:
             raise ValueError(f'SNPretrained: ratios={ratios!r}, expected '
@@ -183,8 +196,8 @@ class SNPretrainedInit:
                     ckpt = CheckpointLoader.load_checkpoint(
                         self.checkpoint, self.map_location)
             else:
-                ckpt = CheckpointLoader.load_checkpoint(self.checkpoint,
-                                                        self.map_location)
+                ckpt = CheckpointLoader.load_checkpoint(
+                    self.checkpoint, self.map_location)
         except Exception as err:
             if 'weights_only' not in str(err):
                 raise
@@ -198,8 +211,10 @@ class SNPretrainedInit:
         if self.prefix:
             prefix = self.prefix if self.prefix.endswith('.') else \
                 self.prefix + '.'
-            state = {k[len(prefix):]: v for k, v in state.items()
-                     if k.startswith(prefix)}
+            state = {
+                k[len(prefix):]: v
+                for k, v in state.items() if k.startswith(prefix)
+            }
             if not state:
                 raise ValueError(f'SNPretrained: no entry of '
                                  f'{self.checkpoint} starts with {prefix!r}')
@@ -213,19 +228,23 @@ class SNPretrainedInit:
         for source in report['sn_layers'].values():
             kind = source.split()[0]
             kinds[kind] = kinds.get(kind, 0) + 1
-        lines = [f'SNPretrained from {self.checkpoint} (ratios='
-                 f'{self.ratios}): {len(report["sn_layers"])} SN layers from '
-                 + (', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))
-                    or 'no norm layer')]
+        lines = [
+            f'SNPretrained from {self.checkpoint} (ratios='
+            f'{self.ratios}): {len(report["sn_layers"])} SN layers from ' +
+            (', '.join(f'{n} {k}'
+                       for k, n in sorted(kinds.items())) or 'no norm layer')
+        ]
         for what, label in (('sn_uninitialised', 'SN layers without a '
                              'source, left as initialised'),
                             ('uninitialised', 'model entries not in the '
                              'checkpoint, left as initialised'),
                             ('unused', 'checkpoint entries unused')):
             if report[what]:
-                lines.append(f'  {label} ({len(report[what])}): '
-                             + ', '.join(report[what]))
+                lines.append(f'  {label} ({len(report[what])}): ' +
+                             ', '.join(report[what]))
         print_log('\n'.join(lines), logger='current')
         if hasattr(module, '_params_init_info'):
-            update_init_info(module, init_info=f'SNPretrained: load from '
-                             f'{self.checkpoint}')
+            update_init_info(
+                module,
+                init_info=f'SNPretrained: load from '
+                f'{self.checkpoint}')

@@ -67,18 +67,19 @@ class SNRunner(Runner):
 
     def wrap_model(self, model_wrapper_cfg, model):
         if not self.distributed and not is_model_wrapper(model):
-            num_sync = sum(isinstance(m, SyncSwitchableNorm)
-                           for m in model.modules())
+            num_sync = sum(
+                isinstance(m, SyncSwitchableNorm) for m in model.modules())
             if num_sync:
                 model = revert_sync_sn(model)
                 self.logger.info(f'Not distributed: turned {num_sync} SyncSN '
                                  'layers into SN layers')
         if self._cpu_distributed():
             model_wrapper_cfg = dict(
-                dict(type='MMDistributedDataParallel',
-                     broadcast_buffers=False,
-                     find_unused_parameters=self.cfg.get(
-                         'find_unused_parameters', False)),
+                dict(
+                    type='MMDistributedDataParallel',
+                    broadcast_buffers=False,
+                    find_unused_parameters=self.cfg.get(
+                        'find_unused_parameters', False)),
                 **(model_wrapper_cfg or {}))
             # An explicit None beats the LOCAL_RANK device id mmengine adds.
             model_wrapper_cfg['device_ids'] = None

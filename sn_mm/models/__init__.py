@@ -6,6 +6,7 @@ from .sync_switchable_norm import (SyncSwitchableNorm, convert_sync_sn,
                                    revert_sync_sn)
 
 __all__ = [
-    'SelectedNorm', 'SNAffine', 'fuse_conv_sn', 'hard_choices', 'harden_sn', 'harden_state_dict', 'PreActResNet', 'SwitchableNorm', 'SyncSwitchableNorm', 'convert_sync_sn',
-    'revert_sync_sn'
+    'SelectedNorm', 'SNAffine', 'fuse_conv_sn', 'hard_choices', 'harden_sn',
+    'harden_state_dict', 'PreActResNet', 'SwitchableNorm',
+    'SyncSwitchableNorm', 'convert_sync_sn', 'revert_sync_sn'
 ]

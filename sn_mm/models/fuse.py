@@ -43,8 +43,7 @@ class SNAffine(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         shape = (1, -1) + (1, ) * (x.dim() - 2)
-        return torch.addcmul(self.shift.view(shape), x,
-                             self.scale.view(shape))
+        return torch.addcmul(self.shift.view(shape), x, self.scale.view(shape))
 
 
 class SelectedNorm(nn.Module):
@@ -65,8 +64,7 @@ class SelectedNorm(nn.Module):
         # The logits play no part (both ratios are fixed); SN's function
         # takes them for their shape.
         self.register_buffer('logits', torch.zeros_like(layer.mean_weight))
-        self.register_buffer('ratio_fixed',
-                             torch.ones_like(layer.ratio_fixed))
+        self.register_buffer('ratio_fixed', torch.ones_like(layer.ratio_fixed))
         self.register_buffer('fixed_ratios', layer.fixed_ratios.clone())
         self.register_buffer('running_mean', layer.running_mean)
         self.register_buffer('running_var', layer.running_var)
@@ -75,11 +73,12 @@ class SelectedNorm(nn.Module):
         return f'mean={self.mean_term}, var={self.var_term}, eps={self.eps}'
 
     def forward(self, x: Tensor) -> Tensor:
-        return switchable_norm(
-            x, self.weight, self.bias, self.logits, self.logits,
-            self.running_mean, self.running_var, None, False, None,
-            self.eps, self.unbiased, self.kernels, None,
-            type(self).__name__, self.ratio_fixed, self.fixed_ratios)
+        return switchable_norm(x, self.weight, self.bias, self.logits,
+                               self.logits, self.running_mean,
+                               self.running_var, None, False, None, self.eps,
+                               self.unbiased, self.kernels, None,
+                               type(self).__name__, self.ratio_fixed,
+                               self.fixed_ratios)
 
 
 @torch.no_grad()

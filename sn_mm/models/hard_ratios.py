@@ -22,9 +22,10 @@ def _hard_ratios(groups) -> torch.Tensor:
     """(2, K) one-hot ratios of a layer's :func:`group_ratios`, (2, G, K)
     for group SN: each group's argmax."""
     hard = torch.stack([
-        _one_hot_argmax(torch.tensor([list(g[stat].values())
-                                      for g in groups]))
-        for stat in ('mean', 'var')])
+        _one_hot_argmax(
+            torch.tensor([list(g[stat].values()) for g in groups]))
+        for stat in ('mean', 'var')
+    ])
     return hard[:, 0] if len(groups) == 1 else hard
 
 
@@ -67,11 +68,12 @@ def harden_state_dict(state: MutableMapping[str, torch.Tensor]) -> int:
     return changed
 
 
-def hard_choices(ratios: Mapping[str, Mapping[str, Mapping[str, float]]]
-                 ) -> 'OrderedDict[str, dict]':
+def hard_choices(
+    ratios: Mapping[str, Mapping[str, Mapping[str, float]]]
+) -> 'OrderedDict[str, dict]':
     """Per layer, the normaliser with the largest ratio for the mean and for
     the variance, e.g. ``{'backbone.sn1': {'mean': 'bn', 'var': 'in'}}``."""
-    return OrderedDict(
-        (layer, {stat: max(r[stat], key=r[stat].get)
-                 for stat in ('mean', 'var')})
-        for layer, r in ratios.items())
+    return OrderedDict((layer, {
+        stat: max(r[stat], key=r[stat].get)
+        for stat in ('mean', 'var')
+    }) for layer, r in ratios.items())

@@ -38,10 +38,11 @@ class _PreActBlock(BaseModule):
         return nn.Conv2d(inplanes, out, 1, stride, bias=False)
 
     def forward(self, x):
+
         def inner(x):
             preact = F.relu(getattr(self, self.norm_names[0])(x))
-            shortcut = (self.downsample(preact)
-                        if self.downsample is not None else x)
+            shortcut = (
+                self.downsample(preact) if self.downsample is not None else x)
             return self._residual(preact) + shortcut
 
         if self.with_cp and x.requires_grad:
@@ -55,15 +56,21 @@ class PreActBottleneck(_PreActBlock):
 
     expansion = 4
 
-    def __init__(self, inplanes, planes, stride=1, dilation=1,
-                 norm_cfg=dict(type='SN'), with_cp=False, init_cfg=None):
+    def __init__(self,
+                 inplanes,
+                 planes,
+                 stride=1,
+                 dilation=1,
+                 norm_cfg=dict(type='SN'),
+                 with_cp=False,
+                 init_cfg=None):
         super().__init__(init_cfg)
         self.with_cp = with_cp
         self.norm_names = [self._norm(norm_cfg, inplanes, 1)]
         self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
         self.norm_names.append(self._norm(norm_cfg, planes, 2))
-        self.conv2 = nn.Conv2d(planes, planes, 3, stride, dilation,
-                               dilation, bias=False)
+        self.conv2 = nn.Conv2d(
+            planes, planes, 3, stride, dilation, dilation, bias=False)
         self.norm_names.append(self._norm(norm_cfg, planes, 3))
         self.conv3 = nn.Conv2d(planes, planes * 4, 1, bias=False)
         self.downsample = self._shortcut(inplanes, planes, stride)
@@ -78,16 +85,22 @@ class PreActBasicBlock(_PreActBlock):
     """``sn1 -> ReLU -> conv1 (3x3, stride, dilation) -> sn2 -> ReLU ->
     conv2 (3x3, dilation)``."""
 
-    def __init__(self, inplanes, planes, stride=1, dilation=1,
-                 norm_cfg=dict(type='SN'), with_cp=False, init_cfg=None):
+    def __init__(self,
+                 inplanes,
+                 planes,
+                 stride=1,
+                 dilation=1,
+                 norm_cfg=dict(type='SN'),
+                 with_cp=False,
+                 init_cfg=None):
         super().__init__(init_cfg)
         self.with_cp = with_cp
         self.norm_names = [self._norm(norm_cfg, inplanes, 1)]
-        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, dilation,
-                               dilation, bias=False)
+        self.conv1 = nn.Conv2d(
+            inplanes, planes, 3, stride, dilation, dilation, bias=False)
         self.norm_names.append(self._norm(norm_cfg, planes, 2))
-        self.conv2 = nn.Conv2d(planes, planes, 3, 1, dilation, dilation,
-                               bias=False)
+        self.conv2 = nn.Conv2d(
+            planes, planes, 3, 1, dilation, dilation, bias=False)
         self.downsample = self._shortcut(inplanes, planes, stride)
 
     def _residual(self, preact):
@@ -166,9 +179,11 @@ class PreActResNet(BaseModule):
             raise ValueError(f'out_indices must be in 0-3, got '
                              f'{tuple(out_indices)}')
         if init_cfg is None:
-            init_cfg = [dict(type='Kaiming', layer='Conv2d'),
-                        dict(type='Constant', val=1,
-                             layer=['_BatchNorm', 'GroupNorm'])]
+            init_cfg = [
+                dict(type='Kaiming', layer='Conv2d'),
+                dict(
+                    type='Constant', val=1, layer=['_BatchNorm', 'GroupNorm'])
+            ]
         super().__init__(init_cfg)
         # Configs that take a norm_cfg from an mmdet::/mmseg:: base carry
         # mmengine's '_scope_' key, which no norm layer accepts.
@@ -180,24 +195,28 @@ class PreActResNet(BaseModule):
         self.norm_eval = norm_eval
 
         self.conv1 = nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False)
-        self.stem_norm_name, stem_norm = build_norm_layer(norm_cfg, 64,
-                                                          postfix=1)
+        self.stem_norm_name, stem_norm = build_norm_layer(
+            norm_cfg, 64, postfix=1)
         self.add_module(self.stem_norm_name, stem_norm)
         self.maxpool = nn.MaxPool2d(3, 2, 1)
         inplanes = 64
         self.res_layers = []
         for i, num_blocks in enumerate(stage_blocks):
             planes = 64 * 2**i
-            blocks = [block(inplanes, planes, strides[i], dilations[i],
-                            norm_cfg, with_cp)]
+            blocks = [
+                block(inplanes, planes, strides[i], dilations[i], norm_cfg,
+                      with_cp)
+            ]
             inplanes = planes * block.expansion
-            blocks += [block(inplanes, planes, 1, dilations[i], norm_cfg,
-                             with_cp) for _ in range(1, num_blocks)]
+            blocks += [
+                block(inplanes, planes, 1, dilations[i], norm_cfg, with_cp)
+                for _ in range(1, num_blocks)
+            ]
             name = f'layer{i + 1}'
             self.add_module(name, nn.Sequential(*blocks))
             self.res_layers.append(name)
-        self.out_norm_name, out_norm = build_norm_layer(norm_cfg, inplanes,
-                                                        postfix='_out')
+        self.out_norm_name, out_norm = build_norm_layer(
+            norm_cfg, inplanes, postfix='_out')
         self.add_module(self.out_norm_name, out_norm)
         self.feat_dim = inplanes
         self._freeze_stages()

@@ -39,8 +39,12 @@ def check_arguments(num_features, eps, momentum, ratio_groups=1) -> None:
 
 # The ratio entries of an SN layer and the dimension a group SN layer adds
 # to each: the logits are (G, K), the fixed ratios (2, G[, K]).
-GROUP_DIMS = {'mean_weight': 0, 'var_weight': 0, 'ratio_fixed': 1,
-              'fixed_ratios': 1}
+GROUP_DIMS = {
+    'mean_weight': 0,
+    'var_weight': 0,
+    'ratio_fixed': 1,
+    'fixed_ratios': 1
+}
 
 
 def to_groups(name: str, value: Tensor, own: Tensor) -> Tensor:
@@ -167,16 +171,16 @@ class SwitchableNorm(nn.Module):
             self.register_buffer('nonfinite_batches', None)
         self.register_buffer('ratio_fixed',
                              torch.zeros(2, *groups, dtype=torch.bool))
-        self.register_buffer('fixed_ratios',
-                             torch.full((2, *groups, num_terms),
-                                        1. / num_terms))
+        self.register_buffer(
+            'fixed_ratios', torch.full((2, *groups, num_terms),
+                                       1. / num_terms))
         # SparsestMax's radius: state (saved, resumed), not a parameter.
-        self.register_buffer('radius', torch.zeros(()) if
-                             ratio_fn == 'sparsestmax' else None)
+        self.register_buffer(
+            'radius',
+            torch.zeros(()) if ratio_fn == 'sparsestmax' else None)
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata,
-                              strict, missing_keys, unexpected_keys,
-                              error_msgs):
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict,
+                              missing_keys, unexpected_keys, error_msgs):
         # The released checkpoints have no batch counters, nor any checkpoint
         # saved without the non-finite count that one; as nn.BatchNorm does,
         # start them at 0.
@@ -195,8 +199,8 @@ class SwitchableNorm(nn.Module):
         if self.radius is not None and prefix + 'radius' not in state_dict:
             state_dict[prefix + 'radius'] = self.radius.clone()
         elif self.radius is not None:  # SSN's own checkpoints store (1,)
-            state_dict[prefix + 'radius'] = state_dict[
-                prefix + 'radius'].reshape(())
+            state_dict[prefix + 'radius'] = state_dict[prefix +
+                                                       'radius'].reshape(())
         super()._load_from_state_dict(state_dict, prefix, local_metadata,
                                       strict, missing_keys, unexpected_keys,
                                       error_msgs)
@@ -218,14 +222,15 @@ class SwitchableNorm(nn.Module):
         # The dicts, not attribute lookups through nn.Module.__getattr__: at
         # small shapes Python's cost per call is what SN pays over GN.
         params, buffers = self._parameters, self._buffers
-        return switchable_norm(
-            x, params['weight'], params['bias'], params['mean_weight'],
-            params['var_weight'], buffers['running_mean'],
-            buffers['running_var'], buffers['num_batches_tracked'],
-            self.training, self.momentum, self.eps, self.unbiased,
-            self.kernels, self._sync_group(), type(self).__name__,
-            buffers['ratio_fixed'], buffers['fixed_ratios'], self.ratio_fn,
-            buffers['radius'], buffers['nonfinite_batches'])
+        return switchable_norm(x, params['weight'], params['bias'],
+                               params['mean_weight'], params['var_weight'],
+                               buffers['running_mean'], buffers['running_var'],
+                               buffers['num_batches_tracked'], self.training,
+                               self.momentum, self.eps, self.unbiased,
+                               self.kernels, self._sync_group(),
+                               type(self).__name__, buffers['ratio_fixed'],
+                               buffers['fixed_ratios'], self.ratio_fn,
+                               buffers['radius'], buffers['nonfinite_batches'])
 
     # -- fixed ratios -------------------------------------------------------
     def _check_ratio(self, ratio, stat: str) -> Tensor:
@@ -295,22 +300,23 @@ class SwitchableNorm(nn.Module):
     def fixed(self) -> Dict[str, bool]:
         """Which of the mean and variance ratios are fixed (group SN: in
         every group)."""
-        return dict(mean=bool(self.ratio_fixed[0].all()),
-                    var=bool(self.ratio_fixed[1].all()))
+        return dict(
+            mean=bool(self.ratio_fixed[0].all()),
+            var=bool(self.ratio_fixed[1].all()))
 
     def extra_repr(self) -> str:
+
         def fmt(ratio: Dict[str, float]) -> str:
             return ', '.join(f'{k}={v:.3f}' for k, v in ratio.items())
 
         ratios = self.ratios()
         return (f'{self.num_features}, eps={self.eps}, '
                 f'momentum={self.momentum}, using_bn={self.using_bn}, '
-                f'unbiased={self.unbiased}, '
-                + (f'kernels={self.kernels!r}, ' if self.kernels else '') +
-                (f'ratio_groups={self.ratio_groups}, '
-                 if self.ratio_groups > 1 else '') +
-                (f'ratio_fn={self.ratio_fn!r}, radius='
-                 f'{float(self.radius):.3f}, ' if self.radius is not None
-                 else '') +
+                f'unbiased={self.unbiased}, ' +
+                (f'kernels={self.kernels!r}, ' if self.kernels else '') +
+                (f'ratio_groups={self.ratio_groups}, ' if self.ratio_groups > 1
+                 else '') + (f'ratio_fn={self.ratio_fn!r}, radius='
+                             f'{float(self.radius):.3f}, '
+                             if self.radius is not None else '') +
                 f'mean_ratios=({fmt(ratios["mean"])}), '
                 f'var_ratios=({fmt(ratios["var"])})')

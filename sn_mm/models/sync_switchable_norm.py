@@ -20,8 +20,9 @@ class SyncSwitchableNorm(SwitchableNorm):
     reduced by DDP, as every parameter's. So BN statistics are weighted by
     every rank's number of samples, ranks may hold different numbers of
     samples (zero included), and gradients equal those of
-    :class:`SwitchableNorm` on the concatenated batch. Without an initialised process group, or with a group of one
-    rank, it computes exactly what :class:`SwitchableNorm` does.
+    :class:`SwitchableNorm` on the concatenated batch. Without an
+    initialised process group, or with a group of one rank, it computes
+    exactly what :class:`SwitchableNorm` does.
 
     Args:
         group (ProcessGroup, optional): Ranks that share statistics.
@@ -84,8 +85,14 @@ def convert_sync_sn(module: nn.Module, group=None) -> nn.Module:
     (a new object only where ``module`` itself is an SN layer)."""
     return _swap_norm(
         module, SwitchableNorm, lambda m: SyncSwitchableNorm(
-            m.num_features, m.eps, m.momentum, m.using_bn, m.unbiased,
-            group=group, kernels=m.kernels, ratio_fn=m.ratio_fn,
+            m.num_features,
+            m.eps,
+            m.momentum,
+            m.using_bn,
+            m.unbiased,
+            group=group,
+            kernels=m.kernels,
+            ratio_fn=m.ratio_fn,
             ratio_groups=m.ratio_groups))
 
 
@@ -94,5 +101,5 @@ def revert_sync_sn(module: nn.Module) -> nn.Module:
     :class:`SwitchableNorm`, e.g. to test on one process or the CPU."""
     return _swap_norm(
         module, SyncSwitchableNorm, lambda m: SwitchableNorm(
-            m.num_features, m.eps, m.momentum, m.using_bn, m.unbiased,
-            m.kernels, m.ratio_fn, m.ratio_groups))
+            m.num_features, m.eps, m.momentum, m.using_bn, m.unbiased, m.
+            kernels, m.ratio_fn, m.ratio_groups))

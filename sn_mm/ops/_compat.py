@@ -13,9 +13,9 @@ import torch
 # os.environ.get encodes the name and decodes the value on every call; the
 # kernel setting is read on every layer call. os.environ keeps its private
 # dict of bytes current (monkeypatch.setenv included).
-_ENV_BYTES = (os.environ._data if os.name == 'posix'
-              and isinstance(getattr(os.environ, '_data', None), dict)
-              else None)
+_ENV_BYTES = (
+    os.environ._data if os.name == 'posix'
+    and isinstance(getattr(os.environ, '_data', None), dict) else None)
 
 
 def getenv(name: str):
@@ -33,8 +33,7 @@ def _onnx_export_flags():
     elsewhere."""
     try:
         from torch.onnx._internal.exporter import _flags
-        from torch.onnx._internal.torchscript_exporter._globals import \
-            GLOBALS
+        from torch.onnx._internal.torchscript_exporter._globals import GLOBALS
     except ImportError:
         return None
     if not (hasattr(_flags, '_is_onnx_exporting')
@@ -68,8 +67,8 @@ def current_raw_stream(device_index: int) -> int:
 def can_launch_directly(compiled) -> bool:
     """Whether a compiled Triton kernel exposes the launcher that
     :func:`launch_directly` calls."""
-    return all(hasattr(compiled, a)
-               for a in ('run', 'function', 'packed_metadata'))
+    return all(
+        hasattr(compiled, a) for a in ('run', 'function', 'packed_metadata'))
 
 
 def launch_directly(compiled, grid, device_index: int, args) -> None:
@@ -79,5 +78,5 @@ def launch_directly(compiled, grid, device_index: int, args) -> None:
     this Triton's launcher takes other arguments; the caller then launches
     through ``kernel[grid]`` (the fallback)."""
     compiled.run(grid[0], grid[1], 1, current_raw_stream(device_index),
-                 compiled.function, compiled.packed_metadata, None, None,
-                 None, *args)
+                 compiled.function, compiled.packed_metadata, None, None, None,
+                 *args)

@@ -59,7 +59,8 @@ SCHEMA = (
     'switchable_norm(Tensor x, Tensor weight, Tensor bias, '
     'Tensor mean_logits, Tensor var_logits, Tensor(a!)? running_mean, '
     'Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked, '
-    'Tensor(d!)? nonfinite_batches, Tensor? ratio_fixed, Tensor? fixed_ratios, bool training, '
+    'Tensor(d!)? nonfinite_batches, Tensor? ratio_fixed, '
+    'Tensor? fixed_ratios, bool training, '
     'float momentum, float eps, bool unbiased, bool ratios_given) -> Tensor')
 # The reference's output for given BN statistics (the batch's, recomputed
 # from x, where batch_stats; else bn_mean/bn_var): what a double backward
@@ -80,10 +81,10 @@ def _reference_op(x, weight, bias, mean_logits, var_logits, bn_mean, bn_var,
                   ratio_fixed, fixed_ratios, batch_stats, eps, unbiased,
                   ratios_given):
     n, c = x.shape[0], x.shape[1]
-    y = reference_forward(x.reshape(n, c, math.prod(x.shape[2:])), weight,
-                          bias, mean_logits, var_logits, bn_mean, bn_var,
-                          batch_stats, eps, unbiased, ratio_fixed,
-                          fixed_ratios, ratios_given)[0]
+    y = reference_forward(
+        x.reshape(n, c, math.prod(x.shape[2:])), weight, bias, mean_logits,
+        var_logits, bn_mean, bn_var, batch_stats, eps, unbiased, ratio_fixed,
+        fixed_ratios, ratios_given)[0]
     return y.reshape(x.shape)
 
 
@@ -151,8 +152,8 @@ def set_cpu_isa(name: str) -> None:
         raise RuntimeError('set_cpu_isa: the native extension was not built')
     _ext.set_cpu_isa(name)
 
-_OP = torch.ops.sn_mm.switchable_norm
 
+_OP = torch.ops.sn_mm.switchable_norm
 
 # -- the Triton kernels under the CUDA keys ---------------------------------
 _triton = None
@@ -180,9 +181,21 @@ def _cuda_kernel(x, weight, bias, mean_logits, var_logits, running_mean,
         raise RuntimeError('sn_mm::switchable_norm on CUDA needs Triton, '
                            'which cannot be imported')
     return fused.switchable_norm(
-        x, weight, bias, mean_logits, var_logits, running_mean, running_var,
-        num_batches_tracked, ratio_fixed, fixed_ratios, training,
-        None if momentum < 0 else momentum, eps, unbiased, ratios_given,
+        x,
+        weight,
+        bias,
+        mean_logits,
+        var_logits,
+        running_mean,
+        running_var,
+        num_batches_tracked,
+        ratio_fixed,
+        fixed_ratios,
+        training,
+        None if momentum < 0 else momentum,
+        eps,
+        unbiased,
+        ratios_given,
         nonfinite_batches=nonfinite_batches)
 
 
@@ -191,14 +204,12 @@ def _cuda_kernel(x, weight, bias, mean_logits, var_logits, running_mean,
 _LIB.impl('switchable_norm', _cuda_kernel, 'CUDA')
 _LIB.impl('switchable_norm', _cuda_kernel, 'AutogradCUDA')
 
-
 # How a CUDA call outside tracing reaches the Triton kernels: by calling
 # them here ('direct') or through the dispatcher ('operator', what
 # torch.ops.sn_mm.switchable_norm does). Both compute the same; the direct
 # call saves 18-39 us of host time per call and 8% of a Mask R-CNN training
 # step (docs/gpu_check.md#figures, benchmark_norm.py's route rows).
 CUDA_ROUTE = {'via': 'direct'}
-
 
 # -- the kernel setting -----------------------------------------------------
 _default: Optional[str] = None
@@ -212,8 +223,8 @@ def native_available() -> bool:
 
 def check_kernels(choice, what: str = 'kernels') -> str:
     if choice not in KERNEL_CHOICES:
-        raise ValueError(f'{what}={choice!r}: expected one of '
-                         + ', '.join(repr(c) for c in KERNEL_CHOICES))
+        raise ValueError(f'{what}={choice!r}: expected one of ' +
+                         ', '.join(repr(c) for c in KERNEL_CHOICES))
     return choice
 
 
@@ -242,8 +253,11 @@ def is_tracing() -> bool:
 _NATIVE_DTYPES = (torch.float32, torch.float64)
 
 
-def implementation(kernels: Optional[str], x: Tensor, weight: Tensor,
-                   running_mean: Optional[Tensor], group=None) -> str:
+def implementation(kernels: Optional[str],
+                   x: Tensor,
+                   weight: Tensor,
+                   running_mean: Optional[Tensor],
+                   group=None) -> str:
     """``'native'``, ``'triton'`` or ``'torch'``: what computes SN on ``x``
     for a layer's ``kernels`` setting (None: the global default). Unknown
     settings, and settings that cannot run on ``x``, raise a ValueError or
@@ -285,8 +299,9 @@ def _triton_implementation(choice, x, weight, running_mean) -> str:
         # float64 and empty inputs: the reference computes the same thing.
         return 'triton' if fused.applies(x, weight, running_mean) \
             else 'torch'
-    works = (fused is not None and fused.applies(x, weight, running_mean)
-             and fused.works_on(x))
+    works = (
+        fused is not None and fused.applies(x, weight, running_mean)
+        and fused.works_on(x))
     return 'triton' if works else 'torch'
 
 
@@ -296,23 +311,29 @@ def check_input(x: Tensor, num_features: int, layer: str) -> None:
         raise TypeError(f'{layer} normalises floating-point inputs, got '
                         f'{x.dtype}')
     if x.dim() < 2:
-        raise ValueError(
-            f'{layer} expects an input of shape (N, C, *) with '
-            f'C={num_features}, got a {x.dim()}D tensor of shape '
-            f'{tuple(x.shape)}')
+        raise ValueError(f'{layer} expects an input of shape (N, C, *) with '
+                         f'C={num_features}, got a {x.dim()}D tensor of shape '
+                         f'{tuple(x.shape)}')
     if x.shape[1] != num_features:
         raise ValueError(
             f'{layer} was built for {num_features} channels, got an input '
             f'with {x.shape[1]} channels (shape {tuple(x.shape)})')
 
 
-def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
-                    mean_weight: Tensor, var_weight: Tensor,
+def switchable_norm(x: Tensor,
+                    weight: Tensor,
+                    bias: Tensor,
+                    mean_weight: Tensor,
+                    var_weight: Tensor,
                     running_mean: Optional[Tensor],
                     running_var: Optional[Tensor],
-                    num_batches_tracked: Optional[Tensor], training: bool,
-                    momentum: Optional[float], eps: float, unbiased: bool,
-                    kernels: Optional[str] = None, group=None,
+                    num_batches_tracked: Optional[Tensor],
+                    training: bool,
+                    momentum: Optional[float],
+                    eps: float,
+                    unbiased: bool,
+                    kernels: Optional[str] = None,
+                    group=None,
                     layer: str = 'SwitchableNorm',
                     ratio_fixed: Optional[Tensor] = None,
                     fixed_ratios: Optional[Tensor] = None,
@@ -336,21 +357,23 @@ def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
     ratios_given = ratio_fn != 'softmax'
     if ratios_given:
         if ratio_fn not in RATIO_FNS:
-            raise ValueError(f'{layer}: unknown ratio_fn {ratio_fn!r} '
-                             f'(choose from {", ".join(map(repr, RATIO_FNS))})')
+            raise ValueError(
+                f'{layer}: unknown ratio_fn {ratio_fn!r} '
+                f'(choose from {", ".join(map(repr, RATIO_FNS))})')
         if radius is None or ratio_fixed is None:
             raise ValueError(f'{layer}: ratio_fn=\'sparsestmax\' needs a '
                              'radius and fixed-ratio buffers')
-        mean_weight, var_weight = sparsest_ratios(
-            mean_weight, var_weight, radius, ratio_fixed, fixed_ratios,
-            training, math.prod(x.shape[2:]) > 1)
-    if impl == 'native' or (impl == 'triton' and x.is_cuda
-                            and group is None
+        mean_weight, var_weight = sparsest_ratios(mean_weight, var_weight,
+                                                  radius, ratio_fixed,
+                                                  fixed_ratios, training,
+                                                  math.prod(x.shape[2:]) > 1)
+    if impl == 'native' or (impl == 'triton' and x.is_cuda and group is None
                             and CUDA_ROUTE['via'] == 'operator'):
         return _OP(x, weight, bias, mean_weight, var_weight, running_mean,
                    running_var, num_batches_tracked, nonfinite_batches,
-                   ratio_fixed, fixed_ratios, training, -1. if momentum is None else
-                   momentum, eps, unbiased, ratios_given)
+                   ratio_fixed, fixed_ratios, training,
+                   -1. if momentum is None else momentum, eps, unbiased,
+                   ratios_given)
     if impl == 'triton':  # a process group, or Triton's interpreter
         return triton_module().switchable_norm(
             x, weight, bias, mean_weight, var_weight, running_mean,

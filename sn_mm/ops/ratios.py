@@ -41,8 +41,10 @@ def ratio_without_in(ratio: Tensor) -> Tensor:
     return torch.where(total > 0, rest / total.clamp_min(1e-30), ln_only)
 
 
-def mixing_ratio(logits: Tensor, fixed: Optional[Tensor],
-                 fixed_ratio: Optional[Tensor], has_in: bool,
+def mixing_ratio(logits: Tensor,
+                 fixed: Optional[Tensor],
+                 fixed_ratio: Optional[Tensor],
+                 has_in: bool,
                  given: bool = False) -> Tensor:
     """The ratio vector one statistic is mixed with: ``softmax(logits)``, or
     where ``fixed`` (a bool scalar tensor) is set, ``fixed_ratio``. Without
@@ -64,8 +66,8 @@ def mixing_ratio(logits: Tensor, fixed: Optional[Tensor],
 
 
 def sparsest_ratios(mean_logits: Tensor, var_logits: Tensor, radius: Tensor,
-                    ratio_fixed: Tensor, fixed_ratios: Tensor,
-                    training: bool, has_in: bool):
+                    ratio_fixed: Tensor, fixed_ratios: Tensor, training: bool,
+                    has_in: bool):
     """Sparse SN's two ratio vectors: SparsestMax of each logit vector at
     ``radius`` (in float64: the one-hot test must not miss by a rounding).
     In training, a vector that has become one-hot is fixed in place (as SSN
@@ -80,8 +82,8 @@ def sparsest_ratios(mean_logits: Tensor, var_logits: Tensor, radius: Tensor,
                 newly = _one_hot_rows(p) & ~ratio_fixed[row]
                 hot = torch.zeros_like(fixed_ratios[row]).scatter(
                     -1, torch.argmax(p, -1, keepdim=True), 1.)
-                fixed_ratios[row].copy_(torch.where(
-                    newly.unsqueeze(-1), hot, fixed_ratios[row]))
+                fixed_ratios[row].copy_(
+                    torch.where(newly.unsqueeze(-1), hot, fixed_ratios[row]))
                 ratio_fixed[row] |= newly
         p = p.to(logits.dtype)
         if not has_in:
@@ -105,7 +107,8 @@ def _one_hot_rows(p: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def layer_ratios(mean_logits: Tensor, var_logits: Tensor,
+def layer_ratios(mean_logits: Tensor,
+                 var_logits: Tensor,
                  ratio_fixed: Optional[Tensor] = None,
                  fixed_ratios: Optional[Tensor] = None,
                  radius: Optional[Tensor] = None) -> Ratios:
@@ -119,12 +122,18 @@ def layer_ratios(mean_logits: Tensor, var_logits: Tensor,
                           radius)
     if len(groups) == 1:
         return groups[0]
-    return {stat: {term: sum(g[stat][term] for g in groups) / len(groups)
-                   for term in groups[0][stat]} for stat in STATS}
+    return {
+        stat: {
+            term: sum(g[stat][term] for g in groups) / len(groups)
+            for term in groups[0][stat]
+        }
+        for stat in STATS
+    }
 
 
 @torch.no_grad()
-def group_ratios(mean_logits: Tensor, var_logits: Tensor,
+def group_ratios(mean_logits: Tensor,
+                 var_logits: Tensor,
                  ratio_fixed: Optional[Tensor] = None,
                  fixed_ratios: Optional[Tensor] = None,
                  radius: Optional[Tensor] = None) -> 'List[Ratios]':
@@ -139,11 +148,13 @@ def group_ratios(mean_logits: Tensor, var_logits: Tensor,
             probs = torch.softmax(logits, -1)
         if ratio_fixed is not None:
             fixed = ratio_fixed[row].reshape(-1, 1)
-            probs = torch.where(fixed, fixed_ratios[row].double().reshape(
-                probs.shape), probs)
+            probs = torch.where(
+                fixed, fixed_ratios[row].double().reshape(probs.shape), probs)
         rows.append(probs.tolist())
-    return [{stat: dict(zip(TERMS, rows[i][g]))
-             for i, stat in enumerate(STATS)} for g in range(len(rows[0]))]
+    return [{
+        stat: dict(zip(TERMS, rows[i][g]))
+        for i, stat in enumerate(STATS)
+    } for g in range(len(rows[0]))]
 
 
 def state_dict_ratios(state, per_group: bool = False) -> 'Dict[str, Ratios]':

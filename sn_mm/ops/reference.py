@@ -33,8 +33,9 @@ class _SyncStatistics(torch.autograd.Function):
     @staticmethod
     def forward(ctx, mean_c: Tensor, m2_c: Tensor, n: int, group):
         local = torch.cat([mean_c.new_full((1, ), n), mean_c, m2_c])
-        gathered = [torch.empty_like(local)
-                    for _ in range(dist.get_world_size(group))]
+        gathered = [
+            torch.empty_like(local) for _ in range(dist.get_world_size(group))
+        ]
         dist.all_gather(gathered, local, group=group)
         stats = torch.stack(gathered)
         c = mean_c.numel()
@@ -60,8 +61,10 @@ class _SyncStatistics(torch.autograd.Function):
                 'is exact')
         mean_c, mean, total = ctx.saved_tensors
         zeros = torch.zeros_like(mean)
-        shared = torch.cat([zeros if grad_mean is None else grad_mean,
-                            zeros if grad_var is None else grad_var])
+        shared = torch.cat([
+            zeros if grad_mean is None else grad_mean,
+            zeros if grad_var is None else grad_var
+        ])
         dist.all_reduce(shared, group=ctx.group)
         grad_mean, grad_var = shared.chunk(2)
         # mean = sum_r n_r mean_r / N; var = (sum_r m2_r + sum_r n_r
@@ -97,8 +100,8 @@ def in_moments(x3: Tensor, correction: int, shifted: bool = False):
     if shifted:
         # A constant: the moments' value and gradient do not depend on it.
         shift = x3[0, :, 0].detach()
-        var, mean = torch.var_mean(x3 - shift.unsqueeze(-1), dim=-1,
-                                   correction=correction)
+        var, mean = torch.var_mean(
+            x3 - shift.unsqueeze(-1), dim=-1, correction=correction)
         return mean, var, shift
     var, mean = torch.var_mean(x3, dim=-1, correction=correction)
     return mean, var, torch.zeros_like(mean[0])
@@ -111,8 +114,8 @@ def ln_moments(mean_in: Tensor, var_in: Tensor):
     if not mean_in.shape[0]:
         empty = mean_in.new_zeros(0, 1)
         return empty, empty
-    var_mean_ln, mean_ln = torch.var_mean(mean_in, 1, correction=0,
-                                          keepdim=True)
+    var_mean_ln, mean_ln = torch.var_mean(
+        mean_in, 1, correction=0, keepdim=True)
     return mean_ln, var_in.mean(1, keepdim=True) + var_mean_ln
 
 
@@ -129,14 +132,20 @@ def bn_moments(mean_in: Tensor, var_in: Tensor, shift: Tensor, group):
     return combine_statistics(n, mean_c + shift, m2_c, group)
 
 
-def reference_forward(x3: Tensor, weight: Tensor, bias: Tensor,
-                      mean_logits: Tensor, var_logits: Tensor,
+def reference_forward(x3: Tensor,
+                      weight: Tensor,
+                      bias: Tensor,
+                      mean_logits: Tensor,
+                      var_logits: Tensor,
                       running_mean: Optional[Tensor],
-                      running_var: Optional[Tensor], training: bool,
-                      eps: float, unbiased: bool,
+                      running_var: Optional[Tensor],
+                      training: bool,
+                      eps: float,
+                      unbiased: bool,
                       ratio_fixed: Optional[Tensor] = None,
                       fixed_ratios: Optional[Tensor] = None,
-                      ratios_given: bool = False, group=None):
+                      ratios_given: bool = False,
+                      group=None):
     """SN of ``x3`` (N, C, L) in the dtype of its arguments. Returns the
     output and, with a BN branch in training, the BN mean, variance and
     whether the batch (over ``group``) had a sample, for the running
@@ -185,16 +194,19 @@ def reference_forward(x3: Tensor, weight: Tensor, bias: Tensor,
         mu = mu + wm[..., j] * (means[j] - means[0])
         var = var + wv[..., j] * variances[j]
     scale = weight * (var + eps).rsqrt()
-    y = torch.addcmul(bias.unsqueeze(-1), x3 - mu.unsqueeze(-1),
-                      scale.unsqueeze(-1))
+    y = torch.addcmul(
+        bias.unsqueeze(-1), x3 - mu.unsqueeze(-1), scale.unsqueeze(-1))
     return y, mean_bn, var_bn, has
 
 
 @torch.no_grad()
-def update_running_stats(running_mean: Tensor, running_var: Tensor,
+def update_running_stats(running_mean: Tensor,
+                         running_var: Tensor,
                          num_batches_tracked: Tensor,
-                         momentum: Optional[float], mean_bn: Tensor,
-                         var_bn: Tensor, has_samples: Tensor,
+                         momentum: Optional[float],
+                         mean_bn: Tensor,
+                         var_bn: Tensor,
+                         has_samples: Tensor,
                          nonfinite_batches: Optional[Tensor] = None) -> None:
     """Moving (or, with ``momentum=None``, cumulative) average of the BN
     statistics; untouched when the (possibly synchronised) batch held no
@@ -221,19 +233,24 @@ def _as(t: Optional[Tensor], dtype) -> Optional[Tensor]:
     return t if t is None or t.dtype == dtype else t.to(dtype)
 
 
-def switchable_norm_reference(x: Tensor, weight: Tensor, bias: Tensor,
-                              mean_logits: Tensor, var_logits: Tensor,
-                              running_mean: Optional[Tensor],
-                              running_var: Optional[Tensor],
-                              num_batches_tracked: Optional[Tensor],
-                              training: bool, momentum: Optional[float],
-                              eps: float, unbiased: bool,
-                              ratio_fixed: Optional[Tensor] = None,
-                              fixed_ratios: Optional[Tensor] = None,
-                              ratios_given: bool = False,
-                              group=None,
-                              nonfinite_batches: Optional[Tensor] = None
-                              ) -> Tensor:
+def switchable_norm_reference(
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor,
+        mean_logits: Tensor,
+        var_logits: Tensor,
+        running_mean: Optional[Tensor],
+        running_var: Optional[Tensor],
+        num_batches_tracked: Optional[Tensor],
+        training: bool,
+        momentum: Optional[float],
+        eps: float,
+        unbiased: bool,
+        ratio_fixed: Optional[Tensor] = None,
+        fixed_ratios: Optional[Tensor] = None,
+        ratios_given: bool = False,
+        group=None,
+        nonfinite_batches: Optional[Tensor] = None) -> Tensor:
     """SN of ``x`` (N, C, *) on the reference, the running statistics
     updated in training; arguments as :func:`sn_mm.ops.switchable_norm`'s.
     Statistics in float32 at least (fp16/bf16 sums lose too much); the
@@ -242,13 +259,18 @@ def switchable_norm_reference(x: Tensor, weight: Tensor, bias: Tensor,
     dtype = torch.promote_types(x.dtype, torch.float32)
     # A view where it can be: channels_last in gives channels_last out.
     x3 = _as(x.reshape(shape[0], shape[1], math.prod(shape[2:])), dtype)
-    y, mean_bn, var_bn, has = reference_forward(
-        x3, _as(weight, dtype), _as(bias, dtype), _as(mean_logits, dtype),
-        _as(var_logits, dtype), _as(running_mean, dtype),
-        _as(running_var, dtype), training, eps, unbiased, ratio_fixed,
-        _as(fixed_ratios, dtype), ratios_given, group)
+    y, mean_bn, var_bn, has = reference_forward(x3, _as(weight, dtype),
+                                                _as(bias, dtype),
+                                                _as(mean_logits, dtype),
+                                                _as(var_logits, dtype),
+                                                _as(running_mean, dtype),
+                                                _as(running_var,
+                                                    dtype), training, eps,
+                                                unbiased, ratio_fixed,
+                                                _as(fixed_ratios, dtype),
+                                                ratios_given, group)
     if mean_bn is not None:
-        update_running_stats(running_mean, running_var, num_batches_tracked,
-                             momentum, mean_bn.detach(), var_bn.detach(), has,
-                             nonfinite_batches)
+        update_running_stats(running_mean, running_var,
+                             num_batches_tracked, momentum, mean_bn.detach(),
+                             var_bn.detach(), has, nonfinite_batches)
     return _as(y.reshape(shape), x.dtype)

@@ -51,8 +51,8 @@ _PARTS = 5  # per channel: its terms of the ratio gradients
 # specialisation is a compile, seconds on first use); strides and the row
 # length do: they decide alignment and vector loads.
 
-
 # -- device helpers -------------------------------------------------------
+
 
 @triton.jit
 def _welford_combine(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
@@ -208,8 +208,8 @@ def _row_grads(ws_ptr, bws_ptr, r, ok, w, R, SPLIT: tl.constexpr):
         s = tl.arange(0, SPLIT)
         idx = r[:, None] * SPLIT + s[None, :]
         s1 = tl.sum(tl.load(bws_ptr + idx, mask=ok[:, None], other=0.0), 1)
-        s2 = tl.sum(tl.load(bws_ptr + R * SPLIT + idx, mask=ok[:, None],
-                            other=0.0), 1)
+        s2 = tl.sum(
+            tl.load(bws_ptr + R * SPLIT + idx, mask=ok[:, None], other=0.0), 1)
     base = 2 * R * SPLIT
     mean_in = tl.load(ws_ptr + base + r, mask=ok, other=0.0)
     var_in = tl.load(ws_ptr + base + R + r, mask=ok, other=0.0)
@@ -224,6 +224,7 @@ def _row_grads(ws_ptr, bws_ptr, r, ok, w, R, SPLIT: tl.constexpr):
 
 # -- forward kernels ------------------------------------------------------
 
+
 @triton.jit(do_not_specialize=['R', 'C'])
 def _moments_kernel(x_ptr, ws_ptr, R, C, L, chunk, sxn, sxc, sxl,
                     SPLIT: tl.constexpr, ROWS: tl.constexpr,
@@ -237,22 +238,26 @@ def _moments_kernel(x_ptr, ws_ptr, R, C, L, chunk, sxn, sxc, sxl,
     # Means are held about their channel's first value (of sample 0): as
     # absolute float32 values, means of 1e4 would round the differences
     # between samples, which BN's variance sums, to 1e-3.
-    c_shift = tl.load(x_ptr + c.to(tl.int64) * sxc, mask=row_ok,
-                      other=0.0).to(tl.float32)
+    c_shift = tl.load(
+        x_ptr + c.to(tl.int64) * sxc, mask=row_ok, other=0.0).to(tl.float32)
     if s == 0:
-        tl.store(ws_ptr + _shift_slot(R, C, SPLIT) + c, c_shift,
-                 mask=row_ok & (n == 0))
+        tl.store(
+            ws_ptr + _shift_slot(R, C, SPLIT) + c,
+            c_shift,
+            mask=row_ok & (n == 0))
     if ONE_STEP:
         # The chunk is one tile: an exact two-pass in registers, its sums
         # taken about the chunk's first value, so that they stay small when
         # |mean| >> std and the mean keeps the data's precision.
         pos = start + cols
         ok = row_ok[:, None] & (pos < L)[None, :]
-        v = tl.load(x_ptr + base[:, None] + pos.to(tl.int64)[None, :] * sxl,
-                    mask=ok, other=0.0).to(tl.float32)
+        v = tl.load(
+            x_ptr + base[:, None] + pos.to(tl.int64)[None, :] * sxl,
+            mask=ok,
+            other=0.0).to(tl.float32)
         first = tl.minimum(start, L - 1).to(tl.int64)  # (empty chunks)
-        shift = tl.load(x_ptr + base + first * sxl, mask=row_ok,
-                        other=0.0).to(tl.float32)
+        shift = tl.load(
+            x_ptr + base + first * sxl, mask=row_ok, other=0.0).to(tl.float32)
         count = tl.minimum(tl.maximum(L - start, 0), BLOCK).to(tl.float32)
         dev = tl.where(ok, v - shift[:, None], 0.0)
         mean_dev = tl.sum(dev, 1) / tl.maximum(count, 1.0)
@@ -267,9 +272,10 @@ def _moments_kernel(x_ptr, ws_ptr, R, C, L, chunk, sxn, sxc, sxl,
         for off in range(0, chunk, BLOCK):
             pos = start + off + cols
             ok = row_ok[:, None] & (pos < L)[None, :]
-            v = tl.load(x_ptr + base[:, None] +
-                        pos.to(tl.int64)[None, :] * sxl, mask=ok,
-                        other=0.0).to(tl.float32) - c_shift[:, None]
+            v = tl.load(
+                x_ptr + base[:, None] + pos.to(tl.int64)[None, :] * sxl,
+                mask=ok,
+                other=0.0).to(tl.float32) - c_shift[:, None]
             # Each lane takes one value per step and only a row's end
             # masks lanes, so a lane's count is the step's number: one
             # division per step, not per value.
@@ -327,8 +333,8 @@ def _bn_stats(ws_ptr, c, N, C, L, chunk, divisor, SPLIT: tl.constexpr,
     acc = tl.zeros((NB, ), tl.float32)
     for n0 in range(0, N, NB):
         ok = n0 + idx < N
-        mean, var = _row_moments(ws_ptr, (n0 + idx) * C + c, ok, R, L,
-                                 chunk, divisor, SPLIT)
+        mean, var = _row_moments(ws_ptr, (n0 + idx) * C + c, ok, R, L, chunk,
+                                 divisor, SPLIT)
         dev = mean - mean_bn
         acc += tl.where(ok, var + dev * dev, 0.0)
     shift = tl.load(ws_ptr + _shift_slot(R, C, SPLIT) + c)
@@ -394,15 +400,15 @@ def _update_running(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr, bad_ptr, N, C,
 
 @triton.jit(do_not_specialize=['N', 'C'])
 def _normalize_kernel(x_ptr, y_ptr, ws_ptr, w_ptr, b_ptr, mlog_ptr, vlog_ptr,
-                      fixed_ptr, fixed_ratio_ptr, rmean_ptr, rvar_ptr,
-                      nbt_ptr, bad_ptr, N, C, G, L, chunk, divisor, eps,
-                      momentum, sxn, sxc, sxl, SPLIT: tl.constexpr,
-                      ROWS: tl.constexpr, BLOCK: tl.constexpr,
-                      K: tl.constexpr, HAS_IN: tl.constexpr,
-                      GIVEN: tl.constexpr, HAS_FIXED: tl.constexpr,
-                      BN_BATCH: tl.constexpr, UPDATE: tl.constexpr,
-                      CB: tl.constexpr, CUMULATIVE: tl.constexpr,
-                      COUNT_BAD: tl.constexpr, GROUPED: tl.constexpr):
+                      fixed_ptr, fixed_ratio_ptr, rmean_ptr, rvar_ptr, nbt_ptr,
+                      bad_ptr, N, C, G, L, chunk, divisor, eps, momentum, sxn,
+                      sxc, sxl, SPLIT: tl.constexpr, ROWS: tl.constexpr,
+                      BLOCK: tl.constexpr, K: tl.constexpr,
+                      HAS_IN: tl.constexpr, GIVEN: tl.constexpr,
+                      HAS_FIXED: tl.constexpr, BN_BATCH: tl.constexpr,
+                      UPDATE: tl.constexpr, CB: tl.constexpr,
+                      CUMULATIVE: tl.constexpr, COUNT_BAD: tl.constexpr,
+                      GROUPED: tl.constexpr):
     # Reverse order: the data the moments pass read last is still in L2.
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
     s = tl.num_programs(1) - 1 - tl.program_id(1)
@@ -412,8 +418,8 @@ def _normalize_kernel(x_ptr, y_ptr, ws_ptr, w_ptr, b_ptr, mlog_ptr, vlog_ptr,
     n, c, base = _row_offsets(r, C, sxn, sxc)
     mean_in, var_in = _row_moments(ws_ptr, r, row_ok, R, L, chunk, divisor,
                                    SPLIT)
-    mean_in += tl.load(ws_ptr + _shift_slot(R, C, SPLIT) + c, mask=row_ok,
-                       other=0.0)
+    mean_in += tl.load(
+        ws_ptr + _shift_slot(R, C, SPLIT) + c, mask=row_ok, other=0.0)
     grp = _group_of(c, C, G, GROUPED)
     wm0, wm1, wm2 = _ratios(mlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr,
                             grp, K, HAS_IN, GIVEN, HAS_FIXED)
@@ -423,16 +429,15 @@ def _normalize_kernel(x_ptr, y_ptr, ws_ptr, w_ptr, b_ptr, mlog_ptr, vlog_ptr,
     out = stats + 4 * R
     # The mean as the row's plus weighted differences from it (the ratios
     # sum to 1): no |mean|-sized products to round.
-    mu = mean_in + wm1 * (tl.load(ws_ptr + out + n, mask=row_ok, other=0.0)
-                          - mean_in)
-    var = wv0 * var_in + wv1 * tl.load(ws_ptr + out + N + n, mask=row_ok,
-                                       other=0.0)
+    mu = mean_in + wm1 * (
+        tl.load(ws_ptr + out + n, mask=row_ok, other=0.0) - mean_in)
+    var = wv0 * var_in + wv1 * tl.load(
+        ws_ptr + out + N + n, mask=row_ok, other=0.0)
     if K == 3:
         if BN_BATCH:
-            mean_bn = tl.load(ws_ptr + out + 2 * N + c, mask=row_ok,
-                              other=0.0)
-            var_bn = tl.load(ws_ptr + out + 2 * N + C + c, mask=row_ok,
-                             other=0.0)
+            mean_bn = tl.load(ws_ptr + out + 2 * N + c, mask=row_ok, other=0.0)
+            var_bn = tl.load(
+                ws_ptr + out + 2 * N + C + c, mask=row_ok, other=0.0)
         else:
             mean_bn = tl.load(rmean_ptr + c, mask=row_ok, other=0.0)
             var_bn = tl.load(rvar_ptr + c, mask=row_ok, other=0.0)
@@ -448,9 +453,9 @@ def _normalize_kernel(x_ptr, y_ptr, ws_ptr, w_ptr, b_ptr, mlog_ptr, vlog_ptr,
         tl.store(ws_ptr + stats + 3 * R + r, rstd, mask=row_ok)
         if UPDATE:
             if tile == 0:  # no program reads them in training
-                _update_running(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr,
-                                bad_ptr, N, C, SPLIT, momentum, CB,
-                                CUMULATIVE, COUNT_BAD)
+                _update_running(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr, bad_ptr,
+                                N, C, SPLIT, momentum, CB, CUMULATIVE,
+                                COUNT_BAD)
     cols = tl.arange(0, BLOCK)
     start = s * chunk
     for off in range(0, chunk, BLOCK):
@@ -465,9 +470,10 @@ def _normalize_kernel(x_ptr, y_ptr, ws_ptr, w_ptr, b_ptr, mlog_ptr, vlog_ptr,
 
 # -- backward kernels -----------------------------------------------------
 
+
 @triton.jit(do_not_specialize=['R', 'C'])
-def _grad_sums_kernel(g_ptr, x_ptr, ws_ptr, bws_ptr, R, C, L, chunk, sgn,
-                      sgc, sgl, sxn, sxc, sxl, SPLIT: tl.constexpr,
+def _grad_sums_kernel(g_ptr, x_ptr, ws_ptr, bws_ptr, R, C, L, chunk, sgn, sgc,
+                      sgl, sxn, sxc, sxl, SPLIT: tl.constexpr,
                       ROWS: tl.constexpr, BLOCK: tl.constexpr):
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     s = tl.program_id(1)
@@ -482,10 +488,12 @@ def _grad_sums_kernel(g_ptr, x_ptr, ws_ptr, bws_ptr, R, C, L, chunk, sgn,
     for off in range(0, chunk, BLOCK):
         pos = (start + off + cols).to(tl.int64)
         ok = row_ok[:, None] & (pos < L)[None, :]
-        g = tl.load(g_ptr + gbase[:, None] + pos[None, :] * sgl, mask=ok,
-                    other=0.0).to(tl.float32)
-        v = tl.load(x_ptr + xbase[:, None] + pos[None, :] * sxl, mask=ok,
-                    other=0.0).to(tl.float32)
+        g = tl.load(
+            g_ptr + gbase[:, None] + pos[None, :] * sgl, mask=ok,
+            other=0.0).to(tl.float32)
+        v = tl.load(
+            x_ptr + xbase[:, None] + pos[None, :] * sxl, mask=ok,
+            other=0.0).to(tl.float32)
         acc_g += g
         acc_gx += g * tl.where(ok, v - mean_in[:, None], 0.0)
     idx = r * SPLIT + s
@@ -560,10 +568,10 @@ def _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
         ok = n0 + idx < N
         s1, centred, d_mu, d_var, mean_in, var_in, rstd = _row_grads(
             ws_ptr, bws_ptr, (n0 + idx) * C + c, ok, w, R, SPLIT)
-        mean_ln = tl.load(ws_ptr + stats + 4 * R + n0 + idx, mask=ok,
-                          other=0.0)
-        var_ln = tl.load(ws_ptr + stats + 4 * R + N + n0 + idx, mask=ok,
-                         other=0.0)
+        mean_ln = tl.load(
+            ws_ptr + stats + 4 * R + n0 + idx, mask=ok, other=0.0)
+        var_ln = tl.load(
+            ws_ptr + stats + 4 * R + N + n0 + idx, mask=ok, other=0.0)
         acc_mu += tl.where(ok, d_mu, 0.0)
         acc_var += tl.where(ok, d_var, 0.0)
         acc_w += tl.where(ok, centred * rstd, 0.0)
@@ -579,8 +587,8 @@ def _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
     # The gradients of the BN mean and variance, weighted by their ratios:
     # what SyncSN all-reduces, as the reference's SyncSN does.
     grp = _group_of(c, C, G, GROUPED)
-    _, _, wm2 = _ratios(mlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr, grp,
-                        K, HAS_IN, GIVEN, HAS_FIXED)
+    _, _, wm2 = _ratios(mlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr, grp, K,
+                        HAS_IN, GIVEN, HAS_FIXED)
     _, _, wv2 = _ratios(vlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr,
                         G + grp, K, HAS_IN, GIVEN, HAS_FIXED)
     tl.store(bws_ptr + out + 2 * N + c, wm2 * tl.sum(acc_mu, 0))
@@ -599,12 +607,11 @@ def _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
 
 @triton.jit(do_not_specialize=['N', 'C'])
 def _grad_stats_kernel(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
-                       mlog_ptr, vlog_ptr, fixed_ptr, fixed_ratio_ptr, N, C,
-                       G, SPLIT: tl.constexpr, CB: tl.constexpr,
-                       NB: tl.constexpr, K: tl.constexpr,
-                       HAS_IN: tl.constexpr, GIVEN: tl.constexpr,
-                       HAS_FIXED: tl.constexpr, BN_BATCH: tl.constexpr,
-                       GROUPED: tl.constexpr):
+                       mlog_ptr, vlog_ptr, fixed_ptr, fixed_ratio_ptr, N, C, G,
+                       SPLIT: tl.constexpr, CB: tl.constexpr, NB: tl.constexpr,
+                       K: tl.constexpr, HAS_IN: tl.constexpr,
+                       GIVEN: tl.constexpr, HAS_FIXED: tl.constexpr,
+                       BN_BATCH: tl.constexpr, GROUPED: tl.constexpr):
     """Programs 0..N-1: sums over channels of sample n; programs N..: sums
     over samples of channel c (see _sample_grads and _channel_grads)."""
     pid = tl.program_id(0)
@@ -614,9 +621,9 @@ def _grad_stats_kernel(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
                       GIVEN, HAS_FIXED, GROUPED)
     else:
         _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
-                       mlog_ptr, vlog_ptr, fixed_ptr, fixed_ratio_ptr,
-                       pid - N, N, C, G, SPLIT, NB, K, HAS_IN, GIVEN,
-                       HAS_FIXED, BN_BATCH, GROUPED)
+                       mlog_ptr, vlog_ptr, fixed_ptr, fixed_ratio_ptr, pid - N,
+                       N, C, G, SPLIT, NB, K, HAS_IN, GIVEN, HAS_FIXED,
+                       BN_BATCH, GROUPED)
 
 
 @triton.jit
@@ -666,11 +673,10 @@ def _logit_grads(bws_ptr, pg_ptr, mlog_ptr, vlog_ptr, fixed_ptr,
 
 @triton.jit(do_not_specialize=['N', 'C'])
 def _input_grad_kernel(g_ptr, x_ptr, dx_ptr, ws_ptr, bws_ptr, pg_ptr, w_ptr,
-                       mlog_ptr, vlog_ptr, fixed_ptr, fixed_ratio_ptr, N, C,
-                       G, L, chunk, two_over_divisor, sgn, sgc, sgl, sxn, sxc,
+                       mlog_ptr, vlog_ptr, fixed_ptr, fixed_ratio_ptr, N, C, G,
+                       L, chunk, two_over_divisor, sgn, sgc, sgl, sxn, sxc,
                        sxl, SPLIT: tl.constexpr, ROWS: tl.constexpr,
-                       BLOCK: tl.constexpr, GB: tl.constexpr,
-                       WB: tl.constexpr,
+                       BLOCK: tl.constexpr, GB: tl.constexpr, WB: tl.constexpr,
                        K: tl.constexpr, HAS_IN: tl.constexpr,
                        GIVEN: tl.constexpr, HAS_FIXED: tl.constexpr,
                        BN_BATCH: tl.constexpr, SYNC: tl.constexpr,
@@ -683,8 +689,8 @@ def _input_grad_kernel(g_ptr, x_ptr, dx_ptr, ws_ptr, bws_ptr, pg_ptr, w_ptr,
     n, c, xbase = _row_offsets(r, C, sxn, sxc)
     _, _, gbase = _row_offsets(r, C, sgn, sgc)
     grp = _group_of(c, C, G, GROUPED)
-    wm0, _, _ = _ratios(mlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr, grp,
-                        K, HAS_IN, GIVEN, HAS_FIXED)
+    wm0, _, _ = _ratios(mlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr, grp, K,
+                        HAS_IN, GIVEN, HAS_FIXED)
     wv0, _, _ = _ratios(vlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr,
                         G + grp, K, HAS_IN, GIVEN, HAS_FIXED)
     w = tl.load(w_ptr + c, mask=row_ok, other=0.0)
@@ -697,24 +703,25 @@ def _input_grad_kernel(g_ptr, x_ptr, dx_ptr, ws_ptr, bws_ptr, pg_ptr, w_ptr,
     # reversed).
     dvar_n = tl.load(bws_ptr + out + N + n, mask=row_ok, other=0.0) / C
     d_var_in = dvar_n + wv0 * d_var
-    d_mean_in = (tl.load(bws_ptr + out + n, mask=row_ok, other=0.0) / C
-                 + wm0 * d_mu + 2.0 * dvar_n * (
-                     mean_in - tl.load(ws_ptr + stats + 4 * R + n,
-                                       mask=row_ok, other=0.0)))
+    d_mean_in = (
+        tl.load(bws_ptr + out + n, mask=row_ok, other=0.0) / C + wm0 * d_mu +
+        2.0 * dvar_n *
+        (mean_in - tl.load(ws_ptr + stats + 4 * R + n, mask=row_ok, other=0.0))
+    )
     if K == 3:
         if BN_BATCH:
             if SYNC:  # the batch over the group
                 count = tl.load(ws_ptr + stats + 4 * R + 2 * N + 2 * C)
             else:
                 count = N * 1.0
-            dvar_c = tl.load(bws_ptr + out + 2 * N + C + c, mask=row_ok,
-                             other=0.0) / count
+            dvar_c = tl.load(
+                bws_ptr + out + 2 * N + C + c, mask=row_ok, other=0.0) / count
             d_var_in += dvar_c
-            d_mean_in += (tl.load(bws_ptr + out + 2 * N + c, mask=row_ok,
-                                  other=0.0) / count
-                          + 2.0 * dvar_c * (mean_in - tl.load(
-                              ws_ptr + stats + 4 * R + 2 * N + c,
-                              mask=row_ok, other=0.0)))
+            d_mean_in += (
+                tl.load(bws_ptr + out + 2 * N + c, mask=row_ok, other=0.0) /
+                count + 2.0 * dvar_c * (mean_in - tl.load(
+                    ws_ptr + stats + 4 * R + 2 * N + c, mask=row_ok,
+                    other=0.0)))
     coef = d_var_in * two_over_divisor
     shift = d_mean_in / L
     scale = w * rstd
@@ -723,20 +730,23 @@ def _input_grad_kernel(g_ptr, x_ptr, dx_ptr, ws_ptr, bws_ptr, pg_ptr, w_ptr,
     for off in range(0, chunk, BLOCK):
         pos = (start + off + cols).to(tl.int64)
         ok = row_ok[:, None] & (pos < L)[None, :]
-        g = tl.load(g_ptr + gbase[:, None] + pos[None, :] * sgl, mask=ok,
-                    other=0.0).to(tl.float32)
+        g = tl.load(
+            g_ptr + gbase[:, None] + pos[None, :] * sgl, mask=ok,
+            other=0.0).to(tl.float32)
         at = xbase[:, None] + pos[None, :] * sxl
         v = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
-        dx = (g * scale[:, None] + coef[:, None] * (v - mean_in[:, None])
-              + shift[:, None])
+        dx = (
+            g * scale[:, None] + coef[:, None] * (v - mean_in[:, None]) +
+            shift[:, None])
         tl.store(dx_ptr + at, dx.to(dx_ptr.dtype.element_ty), mask=ok)
     if (tile == 0) & (s == 0):  # one program: the ratio-logit gradients
         _logit_grads(bws_ptr, pg_ptr, mlog_ptr, vlog_ptr, fixed_ptr,
-                     fixed_ratio_ptr, N, C, G, SPLIT, GB, WB, K, HAS_IN,
-                     GIVEN, HAS_FIXED)
+                     fixed_ratio_ptr, N, C, G, SPLIT, GB, WB, K, HAS_IN, GIVEN,
+                     HAS_FIXED)
 
 
 # -- host side ------------------------------------------------------------
+
 
 def _pow2(v: int) -> int:
     return 1 << max(int(v) - 1, 0).bit_length()
@@ -805,12 +815,17 @@ def _plan(n: int, c: int, length: int, stride_c: int, stride_l: int,
     chunk = triton.cdiv(triton.cdiv(length, split), block) * block
     cb = min(_pow2(c), max(4096 // split, 16))
     nb = min(_pow2(n), max(4096 // split, 16))
-    plan = dict(key=key, rows=rows, block=block, split=split, chunk=chunk,
-                cb=cb,
-                nb=nb, grid=(tiles, split), ws=2 * rows_total * split +
-                4 * rows_total + 2 * n + 3 * c + 1,
-                bws=2 * rows_total * split + 2 * n + 2 * c +
-                _PARTS * c)
+    plan = dict(
+        key=key,
+        rows=rows,
+        block=block,
+        split=split,
+        chunk=chunk,
+        cb=cb,
+        nb=nb,
+        grid=(tiles, split),
+        ws=2 * rows_total * split + 4 * rows_total + 2 * n + 3 * c + 1,
+        bws=2 * rows_total * split + 2 * n + 2 * c + _PARTS * c)
     _PLANS[key] = plan
     return plan
 
@@ -822,8 +837,8 @@ def _dense(x3: Tensor) -> Tensor:
     n, c, length = x3.shape
     sn, sc, sl = x3.stride()
     if (sl == 1 and sc == length and sn == c * length) or (
-            sc == 1 and sl == c and sn == c * length) or length == 1 and (
-            sc == 1 and sn == c):
+            sc == 1 and sl == c
+            and sn == c * length) or length == 1 and (sc == 1 and sn == c):
         return x3
     return x3.contiguous()
 
@@ -872,9 +887,23 @@ def _aligned(*tensors) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in tensors)
 
 
-def _forward(x3, weight, bias, mean_logits, var_logits, running_mean,
-             running_var, nbt, ratio_fixed, fixed_ratios, training, momentum,
-             eps, unbiased, ratios_given, group=None, nonfinite=None):
+def _forward(x3,
+             weight,
+             bias,
+             mean_logits,
+             var_logits,
+             running_mean,
+             running_var,
+             nbt,
+             ratio_fixed,
+             fixed_ratios,
+             training,
+             momentum,
+             eps,
+             unbiased,
+             ratios_given,
+             group=None,
+             nonfinite=None):
     n, c, length = x3.shape
     sxn, sxc, sxl = x3.stride()
     plan = _plan(n, c, length, sxc, sxl, x3.device)
@@ -887,8 +916,8 @@ def _forward(x3, weight, bias, mean_logits, var_logits, running_mean,
     sync = bn_batch and group is not None
     groups, k = _ratio_groups(mean_logits)
     ws = torch.empty(plan['ws'], device=x3.device, dtype=torch.float32)
-    y = torch.empty_strided(x3.shape, x3.stride(), dtype=x3.dtype,
-                            device=x3.device)
+    y = torch.empty_strided(
+        x3.shape, x3.stride(), dtype=x3.dtype, device=x3.device)
     cumulative = momentum is None
     rmean = running_mean if using_bn else ws
     rvar = running_var if using_bn else ws
@@ -902,28 +931,27 @@ def _forward(x3, weight, bias, mean_logits, var_logits, running_mean,
     key = None
     device_index = -1
     if _DIRECT['on'] and x3.is_cuda and _aligned(
-            x3, weight, bias, mean_logits, var_logits, rmean, rvar, count,
-            bad, fixed, fixed_r):
+            x3, weight, bias, mean_logits, var_logits, rmean, rvar, count, bad,
+            fixed, fixed_r):
         device_index = x3.get_device()
         key = (plan['key'], x3.dtype, groups, k, has_in, ratios_given,
                has_fixed, bn_batch, cumulative, sync, count_bad)
     _launch(_moments_kernel, key and ('m', ) + key, grid,
             (x3, ws, n * c, c, length, chunk, sxn, sxc, sxl, split, rows,
              block, chunk == block), device_index)
-    _launch(_stats_kernel, key and ('s', ) + key, (n + c if bn_batch else n,
-                                                   1),
-            (ws, n, c, length, chunk, divisor, split, plan['cb'],
-             plan['nb'], sync), device_index)
+    _launch(_stats_kernel, key and ('s', ) + key,
+            (n + c if bn_batch else n, 1),
+            (ws, n, c, length, chunk, divisor, split, plan['cb'], plan['nb'],
+             sync), device_index)
     if sync:
         _combine_over_group(ws, n, c, plan, running_mean, running_var, nbt,
                             momentum, group, nonfinite)
     _launch(_normalize_kernel, key and ('n', ) + key, grid,
-            (x3, y, ws, weight, bias, mean_logits, var_logits, fixed,
-             fixed_r, rmean, rvar, count, bad, n, c, groups, length, chunk,
-             divisor, float(eps), 0. if cumulative else float(momentum), sxn,
-             sxc, sxl, split, rows, block, k, has_in, ratios_given,
-             has_fixed, bn_batch, update, plan['cb'], cumulative, count_bad,
-             groups > 1),
+            (x3, y, ws, weight, bias, mean_logits, var_logits, fixed, fixed_r,
+             rmean, rvar, count, bad, n, c, groups, length, chunk, divisor,
+             float(eps), 0. if cumulative else float(momentum), sxn, sxc, sxl,
+             split, rows, block, k, has_in, ratios_given, has_fixed, bn_batch,
+             update, plan['cb'], cumulative, count_bad, groups > 1),
             device_index)
     if update:
         _bump(running_mean, running_var, nbt,
@@ -939,8 +967,16 @@ def _bn_slots(ws, n, c, plan):
             ws[start + 2 * c:start + 2 * c + 1])
 
 
-def _combine_over_group(ws, n, c, plan, running_mean, running_var, nbt,
-                        momentum, group, nonfinite=None):
+def _combine_over_group(ws,
+                        n,
+                        c,
+                        plan,
+                        running_mean,
+                        running_var,
+                        nbt,
+                        momentum,
+                        group,
+                        nonfinite=None):
     """SyncSN: this rank's channel means and centred second moments,
     combined with every rank's by one all-gather (as the reference's SyncSN
     does, so that ranks on either path interoperate); the running statistics
@@ -968,8 +1004,8 @@ class TritonSwitchableNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x3, weight, bias, mean_logits, var_logits, state):
-        y, ws, plan, key = _forward(x3, weight, bias, mean_logits,
-                                    var_logits, *state)
+        y, ws, plan, key = _forward(x3, weight, bias, mean_logits, var_logits,
+                                    *state)
         running_mean, running_var, training = state[0], state[1], state[5]
         ctx.state = state
         ctx.plan = plan
@@ -1001,11 +1037,11 @@ class TritonSwitchableNorm(torch.autograd.Function):
         sgn, sgc, sgl = grad_y.stride()
         sxn, sxc, sxl = x3.stride()
         bws = torch.empty(plan['bws'], device=x3.device, dtype=torch.float32)
-        pg = torch.empty(2 * c + 2 * groups * k, device=x3.device,
-                         dtype=torch.float32)
+        pg = torch.empty(
+            2 * c + 2 * groups * k, device=x3.device, dtype=torch.float32)
         gb, wb = logit_blocks(c, groups)
-        dx = torch.empty_strided(x3.shape, x3.stride(), dtype=x3.dtype,
-                                 device=x3.device)
+        dx = torch.empty_strided(
+            x3.shape, x3.stride(), dtype=x3.dtype, device=x3.device)
         if rmean is None:
             rmean = rvar = ws
         has_fixed = ratio_fixed is not None
@@ -1023,21 +1059,19 @@ class TritonSwitchableNorm(torch.autograd.Function):
                  sxn, sxc, sxl, split, rows, block), device_index)
         _launch(_grad_stats_kernel, key and ('gt', ) + key, (n + c, 1),
                 (ws, bws, pg, weight, rmean, rvar, mean_logits, var_logits,
-                 fixed, fixed_r, n, c, groups, split, plan['cb'],
-                 plan['nb'], k, has_in, ratios_given, has_fixed, bn_batch,
-                 groups > 1),
+                 fixed, fixed_r, n, c, groups, split, plan['cb'], plan['nb'],
+                 k, has_in, ratios_given, has_fixed, bn_batch, groups > 1),
                 device_index)
         if sync:
             # The shared BN statistics collect gradient from every rank.
             start = 2 * n * c * split + 2 * n
-            torch.distributed.all_reduce(bws[start:start + 2 * c],
-                                         group=group)
+            torch.distributed.all_reduce(bws[start:start + 2 * c], group=group)
         _launch(_input_grad_kernel, key and ('ig', ) + key, grid,
-                (grad_y, x3, dx, ws, bws, pg, weight, mean_logits,
-                 var_logits, fixed, fixed_r, n, c, groups, length, chunk,
-                 2.0 / divisor, sgn, sgc, sgl, sxn, sxc, sxl, split, rows,
-                 block, gb, wb, k, has_in, ratios_given, has_fixed,
-                 bn_batch, sync, groups > 1), device_index)
+                (grad_y, x3, dx, ws, bws, pg, weight, mean_logits, var_logits,
+                 fixed, fixed_r, n, c, groups, length, chunk, 2.0 / divisor,
+                 sgn, sgc, sgl, sxn, sxc, sxl, split, rows, block, gb, wb, k,
+                 has_in, ratios_given, has_fixed, bn_batch, sync, groups > 1),
+                device_index)
         logits = groups * k
         return (dx, pg[:c], pg[c:2 * c],
                 pg[2 * c:2 * c + logits].view(mean_logits.shape),
@@ -1049,8 +1083,8 @@ def _recorded_backward(ctx, grad_y):
     reference (PyTorch ops, float32), so that every higher derivative is
     exact."""
     x3, weight, bias, mean_logits, var_logits = ctx.saved_tensors[:5]
-    (running_mean, running_var, _, ratio_fixed, fixed_ratios, training, _,
-     eps, unbiased, ratios_given, group, _) = ctx.state
+    (running_mean, running_var, _, ratio_fixed, fixed_ratios, training, _, eps,
+     unbiased, ratios_given, group, _) = ctx.state
     if group is not None:
         raise RuntimeError(
             'SyncSN: double backward (create_graph=True) across several '
@@ -1061,9 +1095,11 @@ def _recorded_backward(ctx, grad_y):
     y = reference_forward(x3.float(), weight, bias, mean_logits, var_logits,
                           running_mean, running_var, training, eps, unbiased,
                           ratio_fixed, fixed_ratios, ratios_given)[0]
-    grads = torch.autograd.grad(y, [inputs[i] for i in wanted],
-                                grad_y.float(), create_graph=True,
-                                allow_unused=True)
+    grads = torch.autograd.grad(
+        y, [inputs[i] for i in wanted],
+        grad_y.float(),
+        create_graph=True,
+        allow_unused=True)
     result = [None] * 6
     for i, g in zip(wanted, grads):
         result[i] = torch.zeros_like(inputs[i]) if g is None else g
@@ -1076,8 +1112,7 @@ def applies(x: Tensor, weight: Tensor, running_mean: Optional[Tensor]) -> bool:
     Triton's interpreter) with float32 parameters and statistics."""
     return ((x.is_cuda or _INTERPRET) and x.dtype in FUSED_DTYPES
             and weight.dtype is torch.float32 and x.numel() > 0
-            and (running_mean is None
-                 or running_mean.dtype is torch.float32))
+            and (running_mean is None or running_mean.dtype is torch.float32))
 
 
 _WORKS = {}
@@ -1097,11 +1132,11 @@ def works_on(x: Tensor) -> bool:
     return works
 
 
-def _reference_call(x, weight, bias, mean_logits, var_logits,
-                    running_mean, running_var, nbt, training):
-    return switchable_norm_reference(
-        x, weight, bias, mean_logits, var_logits, running_mean, running_var,
-        nbt, training, 0.1, 1e-5, True)
+def _reference_call(x, weight, bias, mean_logits, var_logits, running_mean,
+                    running_var, nbt, training):
+    return switchable_norm_reference(x, weight, bias, mean_logits, var_logits,
+                                     running_mean, running_var, nbt, training,
+                                     0.1, 1e-5, True)
 
 
 def _probe(device: torch.device) -> bool:
@@ -1109,9 +1144,12 @@ def _probe(device: torch.device) -> bool:
     shape = (3, 4, 3, 5)
     x = torch.randn(shape, generator=gen) * 2 + 1
     grad = torch.randn(shape, generator=gen)
-    params = [torch.rand(4, generator=gen) + 0.5,
-              torch.randn(4, generator=gen), torch.randn(3, generator=gen),
-              torch.randn(3, generator=gen)]
+    params = [
+        torch.rand(4, generator=gen) + 0.5,
+        torch.randn(4, generator=gen),
+        torch.randn(3, generator=gen),
+        torch.randn(3, generator=gen)
+    ]
     results = []
     try:
         with torch.inference_mode(False), torch.enable_grad(), \
@@ -1119,25 +1157,29 @@ def _probe(device: torch.device) -> bool:
             for fn in (_fused_call, _reference_call):
                 xs = x.to(device).requires_grad_()
                 ps = [p.to(device).requires_grad_() for p in params]
-                running = [torch.zeros(4, device=device),
-                           torch.ones(4, device=device),
-                           torch.zeros((), dtype=torch.long, device=device)]
+                running = [
+                    torch.zeros(4, device=device),
+                    torch.ones(4, device=device),
+                    torch.zeros((), dtype=torch.long, device=device)
+                ]
                 y = fn(xs, *ps, *running, True)
                 y.backward(grad.to(device))
                 with torch.no_grad():
                     y_eval = fn(xs, *ps, *running, False)
-                results.append([y, xs.grad, *(p.grad for p in ps),
-                                *running[:2], y_eval])
+                results.append(
+                    [y, xs.grad, *(p.grad for p in ps), *running[:2], y_eval])
         for got, want in zip(*results):
             err = float((got.detach() - want.detach()).abs().max())
             if not err <= 1e-3 * (1 + float(want.detach().abs().max())):
                 raise AssertionError(f'they differ from the reference by '
                                      f'{err:.1e} on a small layer')
     except Exception as err:  # any failure: the reason goes to the warning
-        warnings.warn(f'sn_mm: SN\'s fused Triton kernels do not work on '
-                      f'{device} ({type(err).__name__}: {err}); SN runs on '
-                      f'PyTorch ops there. kernels=\'triton\' runs them '
-                      f'anyway.', stacklevel=3)
+        warnings.warn(
+            f'sn_mm: SN\'s fused Triton kernels do not work on '
+            f'{device} ({type(err).__name__}: {err}); SN runs on '
+            f'PyTorch ops there. kernels=\'triton\' runs them '
+            f'anyway.',
+            stacklevel=3)
         return False
     return True
 
@@ -1149,14 +1191,22 @@ def _fused_call(x, weight, bias, mean_logits, var_logits, running_mean,
                            training, 0.1, 1e-5, True)
 
 
-def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
-                    mean_logits: Tensor, var_logits: Tensor,
+def switchable_norm(x: Tensor,
+                    weight: Tensor,
+                    bias: Tensor,
+                    mean_logits: Tensor,
+                    var_logits: Tensor,
                     running_mean: Optional[Tensor],
-                    running_var: Optional[Tensor], nbt: Optional[Tensor],
+                    running_var: Optional[Tensor],
+                    nbt: Optional[Tensor],
                     ratio_fixed: Optional[Tensor],
-                    fixed_ratios: Optional[Tensor], training: bool,
-                    momentum: Optional[float], eps: float, unbiased: bool,
-                    ratios_given: bool = False, group=None,
+                    fixed_ratios: Optional[Tensor],
+                    training: bool,
+                    momentum: Optional[float],
+                    eps: float,
+                    unbiased: bool,
+                    ratios_given: bool = False,
+                    group=None,
                     nonfinite_batches: Optional[Tensor] = None) -> Tensor:
     """SN of ``x`` (N, C, *) on these kernels; in training with a BN branch
     the running statistics and ``nbt`` are updated in place (a batch with
@@ -1170,9 +1220,10 @@ def switchable_norm(x: Tensor, weight: Tensor, bias: Tensor,
     state = (running_mean, running_var, nbt, ratio_fixed, fixed_ratios,
              training, momentum, eps, unbiased, ratios_given, group,
              nonfinite_batches)
-    if torch.is_grad_enabled() and (
-            x.requires_grad or weight.requires_grad or bias.requires_grad
-            or mean_logits.requires_grad or var_logits.requires_grad):
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or bias.requires_grad
+                                    or mean_logits.requires_grad
+                                    or var_logits.requires_grad):
         y = TritonSwitchableNorm.apply(x3, weight, bias, mean_logits,
                                        var_logits, state)
     else:

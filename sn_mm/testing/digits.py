@@ -18,11 +18,13 @@ class DigitsCNN(nn.Module):
         super().__init__()
         for i in range(1, 4):
             width = self.WIDTHS[i]
-            self.add_module(f'conv{i}', nn.Conv2d(self.WIDTHS[i - 1], width,
-                                                  3, padding=1, bias=False))
+            self.add_module(
+                f'conv{i}',
+                nn.Conv2d(self.WIDTHS[i - 1], width, 3, padding=1, bias=False))
             groups = width if ratio_groups == 'C' else ratio_groups
-            layer = (nn.BatchNorm2d(width) if norm == 'BN' else
-                     SwitchableNorm(width, ratio_groups=groups))
+            layer = (
+                nn.BatchNorm2d(width) if norm == 'BN' else SwitchableNorm(
+                    width, ratio_groups=groups))
             self.add_module(f'{norm.lower()}{i}', layer)
         self.norm = norm.lower()
         self.fc = nn.Linear(64, 10)
@@ -41,8 +43,11 @@ def add_digits_arguments(parser, epochs_help: str) -> None:
     --seed."""
     parser.add_argument('--epochs', type=int, default=20, help=epochs_help)
     parser.add_argument('--batches', type=int, nargs='+', default=[2, 32])
-    parser.add_argument('--lr', type=float, default=0.05,
-                        help='learning rate at batch 32 (scaled linearly)')
+    parser.add_argument(
+        '--lr',
+        type=float,
+        default=0.05,
+        help='learning rate at batch 32 (scaled linearly)')
     parser.add_argument('--seed', type=int, default=0)
 
 
@@ -53,8 +58,8 @@ def load_digits_split(seed):
     data = load_digits()
     x = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.
     y = torch.tensor(data.target)
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(
-        seed))
+    order = torch.randperm(
+        len(y), generator=torch.Generator().manual_seed(seed))
     x, y = (x[order] - 0.3) / 0.4, y[order]
     return (x[:1500], y[:1500]), (x[1500:], y[1500:])
 
@@ -63,8 +68,8 @@ def train_digits(model, data, batch, epochs, lr, seed):
     """SGD (momentum 0.9, weight decay 1e-4) on shuffled batches."""
     x, y = data
     gen = torch.Generator().manual_seed(seed)
-    optim = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9,
-                            weight_decay=1e-4)
+    optim = torch.optim.SGD(
+        model.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)
     model.train()
     for _ in range(epochs):
         order = torch.randperm(len(y), generator=gen)

@@ -9,8 +9,17 @@ second moments minus the squared mean.
 import torch
 
 
-def reference_sn(x, weight, bias, mean_logits, var_logits, running_mean,
-                 running_var, training, momentum=0.1, eps=1e-5, using_bn=True,
+def reference_sn(x,
+                 weight,
+                 bias,
+                 mean_logits,
+                 var_logits,
+                 running_mean,
+                 running_var,
+                 training,
+                 momentum=0.1,
+                 eps=1e-5,
+                 using_bn=True,
                  unbiased=True):
     """Returns (output, new_running_mean, new_running_var)."""
     x = x.double()
@@ -39,7 +48,8 @@ def reference_sn(x, weight, bias, mean_logits, var_logits, running_mean,
                 var_bn = (var_in + mean_in**2).mean(0) - mean_bn**2
             else:
                 var_bn = ((x3 - mean_bn[None, :, None])**2).mean((0, 2))
-            new_rm = (1 - momentum) * running_mean.double() + momentum * mean_bn
+            new_rm = (1 -
+                      momentum) * running_mean.double() + momentum * mean_bn
             new_rv = (1 - momentum) * running_var.double() + momentum * var_bn
         else:
             mean_bn, var_bn = running_mean.double(), running_var.double()

@@ -15,13 +15,17 @@ SHAPES = [((4, 6, 5, 3), False), ((4, 6, 5, 3), True), ((3, 5), False),
           ((2, 5, 1, 1), False), ((2, 3, 40, 50), False),
           ((6, 8, 7, 7), False), ((2, 3, 2, 2, 3), False)]
 # Layer options beyond the defaults; group SN where the channels divide.
-VARIANTS = [dict(), dict(momentum=None), dict(fixed=True),
-            dict(ratio_fn='sparsestmax'), dict(ratio_groups=2),
-            dict(ratio_groups=2, fixed=True)]
+VARIANTS = [
+    dict(),
+    dict(momentum=None),
+    dict(fixed=True),
+    dict(ratio_fn='sparsestmax'),
+    dict(ratio_groups=2),
+    dict(ratio_groups=2, fixed=True)
+]
 
 
-def make_layer(c, using_bn=True, kernels=None, fixed=False, seed=0,
-               **kwargs):
+def make_layer(c, using_bn=True, kernels=None, fixed=False, seed=0, **kwargs):
     """An SN layer with non-trivial parameters and running statistics
     (``fixed``: its mean ratios fixed)."""
     gen = torch.Generator().manual_seed(seed)
@@ -29,10 +33,10 @@ def make_layer(c, using_bn=True, kernels=None, fixed=False, seed=0,
     with torch.no_grad():
         layer.weight.copy_(torch.rand(c, generator=gen) + 0.5)
         layer.bias.copy_(torch.randn(c, generator=gen))
-        layer.mean_weight.copy_(torch.randn(layer.mean_weight.shape,
-                                            generator=gen))
-        layer.var_weight.copy_(torch.randn(layer.var_weight.shape,
-                                           generator=gen))
+        layer.mean_weight.copy_(
+            torch.randn(layer.mean_weight.shape, generator=gen))
+        layer.var_weight.copy_(
+            torch.randn(layer.var_weight.shape, generator=gen))
         if using_bn:
             layer.running_mean.copy_(torch.randn(c, generator=gen))
             layer.running_var.copy_(torch.rand(c, generator=gen) + 0.5)
@@ -109,7 +113,7 @@ def all_cases(dtypes=(torch.float32, torch.bfloat16)):
     """Every case of SHAPES x BN or not x train/eval x dtypes x VARIANTS, as
     :func:`compare_case`'s arguments after the device."""
     return [(shape, cl, using_bn, training, dtype, variant)
-            for (shape, cl), using_bn, training, dtype, variant in
-            itertools.product(SHAPES, (True, False), (True, False), dtypes,
-                              VARIANTS)
+            for (shape,
+                 cl), using_bn, training, dtype, variant in itertools.product(
+                     SHAPES, (True, False), (True, False), dtypes, VARIANTS)
             if shape[1] % variant.get('ratio_groups', 1) == 0]

@@ -10,7 +10,10 @@ SPREADS = (1e-2, 1e-1, 1.)
 METRICS = ('train', 'eval', 'running_mean', 'running_var')
 
 
-def offset_inputs(shape, offset: float, spread: float, count: int,
+def offset_inputs(shape,
+                  offset: float,
+                  spread: float,
+                  count: int,
                   seed: int = 0) -> List[torch.Tensor]:
     """``count`` float32 inputs of mean about ``offset`` and standard
     deviation ``spread``, the channels' means a spread apart (so that IN,
@@ -18,8 +21,8 @@ def offset_inputs(shape, offset: float, spread: float, count: int,
     gen = torch.Generator().manual_seed(seed)
     inputs = []
     for _ in range(count):
-        means = offset + spread * torch.randn(1, shape[1], *[1] * (
-            len(shape) - 2), generator=gen)
+        means = offset + spread * torch.randn(
+            1, shape[1], *[1] * (len(shape) - 2), generator=gen)
         inputs.append(torch.randn(shape, generator=gen) * spread + means)
     return inputs
 
@@ -49,13 +52,14 @@ def float32_errors(make: Callable[[], nn.Module], inputs, offset: float,
                        for a, b in ((m32.running_mean, m64.running_mean),
                                     (m32.running_var, m64.running_var))]
         x = inputs[-1]
-        evaluated = (m32.eval()(x).double()
-                     - m64.eval()(x.double())).abs().max().item()
+        evaluated = (m32.eval()(x).double() -
+                     m64.eval()(x.double())).abs().max().item()
     return dict(zip(METRICS, [train, evaluated, *running]))
 
 
 def pytorch_norms(channels: int) -> Dict[str, Callable[[], nn.Module]]:
     """PyTorch's BN, IN and LN (GroupNorm with one group): the yardsticks."""
-    return dict(BN=lambda: nn.BatchNorm2d(channels),
-                IN=lambda: nn.InstanceNorm2d(channels, affine=True),
-                LN=lambda: nn.GroupNorm(1, channels))
+    return dict(
+        BN=lambda: nn.BatchNorm2d(channels),
+        IN=lambda: nn.InstanceNorm2d(channels, affine=True),
+        LN=lambda: nn.GroupNorm(1, channels))

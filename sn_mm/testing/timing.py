@@ -26,7 +26,8 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(timed(fn) for _ in range(repeats))
 
 
-def median_times(fns: Dict[str, Callable[[], object]], repeats: int,
+def median_times(fns: Dict[str, Callable[[], object]],
+                 repeats: int,
                  warm: bool = False) -> Dict[str, float]:
     """Median seconds of each of ``fns``, every repeat timing all of them in
     turn, each repeat starting one further along (so that no candidate

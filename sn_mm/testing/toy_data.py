@@ -60,8 +60,9 @@ def render_image(rng, size, max_objects, min_radius, max_radius):
         for _attempt in range(20):
             r = float(rng.uniform(min_radius, max_radius))
             cx, cy = rng.uniform(r + 1, size - r - 1, size=2)
-            if all(math.hypot(cx - x, cy - y) > r + rr + 2
-                   for x, y, rr in placed):
+            if all(
+                    math.hypot(cx - x, cy - y) > r + rr + 2
+                    for x, y, rr in placed):
                 break
         else:
             continue
@@ -78,13 +79,21 @@ def render_image(rng, size, max_objects, min_radius, max_radius):
     return np.clip(img, 0, 255).astype(np.uint8), instances
 
 
-def make_toy_coco(root, num_train=400, num_val=100, size=128, max_objects=4,
-                  min_radius=10, max_radius=30, seed=0):
+def make_toy_coco(root,
+                  num_train=400,
+                  num_val=100,
+                  size=128,
+                  max_objects=4,
+                  min_radius=10,
+                  max_radius=30,
+                  seed=0):
     """Write ``root/{train,val}/*.png`` and ``root/annotations/
     instances_{train,val}.json`` in COCO format. Deterministic in ``seed``."""
     os.makedirs(osp.join(root, 'annotations'), exist_ok=True)
-    categories = [dict(id=i + 1, name=n, supercategory='shape')
-                  for i, n in enumerate(SHAPE_CLASSES)]
+    categories = [
+        dict(id=i + 1, name=n, supercategory='shape')
+        for i, n in enumerate(SHAPE_CLASSES)
+    ]
     for split, count, split_seed in (('train', num_train, seed),
                                      ('val', num_val, seed + 1)):
         rng = np.random.default_rng(split_seed)
@@ -95,8 +104,8 @@ def make_toy_coco(root, num_train=400, num_val=100, size=128, max_objects=4,
                                           max_radius)
             file_name = f'{i:05d}.png'
             cv2.imwrite(osp.join(root, split, file_name), img)
-            images.append(dict(id=i + 1, file_name=file_name, height=size,
-                               width=size))
+            images.append(
+                dict(id=i + 1, file_name=file_name, height=size, width=size))
             for label, poly in instances:
                 mask = np.zeros((size, size), np.uint8)
                 cv2.fillPoly(mask, [np.round(poly).astype(np.int32)], 1)
@@ -104,18 +113,32 @@ def make_toy_coco(root, num_train=400, num_val=100, size=128, max_objects=4,
                 x0, y0 = float(xs.min()), float(ys.min())
                 w, h = float(xs.max() - x0 + 1), float(ys.max() - y0 + 1)
                 annotations.append(
-                    dict(id=len(annotations) + 1, image_id=i + 1,
-                         category_id=label + 1, bbox=[x0, y0, w, h],
-                         area=float(mask.sum()), iscrowd=0,
-                         segmentation=[poly.round(2).ravel().tolist()]))
-        with open(osp.join(root, 'annotations', f'instances_{split}.json'),
-                  'w') as f:
-            json.dump(dict(images=images, annotations=annotations,
-                           categories=categories), f)
+                    dict(
+                        id=len(annotations) + 1,
+                        image_id=i + 1,
+                        category_id=label + 1,
+                        bbox=[x0, y0, w, h],
+                        area=float(mask.sum()),
+                        iscrowd=0,
+                        segmentation=[poly.round(2).ravel().tolist()]))
+        with open(
+                osp.join(root, 'annotations', f'instances_{split}.json'),
+                'w') as f:
+            json.dump(
+                dict(
+                    images=images,
+                    annotations=annotations,
+                    categories=categories), f)
 
 
-def make_toy_seg(root, num_train=300, num_val=60, size=96, max_objects=4,
-                 min_radius=10, max_radius=28, seed=0):
+def make_toy_seg(root,
+                 num_train=300,
+                 num_val=60,
+                 size=96,
+                 max_objects=4,
+                 min_radius=10,
+                 max_radius=28,
+                 seed=0):
     """Write an ADE20K-style set: ``root/images/{training,validation}/*.png``
     and label PNGs under ``root/annotations/...``. As in ADE20K, 0 means
     "unlabelled" (ignored with ``reduce_zero_label=True``); 1 is the
@@ -132,14 +155,18 @@ def make_toy_seg(root, num_train=300, num_val=60, size=96, max_objects=4,
                                           max_radius)
             label = np.ones((size, size), np.uint8)
             for cls, poly in instances:
-                cv2.fillPoly(label, [np.round(poly).astype(np.int32)],
-                             cls + 2)
+                cv2.fillPoly(label, [np.round(poly).astype(np.int32)], cls + 2)
             cv2.imwrite(osp.join(img_dir, f'{i:05d}.png'), img)
             cv2.imwrite(osp.join(ann_dir, f'{i:05d}.png'), label)
 
 
-def make_toy_cls(root, num_train=800, num_val=200, size=64, min_radius=10,
-                 max_radius=28, seed=0):
+def make_toy_cls(root,
+                 num_train=800,
+                 num_val=200,
+                 size=64,
+                 min_radius=10,
+                 max_radius=28,
+                 seed=0):
     """Write ``root/{train,val}/<class>/*.png``: one shape per image, the
     classes of the detection set, for pretraining a backbone that the toy
     detectors then start from. Each shape takes any class's colour, so that
@@ -153,8 +180,9 @@ def make_toy_cls(root, num_train=800, num_val=200, size=64, min_radius=10,
         for i in range(count):
             label = i % len(SHAPE_CLASSES)
             img = _background(rng, size)
-            r = float(rng.uniform(min(min_radius, size / 4),
-                                  min(max_radius, size / 2 - 2)))
+            r = float(
+                rng.uniform(
+                    min(min_radius, size / 4), min(max_radius, size / 2 - 2)))
             cx, cy = rng.uniform(r + 1, size - r - 1, size=2)
             poly = _shape_polygon(SHAPE_CLASSES[label], cx, cy, r,
                                   float(rng.uniform(0, 2 * math.pi)))
@@ -163,6 +191,6 @@ def make_toy_cls(root, num_train=800, num_val=200, size=64, min_radius=10,
                 rng.integers(-30, 31, size=3), 0, 255)
             cv2.fillPoly(img, [np.round(poly).astype(np.int32)],
                          tuple(float(c) for c in colour))
-            cv2.imwrite(osp.join(root, split, SHAPE_CLASSES[label],
-                                 f'{i:05d}.png'),
-                        np.clip(img, 0, 255).astype(np.uint8))
+            cv2.imwrite(
+                osp.join(root, split, SHAPE_CLASSES[label], f'{i:05d}.png'),
+                np.clip(img, 0, 255).astype(np.uint8))

@@ -42,8 +42,7 @@ def run(device, steps=200, seed=0, toy=False, kernels=None):
     default)."""
     rng = random.Random(seed)
     levels = [(s, c // 16 if toy else c) for s, c in LEVELS]
-    layers = [SwitchableNorm(c, kernels=kernels).to(device)
-              for _, c in levels]
+    layers = [SwitchableNorm(c, kernels=kernels).to(device) for _, c in levels]
     roi_c = ROI_CHANNELS // 16 if toy else ROI_CHANNELS
     layers.append(SwitchableNorm(roi_c, kernels=kernels).to(device))
     cuda = torch.device(device).type == 'cuda'
@@ -53,26 +52,33 @@ def run(device, steps=200, seed=0, toy=False, kernels=None):
             h, w = 32 * rng.randint(2, 4), 32 * rng.randint(2, 4)
         else:
             h, w = 32 * rng.randint(16, 25), 32 * rng.randint(16, 42)
-        inputs = [torch.randn(2, c, -(-h // s), -(-w // s), device=device)
-                  for s, c in levels]
+        inputs = [
+            torch.randn(2, c, -(-h // s), -(-w // s), device=device)
+            for s, c in levels
+        ]
         rois = rng.randint(1, 32 if toy else 512)
-        inputs.append(torch.randn(rois, roi_c, ROI_SIZE, ROI_SIZE,
-                                  device=device))
-        loss = sum(layer(x.requires_grad_()).square().mean()
-                   for layer, x in zip(layers, inputs))
+        inputs.append(
+            torch.randn(rois, roi_c, ROI_SIZE, ROI_SIZE, device=device))
+        loss = sum(
+            layer(x.requires_grad_()).square().mean()
+            for layer, x in zip(layers, inputs))
         loss.backward()
         del inputs, loss  # what stays allocated is the layers' own
         if cuda:
             torch.cuda.synchronize(device)
         plans, compiled = host_cache_sizes()
-        rows.append(dict(
-            step=step + 1, size=f'{h}x{w}', rois=rois,
-            compilations=triton_compilations(), plans=plans,
-            compiled=compiled,
-            allocated_mib=(torch.cuda.memory_allocated(device) / 2**20
-                           if cuda else 0.),
-            reserved_mib=(torch.cuda.memory_reserved(device) / 2**20
-                          if cuda else 0.)))
+        rows.append(
+            dict(
+                step=step + 1,
+                size=f'{h}x{w}',
+                rois=rois,
+                compilations=triton_compilations(),
+                plans=plans,
+                compiled=compiled,
+                allocated_mib=(torch.cuda.memory_allocated(device) /
+                               2**20 if cuda else 0.),
+                reserved_mib=(torch.cuda.memory_reserved(device) /
+                              2**20 if cuda else 0.)))
     return rows
 
 
@@ -93,12 +99,15 @@ def summary(rows):
     last = rows[-1]
     return dict(
         steps=n,
-        compilations_per_quarter=[sum(new[i * n // 4:(i + 1) * n // 4])
-                                  for i in range(4)],
+        compilations_per_quarter=[
+            sum(new[i * n // 4:(i + 1) * n // 4]) for i in range(4)
+        ],
         last_step_compiling=compiled_at[-1] if compiled_at else 0,
         total_compilations=last['compilations'],
-        plans=last['plans'], plan_bound=triton_fused._PLANS.size,
-        compiled=last['compiled'], compiled_bound=triton_fused._COMPILED.size,
+        plans=last['plans'],
+        plan_bound=triton_fused._PLANS.size,
+        compiled=last['compiled'],
+        compiled_bound=triton_fused._COMPILED.size,
         allocated_mib_first=rows[0]['allocated_mib'],
         allocated_mib_end=last['allocated_mib'],
         reserved_mib_half=half['reserved_mib'],
@@ -108,5 +117,6 @@ def summary(rows):
                  and last['plans'] <= triton_fused._PLANS.size
                  and last['compiled'] <= triton_fused._COMPILED.size
                  and last['allocated_mib'] == rows[0]['allocated_mib']),
-        quarter_steps=[f'{q[0]["step"]}-{q[-1]["step"]}' for q in quarters
-                       if q])
+        quarter_steps=[
+            f'{q[0]["step"]}-{q[-1]["step"]}' for q in quarters if q
+        ])

@@ -9,8 +9,9 @@ checkpoints need it): use it on checkpoints you trust.
 
 Example::
 
-    python tools/analysis_tools/batch_average.py CONFIG work_dirs/x/iter_160.pth \\
-        --num-batches 50 --out work_dirs/x/iter_160_batch_average.pth
+    python tools/analysis_tools/batch_average.py CONFIG \\
+        work_dirs/x/iter_160.pth --num-batches 50 \\
+        --out work_dirs/x/iter_160_batch_average.pth
 """
 import argparse
 import os.path as osp
@@ -23,22 +24,30 @@ from mmengine.runner import Runner
 
 import sn_mm  # noqa: F401
 from sn_mm import SwitchableNorm, revert_sync_sn
-from sn_mm.engine import sn_batch_average
 from sn_mm.cli import load_config
+from sn_mm.engine import sn_batch_average
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('config', help='the config the model was trained '
-                        'with (its train_dataloader supplies the batches)')
+    parser.add_argument(
+        'config',
+        help='the config the model was trained '
+        'with (its train_dataloader supplies the batches)')
     parser.add_argument('checkpoint', help='trained checkpoint')
-    parser.add_argument('--num-batches', type=int, default=100,
-                        help='training batches to average over (default 100)')
+    parser.add_argument(
+        '--num-batches',
+        type=int,
+        default=100,
+        help='training batches to average over (default 100)')
     parser.add_argument('--out', required=True, help='new checkpoint file')
-    parser.add_argument('--force', action='store_true',
-                        help='overwrite --out if it exists')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config entries, key=value')
+    parser.add_argument(
+        '--force', action='store_true', help='overwrite --out if it exists')
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override config entries, key=value')
     return parser.parse_args(argv)
 
 
@@ -52,12 +61,13 @@ def main(argv=None):
     init_default_scope(cfg.get('default_scope', 'mmdet'))
     from mmengine.registry import MODELS
     model = revert_sync_sn(MODELS.build(cfg.model))
-    checkpoint = torch.load(args.checkpoint, map_location='cpu',
-                            weights_only=False)
+    checkpoint = torch.load(
+        args.checkpoint, map_location='cpu', weights_only=False)
     state = checkpoint.get('state_dict', checkpoint)
     model.load_state_dict(state, strict=True)
-    if not any(isinstance(m, SwitchableNorm) and m.using_bn
-               for m in model.modules()):
+    if not any(
+            isinstance(m, SwitchableNorm) and m.using_bn
+            for m in model.modules()):
         sys.exit(f'{args.checkpoint} has no SN layer with a BN branch: '
                  'nothing to average')
 
@@ -66,8 +76,8 @@ def main(argv=None):
     checkpoint = dict(checkpoint) if 'state_dict' in checkpoint else {}
     checkpoint['state_dict'] = model.state_dict()
     meta = dict(checkpoint.get('meta') or {})
-    meta['sn_batch_average'] = dict(num_batches=seen,
-                                    source=osp.basename(args.checkpoint))
+    meta['sn_batch_average'] = dict(
+        num_batches=seen, source=osp.basename(args.checkpoint))
     checkpoint['meta'] = meta
     torch.save(checkpoint, args.out)
     print(f'Averaged the BN statistics of every SN layer over {seen} '

@@ -19,28 +19,34 @@ import sn_mm  # noqa: F401
 from sn_mm.analysis import average_ratios, sn_ratios
 from sn_mm.cli import build_runner, load_config
 
-DEFAULT_CONFIG = osp.join(osp.dirname(__file__), '..', '..', 'configs', 'toy',
-                          'mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py')
+DEFAULT_CONFIG = osp.join(
+    osp.dirname(__file__), '..', '..', 'configs', 'toy',
+    'mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py')
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--config', default=DEFAULT_CONFIG,
-                        help='toy detection config (SN everywhere)')
-    parser.add_argument('--images', type=int, default=480,
-                        help='training images each run sees (default 480)')
+    parser.add_argument(
+        '--config',
+        default=DEFAULT_CONFIG,
+        help='toy detection config (SN everywhere)')
+    parser.add_argument(
+        '--images',
+        type=int,
+        default=480,
+        help='training images each run sees (default 480)')
     parser.add_argument('--batch-sizes', type=int, nargs='+', default=[1, 8])
-    parser.add_argument('--norms', nargs='+', default=['BN', 'SN'],
-                        choices=['BN', 'SN', 'GN'])
+    parser.add_argument(
+        '--norms', nargs='+', default=['BN', 'SN'], choices=['BN', 'SN', 'GN'])
     parser.add_argument('--work-dir', default='work_dirs/batch_size_study')
     parser.add_argument('--seed', type=int, default=0)
     return parser.parse_args(argv)
 
 
 def study_config(args, norm, batch_size):
-    cfg = load_config(args.config,
-                      work_dir=osp.join(args.work_dir,
-                                        f'{norm.lower()}_b{batch_size}'))
+    cfg = load_config(
+        args.config,
+        work_dir=osp.join(args.work_dir, f'{norm.lower()}_b{batch_size}'))
     norm_cfg = dict(type=norm, requires_grad=True)
     if norm == 'GN':
         norm_cfg['num_groups'] = 32

@@ -67,10 +67,15 @@ def measure(name, net, loss_fn, x, repeats, backend):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--repeats', type=int, default=7)
-    parser.add_argument('--size', type=int, default=None,
-                        help='input side (default: 96 seg, 128 det)')
-    parser.add_argument('--backend', default='inductor',
-                        help='torch.compile backend (default: inductor)')
+    parser.add_argument(
+        '--size',
+        type=int,
+        default=None,
+        help='input side (default: 96 seg, 128 det)')
+    parser.add_argument(
+        '--backend',
+        default='inductor',
+        help='torch.compile backend (default: inductor)')
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     print(f'torch {torch.__version__}, {torch.get_num_threads()} threads, '
@@ -88,8 +93,8 @@ def main(argv=None):
     det = build('mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py', 'mmdet')
     x = torch.randn(4, 3, args.size or 128, args.size or 128)
     measure('Mask R-CNN R18-FPN backbone+neck (toy)', det.extract_feat,
-            lambda out: sum((o * o).mean() for o in out), x, args.repeats,
-            args.backend)
+            lambda out: sum(
+                (o * o).mean() for o in out), x, args.repeats, args.backend)
 
 
 if __name__ == '__main__':

@@ -22,16 +22,18 @@ import sn_mm  # noqa: F401
 from sn_mm import SwitchableNorm, fuse_conv_sn
 from sn_mm.testing.timing import median_times
 
-OTHER_CHOICES = [c for c in itertools.product(('in', 'ln', 'bn'), repeat=2)
-                 if c != ('bn', 'bn')]
+OTHER_CHOICES = [
+    c for c in itertools.product(('in', 'ln', 'bn'), repeat=2)
+    if c != ('bn', 'bn')
+]
 ONE_HOT = {'in': [1., 0., 0.], 'ln': [0., 1., 0.], 'bn': [0., 0., 1.]}
 
 
 def build(norm_cfg, seed=0):
     from mmdet.models.backbones import ResNet
     torch.manual_seed(seed)
-    model = ResNet(depth=50, style='pytorch', norm_cfg=norm_cfg,
-                   norm_eval=False)
+    model = ResNet(
+        depth=50, style='pytorch', norm_cfg=norm_cfg, norm_eval=False)
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, SwitchableNorm):
@@ -50,8 +52,8 @@ def make_hard(model):
     """Half the SN layers BN/BN, the rest cycling through the others."""
     layers = [m for m in model.modules() if isinstance(m, SwitchableNorm)]
     for i, m in enumerate(layers):
-        mean, var = (('bn', 'bn') if i % 2 == 0 else
-                     OTHER_CHOICES[(i // 2) % len(OTHER_CHOICES)])
+        mean, var = (('bn', 'bn') if i %
+                     2 == 0 else OTHER_CHOICES[(i // 2) % len(OTHER_CHOICES)])
         m.fix_ratios(ONE_HOT[mean], ONE_HOT[var])
     return sum(i % 2 == 0 for i in range(len(layers))), len(layers)
 
@@ -62,20 +64,30 @@ def eval_times(models, x, repeats):
     with torch.no_grad():
         for model in models.values():
             model(x)  # warm-up
-        return median_times({name: lambda m=model: m(x)
-                             for name, model in models.items()}, repeats)
+        return median_times(
+            {
+                name: lambda m=model: m(x)
+                for name, model in models.items()
+            }, repeats)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--batch', type=int, default=2)
-    parser.add_argument('--size', type=int, default=512,
-                        help='input height and width (default 512)')
+    parser.add_argument(
+        '--size',
+        type=int,
+        default=512,
+        help='input height and width (default 512)')
     args = parser.parse_args(argv)
     from mmcv.cnn import fuse_conv_bn
-    x = torch.randn(args.batch, 3, args.size, args.size,
-                    generator=torch.Generator().manual_seed(0))
+    x = torch.randn(
+        args.batch,
+        3,
+        args.size,
+        args.size,
+        generator=torch.Generator().manual_seed(0))
     bn = fuse_conv_bn(build(dict(type='BN')))
     soft = build(dict(type='SN'))
     hard = build(dict(type='SN'))
@@ -85,13 +97,15 @@ def main(argv=None):
     fused = fuse_conv_sn(hard)
     with torch.no_grad():
         out = fused(x)
-    err = max(float((a - b).abs().max() / b.abs().max())
-              for a, b in zip(out, reference))
-    times = eval_times({
-        'BN after fuse_conv_bn': bn,
-        'SN, soft ratios': soft,
-        'SN, hard ratios after fuse_conv_sn': fused,
-    }, x, args.repeats)
+    err = max(
+        float((a - b).abs().max() / b.abs().max())
+        for a, b in zip(out, reference))
+    times = eval_times(
+        {
+            'BN after fuse_conv_bn': bn,
+            'SN, soft ratios': soft,
+            'SN, hard ratios after fuse_conv_sn': fused,
+        }, x, args.repeats)
     print(f'torch {torch.__version__}, {torch.get_num_threads()} threads, '
           f'ResNet-50 eval, input {tuple(x.shape)}, median of '
           f'{args.repeats}; hard ratios: {num_bn} of {num_layers} SN layers '

@@ -52,15 +52,27 @@ from sn_mm.testing.timing import median_time, median_times, timed
 # back in on the next allocation; which layer pays for that depends on the
 # order of its allocations, and it moved single timings by up to 2x here.
 # A long training process keeps its memory; these settings do the same.
-STEADY_MALLOC = {'MALLOC_MMAP_THRESHOLD_': str(2**32),
-                 'MALLOC_TRIM_THRESHOLD_': str(2**36)}
+STEADY_MALLOC = {
+    'MALLOC_MMAP_THRESHOLD_': str(2**32),
+    'MALLOC_TRIM_THRESHOLD_': str(2**36)
+}
 
-SHAPES = [(2, 256, 200, 304), (2, 512, 100, 152), (2, 1024, 50, 76),
-          (8, 256, 56, 56), (512, 256, 7, 7), (1024, 256, 14, 14),
-          # Small, where a fixed per-call cost shows: FPN's top levels,
-          # RoI heads with few RoIs, batch-1 inference.
-          (1, 64, 8, 8), (1, 256, 7, 7), (16, 256, 7, 7), (1, 2048, 7, 7),
-          (2, 256, 25, 38), (1, 512, 28, 28)]
+SHAPES = [
+    (2, 256, 200, 304),
+    (2, 512, 100, 152),
+    (2, 1024, 50, 76),
+    (8, 256, 56, 56),
+    (512, 256, 7, 7),
+    (1024, 256, 14, 14),
+    # Small, where a fixed per-call cost shows: FPN's top levels,
+    # RoI heads with few RoIs, batch-1 inference.
+    (1, 64, 8, 8),
+    (1, 256, 7, 7),
+    (16, 256, 7, 7),
+    (1, 2048, 7, 7),
+    (2, 256, 25, 38),
+    (1, 512, 28, 28)
+]
 TOY_SHAPES = [(2, 32, 8, 8), (1, 64, 7, 7)]
 
 
@@ -94,13 +106,16 @@ def cpu_model():
             info = f.read()
     except OSError:
         return 'unknown CPU'
-    name = next((line.split(':', 1)[1].strip() for line in info.splitlines()
-                 if line.startswith('model name')), 'unknown CPU')
-    flags = set(next((line.split(':', 1)[1].split()
-                      for line in info.splitlines()
-                      if line.startswith(('flags', 'Features'))), []))
-    simd = [f for f in ('avx512f', 'avx2', 'fma', 'asimd', 'sve')
-            if f in flags]
+    name = next(
+        (line.split(':', 1)[1].strip()
+         for line in info.splitlines() if line.startswith('model name')),
+        'unknown CPU')
+    flags = set(
+        next((line.split(':', 1)[1].split() for line in info.splitlines()
+              if line.startswith(('flags', 'Features'))), []))
+    simd = [
+        f for f in ('avx512f', 'avx2', 'fma', 'asimd', 'sve') if f in flags
+    ]
     return f'{name} ({" ".join(simd) or "no AVX2"})'
 
 
@@ -135,8 +150,7 @@ def saved_bytes(layer, x):
     return sum(storages.values())
 
 
-def bench_shape(makers, shape, repeats, device, dtype='float32',
-                queued=False):
+def bench_shape(makers, shape, repeats, device, dtype='float32', queued=False):
     """Times every layer on one shared input (bf16 under autocast for
     ``dtype='bfloat16'``). Each repeat times all layers in turn, so that
     drift on the machine (other load, clock) reaches every layer alike
@@ -147,29 +161,36 @@ def bench_shape(makers, shape, repeats, device, dtype='float32',
     x = torch.randn(shape, device=device, dtype=getattr(torch, dtype))
     x.requires_grad_()
     grad = torch.randn_like(x)
-    layers = {name: make().to(device).train()
-              for name, make in makers.items()}
-    keys = ['fwd', 'bwd', 'both', 'eval'] + (['both_x10', 'eval_x10']
-                                             if queued else [])
+    layers = {name: make().to(device).train() for name, make in makers.items()}
+    keys = ['fwd', 'bwd', 'both', 'eval'
+            ] + (['both_x10', 'eval_x10'] if queued else [])
     times = {name: {k: [] for k in keys} for name in layers}
 
     def ten(fn):
+
         def run():
             for _ in range(10):
                 fn()
+
         return timed(run) / 10
 
-    with torch.autocast(device, dtype=torch.bfloat16,
-                        enabled=dtype == 'bfloat16'):
+    with torch.autocast(
+            device, dtype=torch.bfloat16, enabled=dtype == 'bfloat16'):
         for layer in layers.values():  # warm-up
             layer(x).backward(grad)
         for _ in range(repeats):
             for name, layer in layers.items():
                 _time_layer(layer, x, grad, times[name], ten, queued)
         x.grad = None
-        return {name: dict({k: statistics.median(v) for k, v in t.items()},
-                           saved=saved_bytes(layers[name], x))
-                for name, t in times.items()}
+        return {
+            name:
+            dict({
+                k: statistics.median(v)
+                for k, v in t.items()
+            },
+                 saved=saved_bytes(layers[name], x))
+            for name, t in times.items()
+        }
 
 
 def _time_layer(layer, x, grad, t, ten, queued):
@@ -194,9 +215,11 @@ def resnet_eval_times(repeats, device):
     GN(32) and SN in every norm layer: the batch-1 inference a fixed cost
     per layer call would show in."""
     from mmdet.models.backbones import ResNet
-    variants = {'BN': dict(type='BN'), 'GN(32)': dict(type='GN',
-                                                      num_groups=32),
-                'SN': dict(type='SN')}
+    variants = {
+        'BN': dict(type='BN'),
+        'GN(32)': dict(type='GN', num_groups=32),
+        'SN': dict(type='SN')
+    }
     x = torch.randn(1, 3, 224, 224, device=device)
     calls = {}
     for name, norm in variants.items():
@@ -241,10 +264,12 @@ def detector_step_times(repeats, device):
         model = MODELS.build(cfg).to(device).train()
         optim = torch.optim.SGD(
             [p for p in model.parameters() if p.requires_grad], lr=1e-4)
-        packed = demo_mm_inputs(batch_size=2,
-                                image_shapes=[(3, 512, 512)] * 2,
-                                num_items=[5, 5], num_classes=80,
-                                with_mask=True)
+        packed = demo_mm_inputs(
+            batch_size=2,
+            image_shapes=[(3, 512, 512)] * 2,
+            num_items=[5, 5],
+            num_classes=80,
+            with_mask=True)
         data = model.data_preprocessor(packed, True)
 
         def step():
@@ -260,6 +285,7 @@ def detector_step_times(repeats, device):
 
 
 # -- the GPU sections -----------------------------------------------------
+
 
 def copy_bandwidth(device, repeats):
     """Device-to-device copy bandwidth in GB/s (bytes read + written)."""
@@ -291,12 +317,15 @@ def two_read_pass(device, shape, repeats, copy_gb_s):
         def ten():
             for _ in range(10):
                 torch.add(a, b, out=out)
+
         ten()
         seconds = median_time(ten, max(repeats, 3)) / 10
-        rows.append(dict(shape='x'.join(map(str, shape)), dtype=dtype,
-                         ms=seconds * 1e3,
-                         bw_fraction=eval_bandwidth(shape, dtype, seconds,
-                                                    copy_gb_s)))
+        rows.append(
+            dict(
+                shape='x'.join(map(str, shape)),
+                dtype=dtype,
+                ms=seconds * 1e3,
+                bw_fraction=eval_bandwidth(shape, dtype, seconds, copy_gb_s)))
     return rows
 
 
@@ -307,16 +336,23 @@ def host_costs(device, repeats=300):
     shape = (1, 64, 8, 8)
     x = torch.randn(shape, device=device, requires_grad=True)
     grad = torch.randn(shape, device=device)
-    layers = {'GN(32)': nn.GroupNorm(32, 64).to(device),
-              'SN': SwitchableNorm(64).to(device),
-              'SN torch': SwitchableNorm(64, kernels='torch').to(device)}
+    layers = {
+        'GN(32)': nn.GroupNorm(32, 64).to(device),
+        'SN': SwitchableNorm(64).to(device),
+        'SN torch': SwitchableNorm(64, kernels='torch').to(device)
+    }
     rows = {}
     for name, layer in layers.items():
+
         def eval_fwd():
             with torch.no_grad():
                 layer(x)
-        calls = {'eval fwd': eval_fwd, 'train fwd': lambda: layer(x),
-                 'train fwd+bwd': lambda: layer(x).backward(grad)}
+
+        calls = {
+            'eval fwd': eval_fwd,
+            'train fwd': lambda: layer(x),
+            'train fwd+bwd': lambda: layer(x).backward(grad)
+        }
         for what, fn in calls.items():
             layer.train(what != 'eval fwd')
             fn()
@@ -340,9 +376,12 @@ def kernel_launches(device, shapes):
                 continue
             layer = make().to(device)
             for mode in ('train', 'eval'):
-                rows.append(dict(shape='x'.join(map(str, shape)),
-                                 layer=name, mode=mode,
-                                 **_launches(layer, x, grad, mode, device)))
+                rows.append(
+                    dict(
+                        shape='x'.join(map(str, shape)),
+                        layer=name,
+                        mode=mode,
+                        **_launches(layer, x, grad, mode, device)))
     return rows
 
 
@@ -358,6 +397,7 @@ def _profiled_kernels(layer, x, grad, mode, device):
         else:
             with torch.no_grad():
                 layer(x)
+
     timed(call)
     with torch.profiler.profile() as prof:
         timed(call)
@@ -375,16 +415,22 @@ def _launches(layer, x, grad, mode, device):
     for name, us in kernels:
         spent[name] = spent.get(name, 0.) + us
     top = sorted(spent.items(), key=lambda kv: -kv[1])[:3]
-    return dict(kernels=len(kernels), us=round(sum(spent.values()), 1),
-                top=[(k[:60], round(v, 1)) for k, v in top])
+    return dict(
+        kernels=len(kernels),
+        us=round(sum(spent.values()), 1),
+        top=[(k[:60], round(v, 1)) for k, v in top])
 
 
 # The detector shapes whose kernels the profile section lists one by one.
 PROFILE_SHAPES = [(2, 1024, 50, 76), (8, 256, 56, 56), (512, 256, 7, 7)]
 # Bytes each of SN's Triton kernels must move, in input-sized arrays: what
 # its achieved bandwidth is counted from.
-SN_KERNEL_ARRAYS = {'_moments_kernel': 1, '_normalize_kernel': 2,
-                    '_grad_sums_kernel': 2, '_input_grad_kernel': 3}
+SN_KERNEL_ARRAYS = {
+    '_moments_kernel': 1,
+    '_normalize_kernel': 2,
+    '_grad_sums_kernel': 2,
+    '_input_grad_kernel': 3
+}
 
 
 def kernel_profile(device, shapes, copy_gb_s):
@@ -403,14 +449,20 @@ def kernel_profile(device, shapes, copy_gb_s):
                 for kernel, us in _profiled_kernels(layer, x, grad, mode,
                                                     device):
                     row = dict(kernel=kernel[:60], us=round(us, 1))
-                    arrays = next((v for k, v in SN_KERNEL_ARRAYS.items()
-                                   if k in kernel), None)
+                    arrays = next(
+                        (v
+                         for k, v in SN_KERNEL_ARRAYS.items() if k in kernel),
+                        None)
                     if arrays and us > 0:
                         gb_s = arrays * x.numel() * 4 / (us * 1e-6) / 1e9
                         row['bw_fraction'] = round(gb_s / copy_gb_s, 2)
                     kernels.append(row)
-                rows.append(dict(shape='x'.join(map(str, shape)), layer=name,
-                                 mode=mode, kernels=kernels))
+                rows.append(
+                    dict(
+                        shape='x'.join(map(str, shape)),
+                        layer=name,
+                        mode=mode,
+                        kernels=kernels))
     return rows
 
 
@@ -426,20 +478,25 @@ def torchvision_mask_rcnn(norm_layer, toy):
                                                           _default_anchorgen)
     from torchvision.models.detection.mask_rcnn import MaskRCNNHeads
     from torchvision.models.detection.rpn import RPNHead
-    backbone = _resnet_fpn_extractor(tv_resnet50(norm_layer=norm_layer), 5,
-                                     norm_layer=norm_layer)
+    backbone = _resnet_fpn_extractor(
+        tv_resnet50(norm_layer=norm_layer), 5, norm_layer=norm_layer)
     anchors = _default_anchorgen()
     channels = backbone.out_channels
-    size = dict(min_size=64, max_size=96, box_batch_size_per_image=32,
-                rpn_post_nms_top_n_train=64) if toy else {}
+    size = dict(
+        min_size=64,
+        max_size=96,
+        box_batch_size_per_image=32,
+        rpn_post_nms_top_n_train=64) if toy else {}
     return MaskRCNN(
-        backbone, num_classes=91, rpn_anchor_generator=anchors,
-        rpn_head=RPNHead(channels, anchors.num_anchors_per_location()[0],
-                         conv_depth=2),
+        backbone,
+        num_classes=91,
+        rpn_anchor_generator=anchors,
+        rpn_head=RPNHead(
+            channels, anchors.num_anchors_per_location()[0], conv_depth=2),
         box_head=FastRCNNConvFCHead((channels, 7, 7), [256] * 4, [1024],
                                     norm_layer=norm_layer),
-        mask_head=MaskRCNNHeads(channels, [256] * 4, 1,
-                                norm_layer=norm_layer), **size)
+        mask_head=MaskRCNNHeads(channels, [256] * 4, 1, norm_layer=norm_layer),
+        **size)
 
 
 def _one_rank_group(device):
@@ -449,9 +506,11 @@ def _one_rank_group(device):
         with socket.socket() as s:
             s.bind(('127.0.0.1', 0))
             port = s.getsockname()[1]
-        dist.init_process_group('nccl' if device == 'cuda' else 'gloo',
-                                init_method=f'tcp://127.0.0.1:{port}',
-                                rank=0, world_size=1)
+        dist.init_process_group(
+            'nccl' if device == 'cuda' else 'gloo',
+            init_method=f'tcp://127.0.0.1:{port}',
+            rank=0,
+            world_size=1)
 
 
 @contextlib.contextmanager
@@ -480,22 +539,28 @@ def route_host_costs(device, rounds=5, calls=300):
 
     def bare(training):
         p, b = layer._parameters, layer._buffers
-        return fused.switchable_norm(
-            x, p['weight'], p['bias'], p['mean_weight'], p['var_weight'],
-            b['running_mean'], b['running_var'], b['num_batches_tracked'],
-            b['ratio_fixed'], b['fixed_ratios'], training, 0.1, 1e-5, True)
+        return fused.switchable_norm(x, p['weight'], p['bias'],
+                                     p['mean_weight'], p['var_weight'],
+                                     b['running_mean'], b['running_var'],
+                                     b['num_batches_tracked'],
+                                     b['ratio_fixed'], b['fixed_ratios'],
+                                     training, 0.1, 1e-5, True)
 
     def variants(training):
-        out = {'layer, operator': ('operator', lambda: layer(x)),
-               'layer, direct': ('direct', lambda: layer(x))}
+        out = {
+            'layer, operator': ('operator', lambda: layer(x)),
+            'layer, direct': ('direct', lambda: layer(x))
+        }
         if fused is not None:
             out['Triton entry point'] = ('direct', lambda: bare(training))
         return out
+
     times = {}
     for mode in ('eval fwd', 'train fwd+bwd'):
         training = mode != 'eval fwd'
         layer.train(training)
         for name, (via, call) in variants(training).items():
+
             def fn(call=call, via=via, training=training):
                 layer.train(training)
                 with cuda_route(via), torch.set_grad_enabled(training):
@@ -503,6 +568,7 @@ def route_host_costs(device, rounds=5, calls=300):
                         y = call()
                         if training:
                             y.backward(grad)
+
             fn()
             times[f'{name} {mode}'] = fn
     per_call = median_times(times, rounds)
@@ -529,9 +595,11 @@ def torchvision_detector_step(device, repeats, toy):
         masks = torch.zeros(4, h, w, dtype=torch.uint8)
         for i, (x0, y0, x1, y1) in enumerate(boxes.int().tolist()):
             masks[i, y0:y1, x0:x1] = 1
-        targets.append(dict(boxes=boxes.to(device),
-                            labels=torch.randint(1, 91, (4, ), generator=gen)
-                            .to(device), masks=masks.to(device)))
+        targets.append(
+            dict(
+                boxes=boxes.to(device),
+                labels=torch.randint(1, 91, (4, ), generator=gen).to(device),
+                masks=masks.to(device)))
     # (name, norm layer, how SN's CUDA calls reach the Triton kernels)
     norms = [('GN(32)', lambda c: nn.GroupNorm(32, c), 'operator'),
              ('SN', SwitchableNorm, 'operator'),
@@ -550,11 +618,14 @@ def torchvision_detector_step(device, repeats, toy):
                 optim.zero_grad(set_to_none=True)
                 loss.backward()
             optim.step()
+
         step()
         steps[name] = step
     times = median_times(steps, repeats, warm=True)
-    return [dict(norm=name, ms=t * 1e3, vs_gn=t / times['GN(32)'])
-            for name, t in times.items()]
+    return [
+        dict(norm=name, ms=t * 1e3, vs_gn=t / times['GN(32)'])
+        for name, t in times.items()
+    ]
 
 
 def resnet50(norm):
@@ -567,11 +638,15 @@ def resnet50(norm):
     except ImportError:
         from mmdet.models.backbones import ResNet
         return nn.Sequential(
-            ResNet(depth=50, norm_cfg=norm['cfg'], norm_eval=False,
-                   out_indices=(3, )), _LastMapHead())
+            ResNet(
+                depth=50,
+                norm_cfg=norm['cfg'],
+                norm_eval=False,
+                out_indices=(3, )), _LastMapHead())
 
 
 class _LastMapHead(nn.Module):
+
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(2048, 1000)
@@ -581,12 +656,18 @@ class _LastMapHead(nn.Module):
 
 
 RESNET_NORMS = {
-    'BN': dict(layer=nn.BatchNorm2d, cfg=dict(type='BN')),
-    'GN(32)': dict(layer=lambda c: nn.GroupNorm(32, c),
-                   cfg=dict(type='GN', num_groups=32)),
-    'SN': dict(layer=SwitchableNorm, cfg=dict(type='SN')),
-    'SN torch': dict(layer=lambda c: SwitchableNorm(c, kernels='torch'),
-                     cfg=dict(type='SN', kernels='torch')),
+    'BN':
+    dict(layer=nn.BatchNorm2d, cfg=dict(type='BN')),
+    'GN(32)':
+    dict(
+        layer=lambda c: nn.GroupNorm(32, c),
+        cfg=dict(type='GN', num_groups=32)),
+    'SN':
+    dict(layer=SwitchableNorm, cfg=dict(type='SN')),
+    'SN torch':
+    dict(
+        layer=lambda c: SwitchableNorm(c, kernels='torch'),
+        cfg=dict(type='SN', kernels='torch')),
 }
 
 
@@ -594,8 +675,9 @@ def resnet_step_times(device, repeats, batch, size):
     """A ResNet-50 training step (bf16 autocast, channels_last, SGD) with
     each norm in every norm layer."""
     torch.manual_seed(0)
-    x = torch.randn(batch, 3, size, size, device=device).to(
-        memory_format=torch.channels_last)
+    x = torch.randn(
+        batch, 3, size, size,
+        device=device).to(memory_format=torch.channels_last)
     target = torch.randint(0, 1000, (batch, ), device=device)
     steps = {}
     for name, norm in RESNET_NORMS.items():
@@ -611,41 +693,65 @@ def resnet_step_times(device, repeats, batch, size):
             optim.zero_grad(set_to_none=True)
             loss.backward()
             optim.step()
+
         for _ in range(2):
             step()
         steps[name] = step
     times = median_times(steps, repeats, warm=True)
-    return [dict(norm=name, ms=t * 1e3, vs_gn=t / times['GN(32)'])
-            for name, t in times.items()]
+    return [
+        dict(norm=name, ms=t * 1e3, vs_gn=t / times['GN(32)'])
+        for name, t in times.items()
+    ]
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--repeats', type=int, default=5)
-    parser.add_argument('--shapes', type=int, nargs='*',
-                        help='indices into the shape list (default: all)')
-    parser.add_argument('--toy', action='store_true',
-                        help='two toy shapes and small networks (to test '
-                        'the tool, not to measure)')
-    parser.add_argument('--skip-detector', action='store_true')
-    parser.add_argument('--skip-resnet', action='store_true',
-                        help='skip the batch-1 ResNet-50 eval table')
-    parser.add_argument('--threads', type=int, default=None,
-                        help='torch threads (default: torch\'s choice)')
-    parser.add_argument('--device', choices=['cpu', 'cuda'], default='cpu',
-                        help='cuda: time on the GPU, with the GPU sections')
-    parser.add_argument('--gpu-sections', action='store_true',
-                        help='the GPU sections on the CPU too')
-    parser.add_argument('--json', default=None,
-                        help='write every figure to this JSON file')
-    parser.add_argument('--group-sn', action='store_true',
-                        help='instead of the other tables: group SN '
-                        '(ratio_groups 2 and 32) against SN at each shape')
-    parser.add_argument('--cpu-isa', choices=['avx512', 'avx2', 'baseline'],
-                        help='instruction set of SN\'s C++ kernels (default: '
-                        '$SN_MM_CPU_ISA, else the best this CPU has)')
     parser.add_argument(
-        '--allocator', choices=['steady', 'system'], default='steady',
+        '--shapes',
+        type=int,
+        nargs='*',
+        help='indices into the shape list (default: all)')
+    parser.add_argument(
+        '--toy',
+        action='store_true',
+        help='two toy shapes and small networks (to test '
+        'the tool, not to measure)')
+    parser.add_argument('--skip-detector', action='store_true')
+    parser.add_argument(
+        '--skip-resnet',
+        action='store_true',
+        help='skip the batch-1 ResNet-50 eval table')
+    parser.add_argument(
+        '--threads',
+        type=int,
+        default=None,
+        help='torch threads (default: torch\'s choice)')
+    parser.add_argument(
+        '--device',
+        choices=['cpu', 'cuda'],
+        default='cpu',
+        help='cuda: time on the GPU, with the GPU sections')
+    parser.add_argument(
+        '--gpu-sections',
+        action='store_true',
+        help='the GPU sections on the CPU too')
+    parser.add_argument(
+        '--json', default=None, help='write every figure to this JSON file')
+    parser.add_argument(
+        '--group-sn',
+        action='store_true',
+        help='instead of the other tables: group SN '
+        '(ratio_groups 2 and 32) against SN at each shape')
+    parser.add_argument(
+        '--cpu-isa',
+        choices=['avx512', 'avx2', 'baseline'],
+        help='instruction set of SN\'s C++ kernels (default: '
+        '$SN_MM_CPU_ISA, else the best this CPU has)')
+    parser.add_argument(
+        '--allocator',
+        choices=['steady', 'system'],
+        default='steady',
         help='steady (default): restart under glibc malloc settings that '
         'keep freed memory in the process, as a long training run does; '
         'system: the malloc settings as found')
@@ -662,20 +768,26 @@ def layer_section(args, shapes, report):
         report['copy_gb_s'] = copy_bandwidth(args.device, args.repeats)
     dtypes = ('float32', 'bfloat16') if gpu else ('float32', )
     print('| shape | dtype | layer | forward ms | backward ms | fwd+bwd ms | '
-          'eval fwd ms | saved for backward MB |'
-          + (' fwd+bwd, 10 queued ms | eval, 10 queued ms | eval / copy '
-             'bandwidth |' if gpu else ''))
+          'eval fwd ms | saved for backward MB |' +
+          (' fwd+bwd, 10 queued ms | eval, 10 queued ms | eval / copy '
+           'bandwidth |' if gpu else ''))
     print('|---' * (11 if gpu else 8) + '|')
     rows = report.setdefault('layers', [])
     for dtype in dtypes:
         for shape in shapes:
-            res = bench_shape(norm_layers(shape[1], args.device), shape,
-                              args.repeats, args.device, dtype, gpu)
+            res = bench_shape(
+                norm_layers(shape[1], args.device), shape, args.repeats,
+                args.device, dtype, gpu)
             for name, r in res.items():
-                row = dict(shape='x'.join(map(str, shape)), dtype=dtype,
-                           layer=name, **{k: v * 1e3 for k, v in r.items()
-                                          if k != 'saved'},
-                           saved_mb=r['saved'] / 2**20)
+                row = dict(
+                    shape='x'.join(map(str, shape)),
+                    dtype=dtype,
+                    layer=name,
+                    **{
+                        k: v * 1e3
+                        for k, v in r.items() if k != 'saved'
+                    },
+                    saved_mb=r['saved'] / 2**20)
                 if gpu:
                     row['eval_bw_fraction'] = eval_bandwidth(
                         shape, dtype, r['eval_x10'], report['copy_gb_s'])
@@ -702,15 +814,22 @@ def group_sn_section(args, shapes, report):
         res = bench_shape(makers, shape, args.repeats, args.device)
         sn = res['SN']
         for name, r in res.items():
-            row = dict(shape='x'.join(map(str, shape)), layer=name,
-                       **{k: v * 1e3 for k, v in r.items() if k != 'saved'},
-                       both_vs_sn=r['both'] / sn['both'],
-                       eval_vs_sn=r['eval'] / sn['eval'])
+            row = dict(
+                shape='x'.join(map(str, shape)),
+                layer=name,
+                **{
+                    k: v * 1e3
+                    for k, v in r.items() if k != 'saved'
+                },
+                both_vs_sn=r['both'] / sn['both'],
+                eval_vs_sn=r['eval'] / sn['eval'])
             rows.append(row)
-            print(f'| {row["shape"]} | float32 | {name} | {row["fwd"]:.2f} | '
-                  f'{row["bwd"]:.2f} | {row["both"]:.2f} | '
-                  f'{row["eval"]:.2f} | {row["both_vs_sn"]:.2f} | '
-                  f'{row["eval_vs_sn"]:.2f} |', flush=True)
+            print(
+                f'| {row["shape"]} | float32 | {name} | {row["fwd"]:.2f} | '
+                f'{row["bwd"]:.2f} | {row["both"]:.2f} | '
+                f'{row["eval"]:.2f} | {row["both_vs_sn"]:.2f} | '
+                f'{row["eval_vs_sn"]:.2f} |',
+                flush=True)
 
 
 def _layer_row(r, gpu):
@@ -727,8 +846,8 @@ def print_ratios(rows):
     by_key = {(r['shape'], r['dtype'], r['layer']): r for r in rows}
     queued = 'both_x10' in rows[0]
     print('\n| shape | dtype | SN/GN fwd+bwd | SN/GN eval fwd | SN/naive '
-          'fwd+bwd | SN/BN saved bytes | SN eval/train fwd |'
-          + (' SN/GN fwd+bwd, 10 queued |' if queued else ''))
+          'fwd+bwd | SN/BN saved bytes | SN eval/train fwd |' +
+          (' SN/GN fwd+bwd, 10 queued |' if queued else ''))
     print('|---' * (8 if queued else 7) + '|')
     for (shape, dtype, layer), sn in by_key.items():
         if layer != 'SN':
@@ -737,12 +856,11 @@ def print_ratios(rows):
         naive = by_key.get((shape, dtype, 'naive SN'))
         bn = by_key[(shape, dtype, 'BN')]
         print(f'| {shape} | {dtype} | {sn["both"] / gn["both"]:.2f} | '
-              f'{sn["eval"] / gn["eval"]:.2f} | '
-              + (f'{sn["both"] / naive["both"]:.2f}' if naive else '-')
-              + f' | {sn["saved_mb"] / bn["saved_mb"]:.2f} | '
-              f'{sn["eval"] / sn["fwd"]:.2f} |'
-              + (f' {sn["both_x10"] / gn["both_x10"]:.2f} |'
-                 if queued else ''))
+              f'{sn["eval"] / gn["eval"]:.2f} | ' +
+              (f'{sn["both"] / naive["both"]:.2f}' if naive else '-') +
+              f' | {sn["saved_mb"] / bn["saved_mb"]:.2f} | '
+              f'{sn["eval"] / sn["fwd"]:.2f} |' +
+              (f' {sn["both_x10"] / gn["both_x10"]:.2f} |' if queued else ''))
 
 
 def gpu_sections(args, shapes, report):
@@ -762,8 +880,10 @@ def gpu_sections(args, shapes, report):
     print(f'\nHost microseconds per call at 1x64x8x8: {report["host_us"]}')
     report['route_host_us'] = route_host_costs(device, 3 if toy else 5,
                                                20 if toy else 300)
-    print('Same, SN by route (alternating rounds): '
-          f'{report["route_host_us"]}', flush=True)
+    print(
+        'Same, SN by route (alternating rounds): '
+        f'{report["route_host_us"]}',
+        flush=True)
     report['launches'] = kernel_launches(device, shapes)
     for r in report['launches']:
         print(f'  launches: {r}')
@@ -774,8 +894,8 @@ def gpu_sections(args, shapes, report):
           'kernels: fraction of copy bandwidth):')
     for r in report['kernel_profile']:
         print(f'  {r["shape"]} {r["layer"]} {r["mode"]}: ' + ', '.join(
-            f'{k["kernel"]} {k["us"]}' + (f' ({k["bw_fraction"]})'
-                                          if 'bw_fraction' in k else '')
+            f'{k["kernel"]} {k["us"]}' +
+            (f' ({k["bw_fraction"]})' if 'bw_fraction' in k else '')
             for k in r['kernels']))
     rows = torchvision_detector_step(device, max(args.repeats // 2, 1), toy)
     report['mask_rcnn_step'] = rows
@@ -822,12 +942,15 @@ def main(argv=None):
     if args.allocator == 'steady' and any(
             os.environ.get(k) != v for k, v in STEADY_MALLOC.items()):
         # glibc reads these once, at process start.
-        os.execve(sys.executable, [sys.executable] + sys.argv,
-                  {**os.environ, **STEADY_MALLOC})
+        os.execve(sys.executable, [sys.executable] + sys.argv, {
+            **os.environ,
+            **STEADY_MALLOC
+        })
     if args.threads:
         torch.set_num_threads(args.threads)
-    shapes = (TOY_SHAPES if args.toy else
-              [SHAPES[i] for i in args.shapes] if args.shapes else SHAPES)
+    shapes = (
+        TOY_SHAPES if args.toy else
+        [SHAPES[i] for i in args.shapes] if args.shapes else SHAPES)
     if args.device == 'cuda':
         where = (f'{torch.cuda.get_device_name()}, SN kernels: '
                  f'{default_kernels()}')
@@ -848,8 +971,7 @@ def main(argv=None):
         gpu_sections(args, shapes, report)
     model_sections(args, report)
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)),
-                    exist_ok=True)
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, 'w') as f:
             json.dump(report, f, indent=1)
     return report

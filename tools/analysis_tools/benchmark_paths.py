@@ -2,8 +2,9 @@
 """A/B of the C++ kernels' special paths, per instruction set.
 
 Each special path (``sn_mm.ops.cpu_path_counts``: short rows taken several
-at a time, eval by sample) is timed on and off at the detector shapes where it applies, SN's
-eval forward and training forward+backward, in alternating rounds (each
+at a time, eval by sample) is timed on and off at the detector shapes where
+it applies, SN's eval forward and (where the path applies there) training
+forward+backward, in alternating rounds (each
 round starting one candidate further along), under every instruction set
 this CPU runs (or those given). Prints one table: the median times, the
 ratio off/on (above 1: the path pays) and the calls that took the path,
@@ -39,16 +40,26 @@ TOY_SHAPES = {'short_rows': [(8, 16, 7, 7)], 'by_sample': [(8, 64, 24, 24)]}
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--rounds', type=int, default=5,
-                        help='alternating rounds (medians; at least 3)')
-    parser.add_argument('--isa', nargs='*', default=None,
-                        help='instruction sets (default: every one this '
-                        'CPU runs)')
-    parser.add_argument('--path', nargs='*', choices=list(PATH_SHAPES),
-                        default=None, help='paths (default: all)')
+    parser.add_argument(
+        '--rounds',
+        type=int,
+        default=5,
+        help='alternating rounds (medians; at least 3)')
+    parser.add_argument(
+        '--isa',
+        nargs='*',
+        default=None,
+        help='instruction sets (default: every one this '
+        'CPU runs)')
+    parser.add_argument(
+        '--path',
+        nargs='*',
+        choices=list(PATH_SHAPES),
+        default=None,
+        help='paths (default: all)')
     parser.add_argument('--threads', type=int, default=None)
-    parser.add_argument('--toy', action='store_true',
-                        help='small shapes (to test the tool)')
+    parser.add_argument(
+        '--toy', action='store_true', help='small shapes (to test the tool)')
     parser.add_argument('--json', default=None)
     return parser.parse_args(argv)
 
@@ -60,12 +71,15 @@ def calls(shape, mode):
     x = torch.randn(shape, requires_grad=mode == 'train')
     grad = torch.randn(shape)
     if mode == 'eval':
+
         def call():
             with torch.no_grad():
                 layer(x)
     else:
+
         def call():
             layer(x).backward(grad)
+
     return call
 
 
@@ -76,12 +90,15 @@ def ab(path, shape, mode, rounds):
     taken = {}
 
     def variant(on):
+
         def run():
             set_cpu_path(path, on)
             before = cpu_path_counts()[path]
             call()
             taken[on] = taken.get(on, 0) + cpu_path_counts()[path] - before
+
         return run
+
     fns = {'on': variant(True), 'off': variant(False)}
     for fn in fns.values():
         fn()  # warm-up
@@ -116,16 +133,22 @@ def main(argv=None):
                     for mode in MODES[path]:
                         on, off, n_on, n_off = ab(path, shape, mode,
                                                   args.rounds)
-                        row = dict(path=path, isa=isa,
-                                   shape='x'.join(map(str, shape)),
-                                   mode=mode, on_ms=on * 1e3,
-                                   off_ms=off * 1e3, gain=off / on,
-                                   taken_on=n_on, taken_off=n_off)
+                        row = dict(
+                            path=path,
+                            isa=isa,
+                            shape='x'.join(map(str, shape)),
+                            mode=mode,
+                            on_ms=on * 1e3,
+                            off_ms=off * 1e3,
+                            gain=off / on,
+                            taken_on=n_on,
+                            taken_off=n_off)
                         rows.append(row)
-                        print(f'| {path} | {isa} | {row["shape"]} | {mode} '
-                              f'| {row["on_ms"]:.3f} | {row["off_ms"]:.3f} '
-                              f'| {row["gain"]:.2f} | {n_on}, {n_off} |',
-                              flush=True)
+                        print(
+                            f'| {path} | {isa} | {row["shape"]} | {mode} '
+                            f'| {row["on_ms"]:.3f} | {row["off_ms"]:.3f} '
+                            f'| {row["gain"]:.2f} | {n_on}, {n_off} |',
+                            flush=True)
     finally:
         set_cpu_isa(before)
     if args.json:

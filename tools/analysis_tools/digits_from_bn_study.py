@@ -39,8 +39,9 @@ def bn_ratios(model):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    add_digits_arguments(parser, 'finetuning epochs (the BN source trains '
-                         'as many at batch 32)')
+    add_digits_arguments(
+        parser, 'finetuning epochs (the BN source trains '
+        'as many at batch 32)')
     return parser.parse_args(argv)
 
 
@@ -48,8 +49,8 @@ def main(argv=None):
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     train_set, test_set = load_digits_split(args.seed)
-    source = train_digits(DigitsCNN('BN'), train_set, 32, args.epochs,
-                          args.lr, args.seed)
+    source = train_digits(
+        DigitsCNN('BN'), train_set, 32, args.epochs, args.lr, args.seed)
     print(f'BN source, batch 32, {args.epochs} epochs: test accuracy '
           f'{digits_accuracy(source, test_set):.3f}\n')
     print('| network | start | finetuning batch | test accuracy | '
@@ -64,21 +65,27 @@ def main(argv=None):
             if start == 'BN source':
                 model.load_state_dict(source.state_dict())
             elif start != 'scratch':
-                model.load_state_dict(sn_state_from(
-                    model, source.state_dict(), start)[0])
+                model.load_state_dict(
+                    sn_state_from(model, source.state_dict(), start)[0])
             train_digits(model, train_set, batch, args.epochs,
                          args.lr * batch / 32, args.seed + 2)
-            row = dict(network='BN' if start == 'BN source' else 'SN',
-                       start={'BN source': 'the BN source',
-                              'uniform': 'BN source, ratios=uniform',
-                              'source': 'BN source, ratios=source',
-                              'scratch': 'scratch'}[start],
-                       batch=batch, accuracy=digits_accuracy(model, test_set),
-                       ratios=bn_ratios(model))
+            row = dict(
+                network='BN' if start == 'BN source' else 'SN',
+                start={
+                    'BN source': 'the BN source',
+                    'uniform': 'BN source, ratios=uniform',
+                    'source': 'BN source, ratios=source',
+                    'scratch': 'scratch'
+                }[start],
+                batch=batch,
+                accuracy=digits_accuracy(model, test_set),
+                ratios=bn_ratios(model))
             rows.append(row)
-            print(f'| {row["network"]} | {row["start"]} | {batch} | '
-                  f'{row["accuracy"]:.3f} | {row["ratios"][0]} | '
-                  f'{row["ratios"][1]} |', flush=True)
+            print(
+                f'| {row["network"]} | {row["start"]} | {batch} | '
+                f'{row["accuracy"]:.3f} | {row["ratios"][0]} | '
+                f'{row["ratios"][1]} |',
+                flush=True)
     return rows
 
 

@@ -48,8 +48,11 @@ def group_spread(model):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     add_digits_arguments(parser, 'training epochs')
-    parser.add_argument('--groups', nargs='+', default=['1', '2', '4', 'C'],
-                        help="ratio_groups values; 'C': one per channel")
+    parser.add_argument(
+        '--groups',
+        nargs='+',
+        default=['1', '2', '4', 'C'],
+        help="ratio_groups values; 'C': one per channel")
     return parser.parse_args(argv)
 
 
@@ -67,15 +70,19 @@ def main(argv=None):
             train_digits(model, train_set, batch, args.epochs,
                          args.lr * batch / 32, args.seed + 2)
             avg = average_ratios(sn_ratios(model))
-            row = dict(groups=groups, batch=batch,
-                       accuracy=digits_accuracy(model, test_set),
-                       bn=(avg['mean']['bn'], avg['var']['bn']),
-                       spread=group_spread(model))
+            row = dict(
+                groups=groups,
+                batch=batch,
+                accuracy=digits_accuracy(model, test_set),
+                bn=(avg['mean']['bn'], avg['var']['bn']),
+                spread=group_spread(model))
             rows.append(row)
-            print(f'| {groups} | {batch} | {row["accuracy"]:.3f} | '
-                  f'{row["bn"][0]:.3f} | {row["bn"][1]:.3f} | '
-                  f'{row["spread"]["mean"]:.3f} | '
-                  f'{row["spread"]["var"]:.3f} |', flush=True)
+            print(
+                f'| {groups} | {batch} | {row["accuracy"]:.3f} | '
+                f'{row["bn"][0]:.3f} | {row["bn"][1]:.3f} | '
+                f'{row["spread"]["mean"]:.3f} | '
+                f'{row["spread"]["var"]:.3f} |',
+                flush=True)
     return rows
 
 

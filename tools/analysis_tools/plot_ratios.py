@@ -20,8 +20,10 @@ checkpoints you trust.
 
 Example::
 
-    python tools/analysis_tools/plot_ratios.py work_dirs/demo/iter_100.pth --out ratios.png
-    python tools/analysis_tools/plot_ratios.py hard.pth --hard --compare soft.pth
+    python tools/analysis_tools/plot_ratios.py work_dirs/demo/iter_100.pth \\
+        --out ratios.png
+    python tools/analysis_tools/plot_ratios.py hard.pth --hard \\
+        --compare soft.pth
 """
 import argparse
 import sys
@@ -42,17 +44,25 @@ COLOURS = {'in': '#4c72b0', 'ln': '#dd8452', 'bn': '#55a868'}
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('checkpoint', help='checkpoint with SN layers')
-    parser.add_argument('--out', default='ratios.png',
-                        help='figure file (default: ratios.png)')
-    parser.add_argument('--hard', action='store_true',
-                        help='the hard-ratio view (the paper\'s Fig. 8): '
-                        'the normaliser each layer picks for mean and var')
-    parser.add_argument('--compare', metavar='OTHER',
-                        help='with --hard: count the layers whose choice '
-                        'differs in this other checkpoint')
-    parser.add_argument('--groups', action='store_true',
-                        help='group SN layers: a bar per group (default: '
-                        'each layer\'s average over its groups)')
+    parser.add_argument(
+        '--out',
+        default='ratios.png',
+        help='figure file (default: ratios.png)')
+    parser.add_argument(
+        '--hard',
+        action='store_true',
+        help='the hard-ratio view (the paper\'s Fig. 8): '
+        'the normaliser each layer picks for mean and var')
+    parser.add_argument(
+        '--compare',
+        metavar='OTHER',
+        help='with --hard: count the layers whose choice '
+        'differs in this other checkpoint')
+    parser.add_argument(
+        '--groups',
+        action='store_true',
+        help='group SN layers: a bar per group (default: '
+        'each layer\'s average over its groups)')
     return parser.parse_args(argv)
 
 
@@ -79,15 +89,15 @@ def print_table(ratios, kls):
               ''.join(f'  var_{t:<3}' for t in TERMS) + '  sym_KL')
     print(header)
     for (name, r), kl in zip(ratios.items(), kls):
-        print(f'{name:<40}' +
-              ''.join(f' {r["mean"].get(t, 0.):8.3f}' for t in TERMS) +
-              ''.join(f' {r["var"].get(t, 0.):8.3f}' for t in TERMS) +
-              f' {kl:7.3f}')
+        print(f'{name:<40}' + ''.join(f' {r["mean"].get(t, 0.):8.3f}'
+                                      for t in TERMS) +
+              ''.join(f' {r["var"].get(t, 0.):8.3f}'
+                      for t in TERMS) + f' {kl:7.3f}')
     avg = average_ratios(ratios)
-    print(f'{"model average":<40}' +
-          ''.join(f' {avg["mean"][t]:8.3f}' for t in TERMS) +
-          ''.join(f' {avg["var"][t]:8.3f}' for t in TERMS) +
-          f' {sum(kls) / len(kls):7.3f}')
+    print(f'{"model average":<40}' + ''.join(f' {avg["mean"][t]:8.3f}'
+                                             for t in TERMS) +
+          ''.join(f' {avg["var"][t]:8.3f}'
+                  for t in TERMS) + f' {sum(kls) / len(kls):7.3f}')
 
 
 def make_figure(ratios, kls, title):
@@ -96,14 +106,19 @@ def make_figure(ratios, kls, title):
     symmetric KL divergences."""
     names = list(ratios)
     x = range(len(names))
-    fig, axes = plt.subplots(3, 1, figsize=(max(8, 0.22 * len(names)), 9),
-                             sharex=True)
+    fig, axes = plt.subplots(
+        3, 1, figsize=(max(8, 0.22 * len(names)), 9), sharex=True)
     for ax, stat in zip(axes[:2], ('mean', 'var')):
         bottom = [0.] * len(names)
         for term in TERMS:
             values = [ratios[n][stat].get(term, 0.) for n in names]
-            ax.bar(x, values, bottom=bottom, color=COLOURS[term],
-                   label=term.upper(), width=0.85)
+            ax.bar(
+                x,
+                values,
+                bottom=bottom,
+                color=COLOURS[term],
+                label=term.upper(),
+                width=0.85)
             bottom = [b + v for b, v in zip(bottom, values)]
         ax.set_ylim(0, 1)
         ax.set_ylabel(f'{stat} ratios')
@@ -124,8 +139,11 @@ def plot(ratios, kls, out, title):
 
 
 HARD_CODES = {t: i for i, t in enumerate(TERMS)}
-KIND_MARKERS = {'3x3': ('^', '3x3 conv'), '1x1': ('o', '1x1 conv'),
-                'shortcut': ('s', 'shortcut')}
+KIND_MARKERS = {
+    '3x3': ('^', '3x3 conv'),
+    '1x1': ('o', '1x1 conv'),
+    'shortcut': ('s', 'shortcut')
+}
 
 
 def make_hard_figure(choices, kinds, title):
@@ -137,23 +155,35 @@ def make_hard_figure(choices, kinds, title):
     grid = [[HARD_CODES[choices[n][stat]] for n in names]
             for stat in ('mean', 'var')]
     fig, ax = plt.subplots(figsize=(max(8, 0.22 * len(names)), 3.2))
-    ax.imshow(grid, aspect='auto', vmin=0, vmax=len(TERMS) - 1,
-              cmap=ListedColormap([COLOURS[t] for t in TERMS]),
-              interpolation='nearest')
+    ax.imshow(
+        grid,
+        aspect='auto',
+        vmin=0,
+        vmax=len(TERMS) - 1,
+        cmap=ListedColormap([COLOURS[t] for t in TERMS]),
+        interpolation='nearest')
     ax.set_yticks([0, 1])
     ax.set_yticklabels(['mean', 'var'])
     for kind, (marker, label) in KIND_MARKERS.items():
         xs = [i for i, n in enumerate(names) if kinds[n] == kind]
         if xs:
-            ax.scatter(xs, [-0.8] * len(xs), marker=marker, color='k', s=12,
-                       label=label, clip_on=False)
+            ax.scatter(
+                xs, [-0.8] * len(xs),
+                marker=marker,
+                color='k',
+                s=12,
+                label=label,
+                clip_on=False)
     ax.set_ylim(1.5, -1.2)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=90, fontsize=6)
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLOURS[t]) for t in TERMS]
     markers, labels = ax.get_legend_handles_labels()
-    ax.legend(handles + markers, [t.upper() for t in TERMS] + labels,
-              loc='upper left', bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    ax.legend(
+        handles + markers, [t.upper() for t in TERMS] + labels,
+        loc='upper left',
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize=7)
     ax.set_title(title)
     fig.tight_layout()
     return fig
@@ -179,8 +209,8 @@ def hard_view(args, state):
     print(f'{differ} of {len(choices)} layers choose a different normaliser '
           'for the mean than for the variance')
     if args.compare:
-        other = hard_choices(sn_ratios(load_state(args.compare),
-                                       per_group=args.groups))
+        other = hard_choices(
+            sn_ratios(load_state(args.compare), per_group=args.groups))
         common = [n for n in choices if n in other]
         moved = sum(choices[n] != other[n] for n in common)
         print(f'{moved} of {len(common)} layers changed their choice '

@@ -18,13 +18,22 @@ import os
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--shape', type=int, nargs=4,
-                        default=[8, 32, 16, 16], metavar=('N', 'C', 'H', 'W'))
-    parser.add_argument('--steps', type=int, default=10,
-                        help='training steps before eval (default: 10)')
-    parser.add_argument('--kernels', nargs='+',
-                        default=['native', 'triton', 'torch'],
-                        choices=['native', 'triton', 'torch'])
+    parser.add_argument(
+        '--shape',
+        type=int,
+        nargs=4,
+        default=[8, 32, 16, 16],
+        metavar=('N', 'C', 'H', 'W'))
+    parser.add_argument(
+        '--steps',
+        type=int,
+        default=10,
+        help='training steps before eval (default: 10)')
+    parser.add_argument(
+        '--kernels',
+        nargs='+',
+        default=['native', 'triton', 'torch'],
+        choices=['native', 'triton', 'torch'])
     return parser.parse_args(argv)
 
 
@@ -35,6 +44,7 @@ def main(argv=None):
         if not torch.cuda.is_available():  # before sn_mm reads it
             os.environ.setdefault('TRITON_INTERPRET', '1')
     import torch
+
     from sn_mm import SwitchableNorm
     from sn_mm.testing.precision import (METRICS, OFFSETS, SPREADS,
                                          float32_errors, offset_inputs,
@@ -54,20 +64,30 @@ def main(argv=None):
     print('|---' * (len(layers) + 4) + '|')
     for offset in OFFSETS:
         for spread in SPREADS:
-            inputs = [x.to(device) for x in offset_inputs(
-                shape, offset, spread, args.steps + 1)]
-            errors = {name: float32_errors(
-                lambda make=make: make().to(device), inputs, offset, spread)
-                for name, make in layers.items()}
+            inputs = [
+                x.to(device)
+                for x in offset_inputs(shape, offset, spread, args.steps + 1)
+            ]
+            errors = {
+                name:
+                float32_errors(
+                    lambda make=make: make().to(device),
+                    inputs,
+                    offset,
+                    spread)
+                for name, make in layers.items()
+            }
             for metric in METRICS:
                 theirs = ['BN'] if metric.startswith('running') else [
-                    'BN', 'IN', 'LN']
+                    'BN', 'IN', 'LN'
+                ]
                 worst = max(errors[n][metric] for n in theirs)
                 ours = max(errors[n][metric] for n in layers
                            if n.startswith('SN'))
-                cells = ['-' if metric.startswith('running') and n in (
-                    'IN', 'LN') else f'{errors[n][metric]:.1e}'
-                    for n in layers]
+                cells = [
+                    '-' if metric.startswith('running') and n in ('IN', 'LN')
+                    else f'{errors[n][metric]:.1e}' for n in layers
+                ]
                 print(f'| {offset:.0e} | {spread:.0e} | {metric} | ' +
                       ' | '.join(cells) + f' | {ours / worst:.2f} |')
 

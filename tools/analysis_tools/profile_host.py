@@ -25,15 +25,19 @@ from sn_mm.ops.operator import CUDA_ROUTE
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--device', default='cpu',
-                        help='device of the layer and input (default cpu)')
+    parser.add_argument(
+        '--device',
+        default='cpu',
+        help='device of the layer and input (default cpu)')
     parser.add_argument('--shape', type=int, nargs='+', default=[1, 64, 8, 8])
     parser.add_argument('--calls', type=int, default=200)
-    parser.add_argument('--route', choices=['operator', 'direct'],
-                        default='operator',
-                        help='how CUDA calls reach the Triton kernels')
-    parser.add_argument('--top', type=int, default=25,
-                        help='functions to print per mode')
+    parser.add_argument(
+        '--route',
+        choices=['operator', 'direct'],
+        default='operator',
+        help='how CUDA calls reach the Triton kernels')
+    parser.add_argument(
+        '--top', type=int, default=25, help='functions to print per mode')
     return parser.parse_args(argv)
 
 
@@ -49,6 +53,7 @@ def profile(layer, x, grad, training, calls, top):
                     y.backward(grad)
         if x.is_cuda:
             torch.cuda.synchronize()
+
     run()  # warm-up: compilation, caches
     prof = cProfile.Profile()
     prof.runcall(run)
@@ -65,8 +70,9 @@ def main(argv=None):
     layer = SwitchableNorm(args.shape[1]).to(args.device)
     for training in (True, False):
         mode = 'training forward+backward' if training else 'eval forward'
-        print(f'# {mode}, {args.calls} calls at {"x".join(map(str, args.shape))}'
-              f' on {args.device}, route {args.route}')
+        print(
+            f'# {mode}, {args.calls} calls at {"x".join(map(str, args.shape))}'
+            f' on {args.device}, route {args.route}')
         print(profile(layer, x, grad, training, args.calls, args.top))
 
 

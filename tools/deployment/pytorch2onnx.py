@@ -51,18 +51,26 @@ class Exported(nn.Module):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('config', help='mmdet or mmseg config')
-    parser.add_argument('checkpoint',
-                        help='checkpoint, or "none" for the initial weights')
+    parser.add_argument(
+        'checkpoint', help='checkpoint, or "none" for the initial weights')
     parser.add_argument('--out', required=True, help='the .onnx file')
-    parser.add_argument('--shape', type=int, nargs=2, default=[512, 512],
-                        metavar=('H', 'W'), help='input height and width '
-                        '(default: 512 512)')
+    parser.add_argument(
+        '--shape',
+        type=int,
+        nargs=2,
+        default=[512, 512],
+        metavar=('H', 'W'),
+        help='input height and width '
+        '(default: 512 512)')
     parser.add_argument('--batch', type=int, default=1)
-    parser.add_argument('--exporter', choices=['dynamo', 'torchscript'],
-                        default='dynamo', help='torch.onnx.export\'s '
-                        'dynamo=True (default) or its TorchScript exporter')
-    parser.add_argument('--force', action='store_true',
-                        help='overwrite --out if it exists')
+    parser.add_argument(
+        '--exporter',
+        choices=['dynamo', 'torchscript'],
+        default='dynamo',
+        help='torch.onnx.export\'s '
+        'dynamo=True (default) or its TorchScript exporter')
+    parser.add_argument(
+        '--force', action='store_true', help='overwrite --out if it exists')
     return parser.parse_args(argv)
 
 
@@ -98,28 +106,31 @@ def main(argv=None):
                  'pip install onnxruntime')
     cfg = load_config(args.config)
     model, kind = build(cfg, args.checkpoint)
-    x = torch.randn(args.batch, 3, *args.shape,
-                    generator=torch.Generator().manual_seed(0))
+    x = torch.randn(
+        args.batch, 3, *args.shape, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = model(x)
     expected = expected if isinstance(expected, tuple) else (expected, )
     try:
         if args.exporter == 'dynamo':
-            torch.onnx.export(model, (x, ), args.out, dynamo=True,
-                              input_names=['input'])
+            torch.onnx.export(
+                model, (x, ), args.out, dynamo=True, input_names=['input'])
         else:
             # The TorchScript exporter's initializer de-duplication drops
             # parameters that equal another bit for bit (fresh SN layers'
             # weights) while nodes still read them; keeping initializers as
             # graph inputs avoids that pass.
-            torch.onnx.export(model, (x, ), args.out, dynamo=False,
-                              input_names=['input'],
-                              keep_initializers_as_inputs=True)
+            torch.onnx.export(
+                model, (x, ),
+                args.out,
+                dynamo=False,
+                input_names=['input'],
+                keep_initializers_as_inputs=True)
     except Exception as err:  # report what the exporter said, no traceback
         sys.exit(f'cannot export {kind} of {args.config} with the '
                  f'{args.exporter} exporter: {type(err).__name__}: {err}')
-    session = ort.InferenceSession(args.out,
-                                   providers=['CPUExecutionProvider'])
+    session = ort.InferenceSession(
+        args.out, providers=['CPUExecutionProvider'])
     outputs = session.run(None, {'input': x.numpy()})
     worst = 0.0
     for i, (got, want) in enumerate(zip(outputs, expected)):

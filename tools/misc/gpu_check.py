@@ -22,9 +22,9 @@ a GPU SN runs on Triton or PyTorch ops) and then
 
 It prints one summary, writes every result to a JSON file (after each
 phase, so that a run stopped at its time limit keeps what it measured) and
-exits 1 if a check fails. Without a GPU it says so and runs both on the CPU at toy sizes
-(``SN_MM_TEST_DEVICE=cpu``, ``--toy``), so that it is tested before GPU
-minutes are spent.
+exits 1 if a check fails. Without a GPU it says so and runs both on the
+CPU at toy sizes (``SN_MM_TEST_DEVICE=cpu``, ``--toy``), so that it is
+tested before GPU minutes are spent.
 """
 import argparse
 import glob
@@ -46,17 +46,24 @@ TEST_FILES = ('test_cuda.py', 'test_sync_sn_triton.py')
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--wheels', default=osp.join(ROOT, 'gpu_wheels'),
-                        help='folder of carried wheels (make gpu-wheels); '
-                        'skipped with a note where it does not exist')
-    parser.add_argument('--out', default=None,
-                        help='JSON file (default: $OUT/gpu_check.json if '
-                        '$OUT is set, else work_dirs/gpu_check.json)')
-    parser.add_argument('--repeats', type=int, default=None,
-                        help='timed repeats per measurement (default: 6 '
-                        'on a GPU, 1 on the CPU)')
-    parser.add_argument('--skip-bench', action='store_true',
-                        help='the tests only')
+    parser.add_argument(
+        '--wheels',
+        default=osp.join(ROOT, 'gpu_wheels'),
+        help='folder of carried wheels (make gpu-wheels); '
+        'skipped with a note where it does not exist')
+    parser.add_argument(
+        '--out',
+        default=None,
+        help='JSON file (default: $OUT/gpu_check.json if '
+        '$OUT is set, else work_dirs/gpu_check.json)')
+    parser.add_argument(
+        '--repeats',
+        type=int,
+        default=None,
+        help='timed repeats per measurement (default: 6 '
+        'on a GPU, 1 on the CPU)')
+    parser.add_argument(
+        '--skip-bench', action='store_true', help='the tests only')
     return parser.parse_args(argv)
 
 
@@ -67,9 +74,11 @@ def install_wheels(folder):
     if not wheels:
         return None, []
     target = tempfile.mkdtemp(prefix='sn_mm_wheels_')
-    subprocess.run([sys.executable, '-m', 'pip', 'install', '-q',
-                    '--no-index', '--no-deps', '--no-compile',
-                    '--no-cache-dir', '--target', target, *wheels],
+    subprocess.run([
+        sys.executable, '-m', 'pip', 'install', '-q', '--no-index',
+        '--no-deps', '--no-compile', '--no-cache-dir', '--target', target,
+        *wheels
+    ],
                    check=True)
     return target, [osp.basename(w) for w in wheels]
 
@@ -78,26 +87,36 @@ def run_tests(env):
     """``pytest -m cuda`` on TEST_FILES in a process of its own; each
     test case as a check (name, ok, detail, seconds)."""
     junit = osp.join(tempfile.mkdtemp(prefix='sn_mm_gpu_tests_'), 'j.xml')
-    subprocess.run([sys.executable, '-m', 'pytest', '-q', '-m', 'cuda',
-                    '-rfEs', f'--junitxml={junit}',
-                    *[osp.join(ROOT, 'tests', f) for f in TEST_FILES]],
-                   cwd=ROOT, env=env)
+    subprocess.run([
+        sys.executable, '-m', 'pytest', '-q', '-m', 'cuda', '-rfEs',
+        f'--junitxml={junit}',
+        *[osp.join(ROOT, 'tests', f) for f in TEST_FILES]
+    ],
+                   cwd=ROOT,
+                   env=env)
     checks = []
     if not osp.exists(junit):
-        return [dict(check='tests/test_cuda.py', ok=False,
-                     detail='pytest wrote no report', seconds=0)]
+        return [
+            dict(
+                check='tests/test_cuda.py',
+                ok=False,
+                detail='pytest wrote no report',
+                seconds=0)
+        ]
     for case in ET.parse(junit).iter('testcase'):
         failed = case.find('failure')
         if failed is None:
             failed = case.find('error')
         skipped = case.find('skipped')
-        detail = ('skipped: ' + skipped.get('message', '')
-                  if skipped is not None else
+        detail = ('skipped: ' +
+                  skipped.get('message', '') if skipped is not None else
                   (failed.get('message', '') if failed is not None else ''))
-        checks.append(dict(check=case.get('name'), ok=failed is None,
-                           detail=detail.splitlines()[0][:300]
-                           if detail else '',
-                           seconds=float(case.get('time', 0))))
+        checks.append(
+            dict(
+                check=case.get('name'),
+                ok=failed is None,
+                detail=detail.splitlines()[0][:300] if detail else '',
+                seconds=float(case.get('time', 0))))
     return checks
 
 
@@ -130,12 +149,15 @@ def environment(report, args):
                  'gpu-wheels` where pip reaches the registry and carry '
                  'gpu_wheels/ along (--wheels DIR names another folder).')
     import torch
+
     import sn_mm
     cuda = torch.cuda.is_available()
-    report.update(mmengine=f'{mmengine.__version__} from {mmengine.__file__}',
-                  torch=torch.__version__, sn_mm=sn_mm.__version__,
-                  device=(torch.cuda.get_device_name() if cuda else
-                          f'CPU ({os.cpu_count()} cores)'))
+    report.update(
+        mmengine=f'{mmengine.__version__} from {mmengine.__file__}',
+        torch=torch.__version__,
+        sn_mm=sn_mm.__version__,
+        device=(torch.cuda.get_device_name()
+                if cuda else f'CPU ({os.cpu_count()} cores)'))
     try:
         import triton
         report['triton'] = triton.__version__
@@ -151,28 +173,35 @@ def varying_sizes(report, cuda):
     compilations, caches and allocated memory settle."""
     from sn_mm.testing import varying_sizes as vs
     steps = 200 if cuda else 12
-    print(f'\nVarying sizes ({steps} training steps, a new image size and '
-          'RoI count each)', flush=True)
+    print(
+        f'\nVarying sizes ({steps} training steps, a new image size and '
+        'RoI count each)',
+        flush=True)
     begin = time.perf_counter()
     try:
         rows = vs.run('cuda' if cuda else 'cpu', steps=steps, toy=not cuda)
     except Exception as err:  # a result to report; the other phases run
-        return dict(check='varying sizes settle', ok=False,
-                    detail=repr(err)[:300],
-                    seconds=round(time.perf_counter() - begin, 1))
+        return dict(
+            check='varying sizes settle',
+            ok=False,
+            detail=repr(err)[:300],
+            seconds=round(time.perf_counter() - begin, 1))
     result = vs.summary(rows)
     report['varying_sizes'] = dict(summary=result, rows=rows)
     print(f'  {result}')
-    return dict(check='varying sizes settle', ok=result['stopped'],
-                detail=str(result)[:300],
-                seconds=round(time.perf_counter() - begin, 1))
+    return dict(
+        check='varying sizes settle',
+        ok=result['stopped'],
+        detail=str(result)[:300],
+        seconds=round(time.perf_counter() - begin, 1))
 
 
 def main(argv=None):
     args = parse_args(argv)
     start = time.perf_counter()
-    report = dict(date=time.strftime('%Y-%m-%d %H:%M:%S %Z'),
-                  python=platform.python_version())
+    report = dict(
+        date=time.strftime('%Y-%m-%d %H:%M:%S %Z'),
+        python=platform.python_version())
     env, cuda = environment(report, args)
     print(f'sn_mm {report["sn_mm"]}, torch {report["torch"]}, triton '
           f'{report["triton"]}, Python {report["python"]}, on '
@@ -181,9 +210,10 @@ def main(argv=None):
         print('No GPU here: the tests and timings run on the CPU at toy '
               'sizes so that the script is tested; the GPU figures need a '
               'GPU machine.')
-    out = args.out or osp.join(os.environ.get('OUT') or
-                               osp.join(ROOT, 'work_dirs'), 'gpu_check.json')
+    out = args.out or osp.join(
+        os.environ.get('OUT') or osp.join(ROOT, 'work_dirs'), 'gpu_check.json')
     os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
+
     def save():
         report['seconds'] = round(time.perf_counter() - start, 1)
         with open(out, 'w') as f:
@@ -196,29 +226,40 @@ def main(argv=None):
     save()
     if not args.skip_bench:
         repeats = args.repeats or (6 if cuda else 1)
-        flags = ['--repeats', str(repeats), '--allocator', 'system',
-                 '--skip-detector', '--skip-resnet']
+        flags = [
+            '--repeats',
+            str(repeats), '--allocator', 'system', '--skip-detector',
+            '--skip-resnet'
+        ]
         flags += ['--device', 'cuda'] if cuda else ['--toy', '--gpu-sections']
-        print('\nTimings (tools/analysis_tools/benchmark_norm.py '
-              f'{" ".join(flags)})', flush=True)
-        group_flags = ['--group-sn', '--repeats', str(max(repeats // 2, 1)),
-                       '--allocator', 'system'] + (
-                           ['--device', 'cuda'] if cuda else ['--toy'])
+        print(
+            '\nTimings (tools/analysis_tools/benchmark_norm.py '
+            f'{" ".join(flags)})',
+            flush=True)
+        group_flags = [
+            '--group-sn', '--repeats',
+            str(max(repeats // 2, 1)), '--allocator', 'system'
+        ] + (['--device', 'cuda'] if cuda else ['--toy'])
         try:
             report['bench'] = load_benchmark().main(flags)
             save()
             print('\nGroup SN (benchmark_norm.py '
-                  f'{" ".join(group_flags)})', flush=True)
+                  f'{" ".join(group_flags)})',
+                  flush=True)
             report['group_sn'] = load_benchmark().main(group_flags)
         except Exception as err:  # a result to report; the tests stand
-            report['checks'].append(dict(check='timings ran', ok=False,
-                                         detail=repr(err)[:300], seconds=0))
+            report['checks'].append(
+                dict(
+                    check='timings ran',
+                    ok=False,
+                    detail=repr(err)[:300],
+                    seconds=0))
     save()
     failed = [c['check'] for c in report['checks'] if not c['ok']]
     print(f'\n{len(report["checks"]) - len(failed)} of '
-          f'{len(report["checks"])} checks passed'
-          + (f'; FAILED: {", ".join(failed)}' if failed else '')
-          + f'; {report["seconds"]} s; figures in {out}')
+          f'{len(report["checks"])} checks passed' +
+          (f'; FAILED: {", ".join(failed)}' if failed else '') +
+          f'; {report["seconds"]} s; figures in {out}')
     return 1 if failed else 0
 
 

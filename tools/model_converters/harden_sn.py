@@ -31,8 +31,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('src', help='checkpoint with SN layers')
     parser.add_argument('dst', help='where to write the hardened checkpoint')
-    parser.add_argument('--force', action='store_true',
-                        help='overwrite DST if it exists')
+    parser.add_argument(
+        '--force', action='store_true', help='overwrite DST if it exists')
     return parser.parse_args(argv)
 
 

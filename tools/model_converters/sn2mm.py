@@ -58,14 +58,16 @@ def parse_args(argv=None):
         'backbones with norm_cfg=dict(type="SN").')
     parser.add_argument('src', help='released checkpoint (.pth / .pth.tar)')
     parser.add_argument('dst', help='where to write the converted checkpoint')
-    parser.add_argument('--force', action='store_true',
-                        help='overwrite DST if it exists')
     parser.add_argument(
-        '--allow-pickle', action='store_true',
+        '--force', action='store_true', help='overwrite DST if it exists')
+    parser.add_argument(
+        '--allow-pickle',
+        action='store_true',
         help='load SRC with weights_only=False: only for a file you trust '
         'whose extra entries (optimizer, ...) torch refuses to load safely')
     parser.add_argument(
-        '--allow-unfixed', action='store_true',
+        '--allow-unfixed',
+        action='store_true',
         help='Sparse SN checkpoints: convert layers whose ratios are not yet '
         'fixed (one-hot), fixing their SparsestMax ratios at the stored '
         'radius; without it such a layer is refused')
@@ -76,8 +78,8 @@ def load_released(path, allow_pickle=False):
     if not osp.isfile(path):
         raise ConversionError(f'{path}: no such file')
     try:
-        ckpt = torch.load(path, map_location='cpu',
-                          weights_only=not allow_pickle)
+        ckpt = torch.load(
+            path, map_location='cpu', weights_only=not allow_pickle)
     except Exception as e:  # torch raises several types for a bad file
         hint = ('' if allow_pickle else
                 ' (if it is a checkpoint you trust whose extra entries torch '
@@ -103,8 +105,9 @@ def load_released(path, allow_pickle=False):
 
 def sn_layers(state):
     """Names of the SN layers (those with mean_weight), in file order."""
-    return [k[:-len('.mean_weight')] for k in state
-            if k.endswith('.mean_weight')]
+    return [
+        k[:-len('.mean_weight')] for k in state if k.endswith('.mean_weight')
+    ]
 
 
 def is_preactivation(state, layers):
@@ -137,10 +140,12 @@ def check_layout(state, layers, preact):
     using_bn = num_logits == {3}
     for name in layers:
         c = state[f'{name}.weight'].numel()
-        expected = {'weight': [(1, c, 1, 1), (c, )],
-                    'bias': [(1, c, 1, 1), (c, )],
-                    'mean_weight': [(3 if using_bn else 2, )],
-                    'var_weight': [(3 if using_bn else 2, )]}
+        expected = {
+            'weight': [(1, c, 1, 1), (c, )],
+            'bias': [(1, c, 1, 1), (c, )],
+            'mean_weight': [(3 if using_bn else 2, )],
+            'var_weight': [(3 if using_bn else 2, )]
+        }
         if using_bn:
             expected['running_mean'] = [(1, c, 1), (c, )]
             expected['running_var'] = [(1, c, 1), (c, )]
@@ -173,8 +178,11 @@ def stage_blocks(state):
     """Blocks per stage, from the keys."""
     counts = []
     for i in range(1, 5):
-        blocks = {int(m.group(1)) for k in state
-                  for m in [re.match(rf'layer{i}\.(\d+)\.', k)] if m}
+        blocks = {
+            int(m.group(1))
+            for k in state
+            for m in [re.match(rf'layer{i}\.(\d+)\.', k)] if m
+        }
         counts.append(len(blocks))
     return tuple(counts)
 
@@ -255,13 +263,16 @@ def convert(state, allow_unfixed=False):
             value = value.reshape(-1)
         converted[key] = value.clone()
         if sparse is not None and layer in sn_set and leaf == 'var_weight':
-            converted[f'{layer}.ratio_fixed'] = torch.ones(2,
-                                                           dtype=torch.bool)
+            converted[f'{layer}.ratio_fixed'] = torch.ones(2, dtype=torch.bool)
             converted[f'{layer}.fixed_ratios'] = sparse[0][layer]
-    return converted, dict(depth=depth, using_bn=using_bn, preact=preact,
-                           num_sn_layers=len(layers), dropped=dropped,
-                           sparse=sparse is not None,
-                           unfixed=sparse[1] if sparse else 0)
+    return converted, dict(
+        depth=depth,
+        using_bn=using_bn,
+        preact=preact,
+        num_sn_layers=len(layers),
+        dropped=dropped,
+        sparse=sparse is not None,
+        unfixed=sparse[1] if sparse else 0)
 
 
 def verify_loads(state, depth, using_bn, preact):
@@ -280,13 +291,12 @@ def verify_loads(state, depth, using_bn, preact):
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
-        raise ConversionError(
-            f'the converted weights do not fit {name}: {e}')
+        raise ConversionError(f'the converted weights do not fit {name}: {e}')
 
 
 def backbone_config(info, dst):
-    norm_cfg = ("dict(type='SN')" if info['using_bn'] else
-                "dict(type='SN', using_bn=False)")
+    norm_cfg = ("dict(type='SN')"
+                if info['using_bn'] else "dict(type='SN', using_bn=False)")
     init = f"init_cfg=dict(type='Pretrained', checkpoint='{dst}')"
     if info['preact']:
         return (f"backbone=dict(type='PreActResNet', depth={info['depth']}, "
@@ -299,8 +309,8 @@ def write_atomically(obj, dst, force):
     if osp.exists(dst) and not force:
         raise ConversionError(f'{dst} exists; pass --force to overwrite it')
     os.makedirs(osp.dirname(osp.abspath(dst)), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=osp.dirname(osp.abspath(dst)),
-                               suffix='.part')
+    fd, tmp = tempfile.mkstemp(
+        dir=osp.dirname(osp.abspath(dst)), suffix='.part')
     os.close(fd)
     try:
         torch.save(obj, tmp)
@@ -320,16 +330,18 @@ def main(argv=None):
         converted, info = convert(state, args.allow_unfixed)
         verify_loads(converted, info['depth'], info['using_bn'],
                      info['preact'])
-        norm_cfg = ("dict(type='SN')" if info['using_bn'] else
-                    "dict(type='SN', using_bn=False)")
+        norm_cfg = ("dict(type='SN')"
+                    if info['using_bn'] else "dict(type='SN', using_bn=False)")
         write_atomically(
-            dict(state_dict=converted,
-                 meta=dict(source=osp.basename(args.src),
-                           converter='sn_mm/tools/model_converters/sn2mm.py',
-                           depth=info['depth'], using_bn=info['using_bn'],
-                           preactivation=info['preact'],
-                           sparse_sn=info['sparse'])),
-            args.dst, args.force)
+            dict(
+                state_dict=converted,
+                meta=dict(
+                    source=osp.basename(args.src),
+                    converter='sn_mm/tools/model_converters/sn2mm.py',
+                    depth=info['depth'],
+                    using_bn=info['using_bn'],
+                    preactivation=info['preact'],
+                    sparse_sn=info['sparse'])), args.dst, args.force)
     except ConversionError as e:
         print(f'sn2mm: error: {e}', file=sys.stderr)
         return 1
@@ -338,10 +350,10 @@ def main(argv=None):
     print(f'Found a {kind} ResNet-{info["depth"]} with '
           f'{info["num_sn_layers"]} {what} layers')
     if info['sparse']:
-        print('Every layer carries its ratios as fixed ratios'
-              + (f' ({info["unfixed"]} ratio vectors were not fixed: their '
-                 'SparsestMax ratios at the stored radius are now)'
-                 if info['unfixed'] else ' (all were one-hot)'))
+        print('Every layer carries its ratios as fixed ratios' +
+              (f' ({info["unfixed"]} ratio vectors were not fixed: their '
+               'SparsestMax ratios at the stored radius are now)'
+               if info['unfixed'] else ' (all were one-hot)'))
     print(f'Converted it ({len(converted)} tensors) to {args.dst}')
     if info['dropped']:
         print(f'Dropped the classifier: {", ".join(info["dropped"])}')

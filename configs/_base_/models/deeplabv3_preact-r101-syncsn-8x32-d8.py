@@ -5,5 +5,4 @@ _base_ = './deeplabv3_preact-r50-syncsn-8x32-d8.py'
 model = dict(
     backbone=dict(
         depth=101,
-        init_cfg=dict(
-            checkpoint={{_base_.sn_preact_r101_8x32_checkpoint}})))
+        init_cfg=dict(checkpoint={{_base_.sn_preact_r101_8x32_checkpoint}})))

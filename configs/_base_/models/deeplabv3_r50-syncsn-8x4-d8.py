@@ -2,5 +2,4 @@
 # ResNet50v1+SN(8,4).
 _base_ = './deeplabv3_r50-syncsn-8x2-d8.py'
 model = dict(
-    backbone=dict(
-        init_cfg=dict(checkpoint={{_base_.sn_8x4_checkpoint}})))
+    backbone=dict(init_cfg=dict(checkpoint={{_base_.sn_8x4_checkpoint}})))

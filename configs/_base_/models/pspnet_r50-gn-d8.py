@@ -4,10 +4,10 @@ _base_ = './pspnet_r50-d8.py'
 norm_cfg = dict(type='GN', num_groups=32, requires_grad=True)
 model = dict(
     data_preprocessor=dict(
-        mean=[103.530, 116.280, 123.675], std=[1.0, 1.0, 1.0],
+        mean=[103.530, 116.280, 123.675],
+        std=[1.0, 1.0, 1.0],
         bgr_to_rgb=False),
     backbone=dict(
-        norm_cfg=norm_cfg,
-        init_cfg=dict(checkpoint={{_base_.gn_checkpoint}})),
+        norm_cfg=norm_cfg, init_cfg=dict(checkpoint={{_base_.gn_checkpoint}})),
     decode_head=dict(norm_cfg=norm_cfg),
     auxiliary_head=dict(norm_cfg=norm_cfg))

@@ -2,5 +2,4 @@
 # ResNet50v1+SN(8,32).
 _base_ = './pspnet_r50-sn-8x2-d8.py'
 model = dict(
-    backbone=dict(
-        init_cfg=dict(checkpoint={{_base_.sn_8x32_checkpoint}})))
+    backbone=dict(init_cfg=dict(checkpoint={{_base_.sn_8x32_checkpoint}})))

@@ -39,8 +39,7 @@ struct GradSumsArgs {
 };
 template <typename T>
 struct NormalizeArgs {
-  const T *x, *mean_in, *var_in, *mu_n, *var_n, *mu_c, *var_c, *weight,
-      *bias;
+  const T *x, *mean_in, *var_in, *mu_n, *var_n, *mu_c, *var_c, *weight, *bias;
   // Each channel's ratios, C values each: its group's (ChannelRatios).
   const T *wm_n, *wv_in, *wv_n, *wm_c, *wv_c;
   T eps;
@@ -75,8 +74,8 @@ struct BnDevArgs {
 };
 template <typename T>
 struct GradReduceArgs {
-  const T *s1, *s2, *mu, *rstd, *weight, *mean_in, *var_in, *mean_ln,
-      *var_ln, *mean_c;
+  const T *s1, *s2, *mu, *rstd, *weight, *mean_in, *var_in, *mean_ln, *var_ln,
+      *mean_c;
   const T *wm_n, *wv_n;  // each channel's LN ratios
   int64_t channels;
   T *d_mu_n, *d_var_n;

@@ -38,7 +38,6 @@ SN_INLINE T max_of(T a, T b) {
 SN_INLINE float sqrt_of(float v) { return __builtin_sqrtf(v); }
 SN_INLINE double sqrt_of(double v) { return __builtin_sqrt(v); }
 
-
 // ------------------------------------------------------------ row sums --
 // Row sums run in `Lanes` independent partial sums, which the compiler turns
 // into SIMD adds (one accumulator would serialise on its latency). Short rows
@@ -224,7 +223,6 @@ SN_INLINE T row_dot_centred(const T* __restrict__ a, const T* __restrict__ b,
 // Each kernel takes its arguments as one struct and a range of rows (or, for
 // the reductions, of samples n).
 
-
 template <typename T>
 SN_INLINE void store_mean(const MomentsArgs<T>& a, int64_t r, T first,
                           T mean_dev) {
@@ -274,8 +272,7 @@ SN_INLINE void moments_short_rows(const MomentsArgs<T>& a, int64_t begin,
         rows_shifted_sums<8, 1>(x + j * a.length, a.length, s1 + j, s2 + j);
     for (int j = 0; j < rows; ++j) {
       store_mean(a, r + j, x[j * a.length], s1[j] * inv_n);
-      a.var[r + j] =
-          max_of(s2[j] - s1[j] * s1[j] * inv_n, T(0)) / a.divisor;
+      a.var[r + j] = max_of(s2[j] - s1[j] * s1[j] * inv_n, T(0)) / a.divisor;
     }
   }
 }
@@ -288,7 +285,6 @@ SN_INLINE void moments_kernel(const MomentsArgs<T>& a, int64_t begin,
   else
     moments_rows<32>(a, begin, end);
 }
-
 
 template <typename T>
 SN_INLINE void grad_sums_kernel(const GradSumsArgs<T>& a, int64_t begin,
@@ -312,7 +308,6 @@ SN_INLINE void grad_sums_kernel(const GradSumsArgs<T>& a, int64_t begin,
     a.sum_gxc[r] = row_dot_centred<32>(g, x, a.length, a.mean_in[r]);
   }
 }
-
 
 // Per row (n, c): mix the statistics, mu = wm_in * mean_in + wm_n * mu_n +
 // wm_c * mu_c (as mean_in + wm_n * (mu_n - mean_in) + ...) and likewise the
@@ -338,9 +333,9 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
       // to 1): no |mean|-sized products to round.
       mu[c] = mean_in[c] + a.wm_n[c] * (mu_n - mean_in[c]) +
               a.wm_c[c] * (a.mu_c[c] - mean_in[c]);
-      rstd[c] = T(1) / sqrt_of(a.wv_in[c] * var_in[c] +
-                                 (a.wv_n[c] * var_n + a.eps) +
-                                 a.wv_c[c] * a.var_c[c]);
+      rstd[c] =
+          T(1) / sqrt_of(a.wv_in[c] * var_in[c] + (a.wv_n[c] * var_n + a.eps) +
+                         a.wv_c[c] * a.var_c[c]);
     }
     r0 = r1;
   }
@@ -353,7 +348,6 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
     if (++c == a.channels) c = 0;
   }
 }
-
 
 // dx = g * scale + a * (x - mean_in) + b per row, a and b from the gradients
 // of the row's IN mean and variance (what autograd derives from the
@@ -412,7 +406,6 @@ SN_INLINE D8 load_d(const T* p) {
 
 SN_INLINE void add_to(double* p, D8 v) { store<8>(p, load<8>(p) + v); }
 
-
 // Per sample: LN's mean and its variance in the stable form mean_c(var_in)
 // + mean_c((mean_in - mean_ln)^2).
 template <typename T>
@@ -463,7 +456,6 @@ SN_INLINE void ln_stats_kernel(const LnStatsArgs<T>& a, int64_t begin,
   }
 }
 
-
 template <typename T>
 SN_INLINE void bn_dev_kernel(const BnDevArgs<T>& a, int64_t begin,
                              int64_t end) {
@@ -480,7 +472,6 @@ SN_INLINE void bn_dev_kernel(const BnDevArgs<T>& a, int64_t begin,
     }
   }
 }
-
 
 // Per sample, from the row sums (grad_reductions_into, sn_kernels.cpp): the
 // sums over c of d_mu and d_var weighted by each channel's LN ratio, and
@@ -554,37 +545,36 @@ SN_INLINE void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
 // The table of this instruction set's kernels.
 template <typename T>
 constexpr sn_mm_rows::KernelSet<T> kernel_set() {
-  return {
-      [](const MomentsArgs<T>& a, int64_t b, int64_t e) {
-        moments_kernel(a, b, e);
-      },
-      [](const GradSumsArgs<T>& a, int64_t b, int64_t e) {
-        grad_sums_kernel(a, b, e);
-      },
-      [](const NormalizeArgs<T>& a, int64_t b, int64_t e) {
-        normalize_kernel(a, b, e);
-      },
-      [](const InputGradArgs<T>& a, int64_t b, int64_t e) {
-        input_grad_kernel(a, b, e);
-      },
-      [](const LnStatsArgs<T>& a, int64_t b, int64_t e) {
-        ln_stats_kernel(a, b, e);
-      },
-      [](const BnDevArgs<T>& a, int64_t b, int64_t e) {
-        bn_dev_kernel(a, b, e);
-      },
-      [](const GradReduceArgs<T>& a, int64_t b, int64_t e) {
-        grad_reduce_kernel(a, b, e);
-      }};
+  return {[](const MomentsArgs<T>& a, int64_t b, int64_t e) {
+            moments_kernel(a, b, e);
+          },
+          [](const GradSumsArgs<T>& a, int64_t b, int64_t e) {
+            grad_sums_kernel(a, b, e);
+          },
+          [](const NormalizeArgs<T>& a, int64_t b, int64_t e) {
+            normalize_kernel(a, b, e);
+          },
+          [](const InputGradArgs<T>& a, int64_t b, int64_t e) {
+            input_grad_kernel(a, b, e);
+          },
+          [](const LnStatsArgs<T>& a, int64_t b, int64_t e) {
+            ln_stats_kernel(a, b, e);
+          },
+          [](const BnDevArgs<T>& a, int64_t b, int64_t e) {
+            bn_dev_kernel(a, b, e);
+          },
+          [](const GradReduceArgs<T>& a, int64_t b, int64_t e) {
+            grad_reduce_kernel(a, b, e);
+          }};
 }
 
 }  // namespace
 
 // Defines sn_mm_rows::row_kernels_<name>() returning this compilation's
 // table.
-#define SN_DEFINE_ROW_KERNELS(name)                                        \
-  const sn_mm_rows::RowKernels* sn_mm_rows::row_kernels_##name() {         \
-    static constexpr RowKernels table{#name, kernel_set<float>(),          \
-                                      kernel_set<double>()};               \
-    return &table;                                                         \
+#define SN_DEFINE_ROW_KERNELS(name)                                \
+  const sn_mm_rows::RowKernels* sn_mm_rows::row_kernels_##name() { \
+    static constexpr RowKernels table{#name, kernel_set<float>(),  \
+                                      kernel_set<double>()};       \
+    return &table;                                                 \
   }

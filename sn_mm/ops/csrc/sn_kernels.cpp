@@ -6,9 +6,9 @@
 // (row_kernels_impl.h), compiled once per instruction set; this file picks
 // the set the CPU runs ("instruction sets" below) and runs them in parallel
 // over rows. The reference, in PyTorch ops, is sn_mm/ops/reference.py.
+#include <ATen/Parallel.h>
 #include <torch/extension.h>
 #include <torch/library.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <atomic>
@@ -62,9 +62,10 @@ bool cpu_has_avx2() {
 bool always() { return true; }
 
 // Best first.
-const Isa kIsas[] = {{"avx512", sn_mm_rows::row_kernels_avx512, cpu_has_avx512},
-                     {"avx2", sn_mm_rows::row_kernels_avx2, cpu_has_avx2},
-                     {"baseline", sn_mm_rows::row_kernels_baseline, always}};
+const Isa kIsas[] = {
+    {"avx512", sn_mm_rows::row_kernels_avx512, cpu_has_avx512},
+    {"avx2", sn_mm_rows::row_kernels_avx2, cpu_has_avx2},
+    {"baseline", sn_mm_rows::row_kernels_baseline, always}};
 
 // The sets this build has and this CPU runs, best first.
 std::vector<std::string> cpu_isas() {
@@ -82,14 +83,16 @@ void set_cpu_isa(const std::string& name) {
     TORCH_CHECK_VALUE(isa.table() != nullptr,
                       "SN's CPU kernels: this build has no '", name,
                       "' kernels (compiled by GCC for x86-64 only)");
-    TORCH_CHECK_VALUE(isa.cpu_has(), "SN's CPU kernels: this CPU cannot run "
-                      "the '", name, "' kernels; it runs ",
+    TORCH_CHECK_VALUE(isa.cpu_has(),
+                      "SN's CPU kernels: this CPU cannot run "
+                      "the '",
+                      name, "' kernels; it runs ",
                       c10::Join(", ", cpu_isas()));
     active_kernels = isa.table();
     return;
   }
-  TORCH_CHECK_VALUE(false, "SN's CPU kernels: unknown instruction set '",
-                    name, "' (expected avx512, avx2 or baseline)");
+  TORCH_CHECK_VALUE(false, "SN's CPU kernels: unknown instruction set '", name,
+                    "' (expected avx512, avx2 or baseline)");
 }
 
 // SN_MM_CPU_ISA where set, else the best the CPU runs.
@@ -116,12 +119,12 @@ using sn_mm_rows::LnStatsArgs;
 using sn_mm_rows::MomentsArgs;
 using sn_mm_rows::NormalizeArgs;
 
-#define SN_RUN(kernel, Args)                                             \
-  void run(const Args<float>& a, int64_t begin, int64_t end) {           \
-    kernels().f32.kernel(a, begin, end);                                 \
-  }                                                                      \
-  void run(const Args<double>& a, int64_t begin, int64_t end) {          \
-    kernels().f64.kernel(a, begin, end);                                 \
+#define SN_RUN(kernel, Args)                                    \
+  void run(const Args<float>& a, int64_t begin, int64_t end) {  \
+    kernels().f32.kernel(a, begin, end);                        \
+  }                                                             \
+  void run(const Args<double>& a, int64_t begin, int64_t end) { \
+    kernels().f64.kernel(a, begin, end);                        \
   }
 SN_RUN(moments, MomentsArgs)
 SN_RUN(grad_sums, GradSumsArgs)
@@ -170,8 +173,9 @@ std::vector<std::pair<std::string, int64_t>> path_counts() {
   return counts;
 }
 
-void set_path(const std::string& name, bool on) { path_on[path_named(name)] = on; }
-
+void set_path(const std::string& name, bool on) {
+  path_on[path_named(name)] = on;
+}
 
 template <typename Args>
 void run_rows(const Args& args, int64_t rows, int64_t length) {
@@ -179,9 +183,8 @@ void run_rows(const Args& args, int64_t rows, int64_t length) {
     run(args, 0, rows);
     return;
   }
-  at::parallel_for(0, rows, grain(length), [&](int64_t begin, int64_t end) {
-    run(args, begin, end);
-  });
+  at::parallel_for(0, rows, grain(length),
+                   [&](int64_t begin, int64_t end) { run(args, begin, end); });
 }
 
 // Sums over the samples n of an (N, C) computation: each task adds its
@@ -190,8 +193,8 @@ void run_rows(const Args& args, int64_t rows, int64_t length) {
 template <typename Fn>
 std::vector<double> sum_over_samples(int64_t samples, int64_t width,
                                      const Fn& fn) {
-  const int64_t tasks = std::max<int64_t>(
-      1, std::min<int64_t>(at::get_num_threads(), samples));
+  const int64_t tasks =
+      std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), samples));
   if (tasks == 1 || samples * width < 16384) {
     // Small: a parallel region would cost more than the work.
     std::vector<double> total(width, 0.0);
@@ -251,8 +254,8 @@ void reductions_into(const scalar_t* pm, const scalar_t* pv, int64_t samples,
   }
   // Pass 1: per sample the LN statistics (its row is in cache twice);
   // per channel the sums of the means about the shifts and of var_in.
-  const auto cols = sum_over_samples(
-      samples, 2 * channels, [&](int64_t n, double* col) {
+  const auto cols =
+      sum_over_samples(samples, 2 * channels, [&](int64_t n, double* col) {
         run(LnStatsArgs<scalar_t>{pm, pv, channels, plm, plv, col, pdm,
                                   pshift},
             n, n + 1);
@@ -261,8 +264,8 @@ void reductions_into(const scalar_t* pm, const scalar_t* pv, int64_t samples,
   if (samples > 0)
     for (int64_t c = 0; c < channels; ++c) centre[c] = cols[c] / samples;
   // Pass 2: squared deviations of those means about their channel's mean.
-  const auto devs = sum_over_samples(
-      samples, channels, [&](int64_t n, double* col) {
+  const auto devs =
+      sum_over_samples(samples, channels, [&](int64_t n, double* col) {
         run(BnDevArgs<scalar_t>{pdm, centre.data(), channels, col}, n, n + 1);
       });
   for (int64_t c = 0; c < channels; ++c) {
@@ -328,11 +331,12 @@ struct ChannelRatios {
     for (int64_t g = 0; g < w.groups; ++g) {
       const double* m = w.mean.data() + g * terms;
       const double* v = w.var.data() + g * terms;
-      const T values[6] = {
-          static_cast<T>(w.has_in ? m[0] : 0.0),
-          static_cast<T>(w.has_in ? v[0] : 0.0), static_cast<T>(m[k]),
-          static_cast<T>(v[k]), static_cast<T>(using_bn ? m[k + 1] : 0.0),
-          static_cast<T>(using_bn ? v[k + 1] : 0.0)};
+      const T values[6] = {static_cast<T>(w.has_in ? m[0] : 0.0),
+                           static_cast<T>(w.has_in ? v[0] : 0.0),
+                           static_cast<T>(m[k]),
+                           static_cast<T>(v[k]),
+                           static_cast<T>(using_bn ? m[k + 1] : 0.0),
+                           static_cast<T>(using_bn ? v[k + 1] : 0.0)};
       for (int i = 0; i < 6; ++i)
         std::fill_n(data.data() + i * channels + g * per_group, per_group,
                     values[i]);
@@ -351,9 +355,10 @@ std::vector<double> read_doubles(const at::Tensor& t) {
   std::vector<double> out(c.numel());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.scalar_type(),
                                   "read", [&] {
-    const scalar_t* p = c.data_ptr<scalar_t>();
-    for (int64_t i = 0; i < c.numel(); ++i) out[i] = static_cast<double>(p[i]);
-  });
+                                    const scalar_t* p = c.data_ptr<scalar_t>();
+                                    for (int64_t i = 0; i < c.numel(); ++i)
+                                      out[i] = static_cast<double>(p[i]);
+                                  });
   return out;
 }
 
@@ -366,8 +371,10 @@ std::vector<bool> read_fixed(const c10::optional<at::Tensor>& fixed,
   auto f = fixed->scalar_type() == at::kBool && fixed->is_contiguous()
                ? *fixed
                : fixed->to(at::kBool).contiguous();
-  TORCH_CHECK(f.numel() == 2 * groups, "switchable_norm: ratio_fixed must "
-              "hold 2 x ", groups, " flags, got ", f.sizes());
+  TORCH_CHECK(f.numel() == 2 * groups,
+              "switchable_norm: ratio_fixed must "
+              "hold 2 x ",
+              groups, " flags, got ", f.sizes());
   const bool* p = f.data_ptr<bool>();
   return std::vector<bool>(p, p + 2 * groups);
 }
@@ -475,10 +482,10 @@ void check_params(const at::Tensor& x, const at::Tensor& weight,
   TORCH_CHECK(x.dim() >= 2, "switchable_norm: expected (N, C, *), got ",
               x.sizes());
   const auto dtype = x.scalar_type();
-  TORCH_CHECK(x.device().is_cpu() &&
-                  (dtype == at::kFloat || dtype == at::kDouble),
-              "switchable_norm: float32/float64 CPU tensors only, got ",
-              dtype, " on ", x.device());
+  TORCH_CHECK(
+      x.device().is_cpu() && (dtype == at::kFloat || dtype == at::kDouble),
+      "switchable_norm: float32/float64 CPU tensors only, got ", dtype, " on ",
+      x.device());
   for (const auto* t : {&weight, &bias})
     TORCH_CHECK(t->scalar_type() == dtype && t->numel() == x.size(1) &&
                     t->device().is_cpu(),
@@ -509,8 +516,8 @@ at::Tensor rows_of(const at::Tensor& x) {
 template <typename T>
 void update_running(const at::Tensor& running_mean,
                     const at::Tensor& running_var, const at::Tensor& count,
-                    const OptTensor& nonfinite, double momentum,
-                    const T* bn_m, const T* bn_v, int64_t channels) {
+                    const OptTensor& nonfinite, double momentum, const T* bn_m,
+                    const T* bn_v, int64_t channels) {
   bool finite = true;
   for (int64_t c = 0; c < channels; ++c)
     finite = finite && std::isfinite(bn_m[c]) && std::isfinite(bn_v[c]);
@@ -612,15 +619,14 @@ std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
                                          bool for_backward) {
   const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
                 spatial = f.x3.size(2), rows = samples * channels;
-  const bool bn_batch = run_stats.using_bn && run_stats.training &&
-                        samples > 0;
+  const bool bn_batch =
+      run_stats.using_bn && run_stats.training && samples > 0;
   const bool one_sample = bn_batch && samples == 1;
   const bool bn_sums = bn_batch && !one_sample;
   if (f.x3.numel()) {
     MomentsArgs<T> margs = moments_args(f, s);
     if (bn_sums) {  // each channel's shift: its first value
-      for (int64_t c = 0; c < channels; ++c)
-        s.shift[c] = margs.x[c * spatial];
+      for (int64_t c = 0; c < channels; ++c) s.shift[c] = margs.x[c * spatial];
       margs.shift = s.shift;
       margs.dmean = s.dmean;
       margs.channels = channels;
@@ -631,9 +637,9 @@ std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
     std::fill_n(s.dmean, rows, T(0));
     std::fill_n(s.shift, channels, T(0));
   }
-  reductions_into(s.mean_in, s.var_in, samples, channels, s.ln_mean,
-                  s.ln_var, bn_sums ? s.bn_mean : nullptr,
-                  bn_sums ? s.bn_var : nullptr, s.dmean, s.shift);
+  reductions_into(s.mean_in, s.var_in, samples, channels, s.ln_mean, s.ln_var,
+                  bn_sums ? s.bn_mean : nullptr, bn_sums ? s.bn_var : nullptr,
+                  s.dmean, s.shift);
   if (!bn_batch) return fixed_bn(f, s, run_stats, for_backward);
   if (bn_sums)  // bn_var holds the M2 sums until divided by the count
     for (int64_t c = 0; c < channels; ++c)
@@ -684,15 +690,15 @@ NormalizeArgs<T> normalize_args(const Forward& f, const Stats<T>& s,
 // samples of kSampleMin to kSampleMax bytes when the samples keep every
 // thread busy (docs/performance.md has the figures); smaller ones (RoI
 // features, 50 KB) measured faster in the passes' long streams.
-constexpr int64_t kSampleMin = int64_t(128) << 10,
-                  kSampleMax = int64_t(512) << 10;
+constexpr int64_t kSampleMin = int64_t(128) << 10, kSampleMax = int64_t(512)
+                                                                << 10;
 
 template <typename T>
 bool by_sample(const Forward& f, const Running& run_stats) {
   const int64_t bytes = f.x3.size(1) * f.x3.size(2) * int64_t(sizeof(T));
   return take(kPathBySample, !(run_stats.using_bn && run_stats.training) &&
-                             bytes >= kSampleMin && bytes <= kSampleMax &&
-                             f.x3.size(0) >= 4 * at::get_num_threads());
+                                 bytes >= kSampleMin && bytes <= kSampleMax &&
+                                 f.x3.size(0) >= 4 * at::get_num_threads());
 }
 
 template <typename T>
@@ -704,8 +710,8 @@ void forward_by_sample(Forward& f, at::Tensor& y, const at::Tensor& weight,
   const ChannelRatios<T> w(f.ratios, channels, run_stats.using_bn);
   const auto args = normalize_args(f, s, bn, w, weight, bias, eps, y);
   const MomentsArgs<T> moments = moments_args(f, s);
-  const LnStatsArgs<T> ln{s.mean_in, s.var_in, channels, s.ln_mean,
-                          s.ln_var, nullptr};
+  const LnStatsArgs<T> ln{s.mean_in, s.var_in, channels,
+                          s.ln_mean, s.ln_var, nullptr};
   at::parallel_for(0, samples, 1, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       run(moments, n * channels, (n + 1) * channels);
@@ -717,8 +723,8 @@ void forward_by_sample(Forward& f, at::Tensor& y, const at::Tensor& weight,
 
 template <typename T>
 void forward_pass(Forward& f, at::Tensor& y, const at::Tensor& weight,
-                  const at::Tensor& bias, const Running& run_stats,
-                  double eps, bool for_backward) {
+                  const at::Tensor& bias, const Running& run_stats, double eps,
+                  bool for_backward) {
   const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
                 spatial = f.x3.size(2);
   const Stats<T> s(stats_buffer<T>(f, for_backward), samples, channels);
@@ -741,10 +747,10 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
                      const OptTensor& running_mean,
                      const OptTensor& running_var,
                      const OptTensor& num_batches_tracked,
-    const OptTensor& nonfinite,
-                     const OptTensor& fixed, const OptTensor& fixed_ratios,
-                     bool training, double momentum, double eps,
-                     bool unbiased, bool ratios_given, bool for_backward) {
+                     const OptTensor& nonfinite, const OptTensor& fixed,
+                     const OptTensor& fixed_ratios, bool training,
+                     double momentum, double eps, bool unbiased,
+                     bool ratios_given, bool for_backward) {
   check_params(x, weight, bias);
   Forward f;
   f.x3 = rows_of(x);
@@ -755,9 +761,8 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
                   var_logits.sizes() == mean_logits.sizes(),
               "switchable_norm: ", groups, " ratio groups do not divide ",
               x.size(1), " channels (or the logits' shapes differ)");
-  f.ratios = mixing_ratios(mean_logits, var_logits,
-                           read_fixed(fixed, groups), fixed_ratios, has_in,
-                           ratios_given);
+  f.ratios = mixing_ratios(mean_logits, var_logits, read_fixed(fixed, groups),
+                           fixed_ratios, has_in, ratios_given);
   const bool using_bn = defined(running_mean);
   f.bn_batch = using_bn && training;
   if (using_bn) check_running(*running_mean, *running_var, x.size(1));
@@ -869,10 +874,9 @@ void through_shared_stats(const GradSums<T>& gs, const Forward& f,
 // tensors, of the ratios into d_wm and d_wv.
 template <typename T>
 void backward_pass(const at::Tensor& g, const Forward& f,
-                   const at::Tensor& weight, bool using_bn,
-                   at::Tensor& grad_x, at::Tensor& grad_weight,
-                   at::Tensor& grad_bias, std::vector<double>& d_wm,
-                   std::vector<double>& d_wv) {
+                   const at::Tensor& weight, bool using_bn, at::Tensor& grad_x,
+                   at::Tensor& grad_weight, at::Tensor& grad_bias,
+                   std::vector<double>& d_wm, std::vector<double>& d_wv) {
   const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
                 spatial = f.x3.size(2), rows = samples * channels;
   const Stats<T> s(f.ws.data_ptr<T>(), samples, channels);
@@ -884,8 +888,8 @@ void backward_pass(const at::Tensor& g, const Forward& f,
   const Ratios& w = f.ratios;
   GradSums<T> gs(samples, channels);
   if (f.x3.numel()) {
-    GradSumsArgs<T> sargs{g.data_ptr<T>(), f.x3.data_ptr<T>(), s.mean_in,
-                          gs.s1, gs.s2, spatial};
+    GradSumsArgs<T> sargs{
+        g.data_ptr<T>(), f.x3.data_ptr<T>(), s.mean_in, gs.s1, gs.s2, spatial};
     sargs.short_rows = take(kPathShortRows, spatial < sn_mm_rows::kShortRow);
     run_rows(sargs, rows, spatial);
   } else {
@@ -894,21 +898,48 @@ void backward_pass(const at::Tensor& g, const Forward& f,
   const ChannelRatios<T> cw(w, channels, using_bn);
   T* const per_c[4] = {grad_weight.data_ptr<T>(), grad_bias.data_ptr<T>(),
                        gs.d_mu_c, gs.d_var_c};
-  const GradReduceArgs<T> rargs{
-      gs.s1, gs.s2, s.mu, s.rstd, weight.data_ptr<T>(), s.mean_in, s.var_in,
-      s.ln_mean, s.ln_var, using_bn ? bn_mean : gs.zeros_c, cw.wm_ln(),
-      cw.wv_ln(), channels, gs.d_mu_n, gs.d_var_n, nullptr, w.groups > 1};
+  const GradReduceArgs<T> rargs{gs.s1,
+                                gs.s2,
+                                s.mu,
+                                s.rstd,
+                                weight.data_ptr<T>(),
+                                s.mean_in,
+                                s.var_in,
+                                s.ln_mean,
+                                s.ln_var,
+                                using_bn ? bn_mean : gs.zeros_c,
+                                cw.wm_ln(),
+                                cw.wv_ln(),
+                                channels,
+                                gs.d_mu_n,
+                                gs.d_var_n,
+                                nullptr,
+                                w.groups > 1};
   grad_reductions_into(rargs, samples, per_c, gs.dots);
   ratio_grads(gs, bn_var, channels, using_bn, w, d_wm, d_wv);
   through_shared_stats(gs, f, cw, samples, channels, bn_grad);
   if (!f.x3.numel()) return;
   InputGradArgs<T> iargs{
-      g.data_ptr<T>(), f.x3.data_ptr<T>(), gs.s1, gs.s2, s.mu, s.rstd,
-      weight.data_ptr<T>(), s.mean_in, gs.d_var_n, gs.d_mu_n, s.ln_mean,
-      gs.d_var_c, gs.d_mu_c, bn_grad ? bn_mean : gs.zeros_c, cw.wm_in(),
+      g.data_ptr<T>(),
+      f.x3.data_ptr<T>(),
+      gs.s1,
+      gs.s2,
+      s.mu,
+      s.rstd,
+      weight.data_ptr<T>(),
+      s.mean_in,
+      gs.d_var_n,
+      gs.d_mu_n,
+      s.ln_mean,
+      gs.d_var_c,
+      gs.d_mu_c,
+      bn_grad ? bn_mean : gs.zeros_c,
+      cw.wm_in(),
       cw.wv_in(),
       static_cast<T>(2.0 / std::max<int64_t>(spatial - f.correction, 1)),
-      grad_x.data_ptr<T>(), channels, spatial};
+      grad_x.data_ptr<T>(),
+      channels,
+      spatial};
   run_rows(iargs, rows, spatial);
 }
 
@@ -944,8 +975,8 @@ at::Tensor logit_grad(const std::vector<double>& r,
 variable_list backward_impl(const at::Tensor& grad_y, const Forward& f,
                             const at::Tensor& weight,
                             const at::Tensor& mean_logits,
-                            const std::vector<bool>& is_fixed,
-                            bool using_bn, bool ratios_given) {
+                            const std::vector<bool>& is_fixed, bool using_bn,
+                            bool ratios_given) {
   const auto dtype = f.x3.scalar_type();
   auto g = grad_y.reshape(f.x3.sizes());
   if (g.scalar_type() != dtype) g = g.to(dtype);
@@ -963,8 +994,8 @@ variable_list backward_impl(const at::Tensor& grad_y, const Forward& f,
   return {grad_x.view(grad_y.sizes()), grad_weight, grad_bias,
           logit_grad(w.mean, d_wm, mean_logits, is_fixed, 0, w.groups,
                      w.has_in, ratios_given),
-          logit_grad(w.var, d_wv, mean_logits, is_fixed, 1, w.groups,
-                     w.has_in, ratios_given)};
+          logit_grad(w.var, d_wv, mean_logits, is_fixed, 1, w.groups, w.has_in,
+                     ratios_given)};
 }
 
 // The reference's output (sn_mm::switchable_norm_reference, PyTorch ops
@@ -981,11 +1012,11 @@ at::Tensor reference_output(const at::Tensor& x, const at::Tensor& weight,
   static auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("sn_mm::switchable_norm_reference", "")
-          .typed<at::Tensor(
-              const at::Tensor&, const at::Tensor&, const at::Tensor&,
-              const at::Tensor&, const at::Tensor&, const OptTensor&,
-              const OptTensor&, const OptTensor&, const OptTensor&, bool,
-              double, bool, bool)>();
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&,
+                            const at::Tensor&, const at::Tensor&,
+                            const at::Tensor&, const OptTensor&,
+                            const OptTensor&, const OptTensor&,
+                            const OptTensor&, bool, double, bool, bool)>();
   return op.call(x, weight, bias, mean_logits, var_logits, bn_mean, bn_var,
                  fixed, fixed_ratios, batch_stats, eps, unbiased,
                  ratios_given);
@@ -1005,8 +1036,8 @@ struct SavedFlags {
 
   static SavedFlags of(const Forward& f, bool training, bool unbiased,
                        bool ratios_given, bool using_bn, double eps) {
-    return {training,  unbiased,      ratios_given,      using_bn,
-            f.bn_batch, f.ratios.has_in, eps, f.correction,
+    return {training,      unbiased,        ratios_given, using_bn,
+            f.bn_batch,    f.ratios.has_in, eps,          f.correction,
             f.ratios.mean, f.ratios.var};
   }
 
@@ -1026,10 +1057,14 @@ struct SavedFlags {
 
   static SavedFlags load(AutogradContext* ctx) {
     const auto& d = ctx->saved_data;
-    return {d.at("training").toBool(),     d.at("unbiased").toBool(),
-            d.at("ratios_given").toBool(), d.at("using_bn").toBool(),
-            d.at("bn_batch").toBool(),     d.at("has_in").toBool(),
-            d.at("eps").toDouble(),        d.at("correction").toInt(),
+    return {d.at("training").toBool(),
+            d.at("unbiased").toBool(),
+            d.at("ratios_given").toBool(),
+            d.at("using_bn").toBool(),
+            d.at("bn_batch").toBool(),
+            d.at("has_in").toBool(),
+            d.at("eps").toDouble(),
+            d.at("correction").toInt(),
             d.at("mean_ratios").toDoubleVector(),
             d.at("var_ratios").toDoubleVector()};
   }
@@ -1056,17 +1091,17 @@ class SwitchableNormOp : public torch::autograd::Function<SwitchableNormOp> {
       const at::Tensor& bias, const at::Tensor& mean_logits,
       const at::Tensor& var_logits, const OptTensor& running_mean,
       const OptTensor& running_var, const OptTensor& num_batches_tracked,
-    const OptTensor& nonfinite,
-      const OptTensor& fixed, const OptTensor& fixed_ratios, bool training,
-      double momentum, double eps, bool unbiased, bool ratios_given) {
+      const OptTensor& nonfinite, const OptTensor& fixed,
+      const OptTensor& fixed_ratios, bool training, double momentum,
+      double eps, bool unbiased, bool ratios_given) {
     at::AutoDispatchBelowADInplaceOrView guard;
     Forward f = forward_impl(x, weight, bias, mean_logits, var_logits,
                              running_mean, running_var, num_batches_tracked,
-                             nonfinite, fixed, fixed_ratios, training, momentum, eps,
-                             unbiased, ratios_given, true);
-    ctx->save_for_backward(
-        {x, weight, bias, mean_logits, var_logits, f.ws,
-         fixed.value_or(at::Tensor()), fixed_ratios.value_or(at::Tensor())});
+                             nonfinite, fixed, fixed_ratios, training,
+                             momentum, eps, unbiased, ratios_given, true);
+    ctx->save_for_backward({x, weight, bias, mean_logits, var_logits, f.ws,
+                            fixed.value_or(at::Tensor()),
+                            fixed_ratios.value_or(at::Tensor())});
     SavedFlags::of(f, training, unbiased, ratios_given, defined(running_mean),
                    eps)
         .save(ctx);
@@ -1083,10 +1118,10 @@ class SwitchableNormOp : public torch::autograd::Function<SwitchableNormOp> {
     if (at::GradMode::is_enabled()) return recorded_backward(ctx, grad_y);
     Forward f = flags.forward(saved[0], saved[5]);
     f.ratios.groups = ratio_groups(saved[3]);
-    auto grads = backward_impl(grad_y, f, saved[1], saved[3],
-                               read_fixed(optional_of(saved[6]),
-                                          f.ratios.groups),
-                               flags.using_bn, flags.ratios_given);
+    auto grads =
+        backward_impl(grad_y, f, saved[1], saved[3],
+                      read_fixed(optional_of(saved[6]), f.ratios.groups),
+                      flags.using_bn, flags.ratios_given);
     for (int i = 0; i < 5; ++i)
       if (ctx->needs_input_grad(i)) result[i] = grads[i];
     return result;
@@ -1106,11 +1141,11 @@ class SwitchableNormOp : public torch::autograd::Function<SwitchableNormOp> {
       bn_mean = saved[5].narrow(0, at, channels);
       bn_var = saved[5].narrow(0, at + channels, channels);
     }
-    auto y = reference_output(saved[0], saved[1], saved[2], saved[3],
-                              saved[4], bn_mean, bn_var,
-                              optional_of(saved[6]), optional_of(saved[7]),
-                              flags.training && samples > 0, flags.eps,
-                              flags.unbiased, flags.ratios_given);
+    auto y =
+        reference_output(saved[0], saved[1], saved[2], saved[3], saved[4],
+                         bn_mean, bn_var, optional_of(saved[6]),
+                         optional_of(saved[7]), flags.training && samples > 0,
+                         flags.eps, flags.unbiased, flags.ratios_given);
     variable_list wanted, result(16);
     std::vector<int> where;
     for (int i = 0; i < 5; ++i)
@@ -1133,13 +1168,13 @@ at::Tensor switchable_norm_cpu(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
     const at::Tensor& mean_logits, const at::Tensor& var_logits,
     const OptTensor& running_mean, const OptTensor& running_var,
-    const OptTensor& num_batches_tracked,
-    const OptTensor& nonfinite, const OptTensor& fixed,
-    const OptTensor& fixed_ratios, bool training, double momentum,
-    double eps, bool unbiased, bool ratios_given) {
+    const OptTensor& num_batches_tracked, const OptTensor& nonfinite,
+    const OptTensor& fixed, const OptTensor& fixed_ratios, bool training,
+    double momentum, double eps, bool unbiased, bool ratios_given) {
   return forward_impl(x, weight, bias, mean_logits, var_logits, running_mean,
-                      running_var, num_batches_tracked, nonfinite, fixed, fixed_ratios,
-                      training, momentum, eps, unbiased, ratios_given, false)
+                      running_var, num_batches_tracked, nonfinite, fixed,
+                      fixed_ratios, training, momentum, eps, unbiased,
+                      ratios_given, false)
       .y;
 }
 
@@ -1147,26 +1182,23 @@ at::Tensor switchable_norm_autograd(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
     const at::Tensor& mean_logits, const at::Tensor& var_logits,
     const OptTensor& running_mean, const OptTensor& running_var,
-    const OptTensor& num_batches_tracked,
-    const OptTensor& nonfinite, const OptTensor& fixed,
-    const OptTensor& fixed_ratios, bool training, double momentum,
-    double eps, bool unbiased, bool ratios_given) {
+    const OptTensor& num_batches_tracked, const OptTensor& nonfinite,
+    const OptTensor& fixed, const OptTensor& fixed_ratios, bool training,
+    double momentum, double eps, bool unbiased, bool ratios_given) {
   const bool any_grad = x.requires_grad() || weight.requires_grad() ||
                         bias.requires_grad() || mean_logits.requires_grad() ||
                         var_logits.requires_grad();
   if (!(at::GradMode::is_enabled() && any_grad)) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return switchable_norm_cpu(x, weight, bias, mean_logits, var_logits,
-                               running_mean, running_var,
-                               num_batches_tracked, nonfinite, fixed, fixed_ratios,
-                               training, momentum, eps, unbiased,
-                               ratios_given);
+                               running_mean, running_var, num_batches_tracked,
+                               nonfinite, fixed, fixed_ratios, training,
+                               momentum, eps, unbiased, ratios_given);
   }
-  return SwitchableNormOp::apply(x, weight, bias, mean_logits, var_logits,
-                                 running_mean, running_var,
-                                 num_batches_tracked, nonfinite, fixed, fixed_ratios,
-                                 training, momentum, eps, unbiased,
-                                 ratios_given)[0];
+  return SwitchableNormOp::apply(
+      x, weight, bias, mean_logits, var_logits, running_mean, running_var,
+      num_batches_tracked, nonfinite, fixed, fixed_ratios, training, momentum,
+      eps, unbiased, ratios_given)[0];
 }
 
 }  // namespace
@@ -1182,11 +1214,13 @@ TORCH_LIBRARY_IMPL(sn_mm, AutogradCPU, m) {
 // Importing the module (sn_mm._ext) is what registers the kernels above.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "SN's CPU kernels, registered as sn_mm::switchable_norm";
-  m.def("cpu_isa", []() { return std::string(kernels().isa); },
-        "The instruction set SN's CPU kernels run with.");
+  m.def(
+      "cpu_isa", []() { return std::string(kernels().isa); },
+      "The instruction set SN's CPU kernels run with.");
   m.def("cpu_isas", &cpu_isas,
         "The instruction sets this build has and this CPU runs, best first.");
-  m.def("set_cpu_isa", &set_cpu_isa, "Run SN's CPU kernels with another "
+  m.def("set_cpu_isa", &set_cpu_isa,
+        "Run SN's CPU kernels with another "
         "instruction set (one of cpu_isas()).");
   m.def("path_counts", &path_counts,
         "(path, calls that took it) for each special path.");
