@@ -23,7 +23,8 @@ ALLOWED = {
     'version': set(),
 }
 PRIVATE = re.compile(r'torch\._[A-Za-z]|\._internal\b|environ\._data|'
-                     r'\.packed_metadata')
+                     r'\.packed_metadata|\._parameters\b|\._buffers\b|'
+                     r'\._modules\b|\._forward\b|\b_validate_cfg\b')
 
 
 def modules():
@@ -224,3 +225,12 @@ def test_the_length_checks_count_lines():
     assert cpp_function_lengths('void g() {\n  if (x) {\n  }\n}\n') == [
         ('void g() {', 4)
     ]
+
+
+@pytest.mark.parametrize('line', [
+    'torch._C._foo()', 'x = self._parameters', 'b = m._buffers["x"]',
+    'm._modules[name] = y', 'model._forward(x)', 'super()._validate_cfg()',
+    'os.environ._data', 'compiled.packed_metadata'
+])
+def test_the_private_api_check_sees(line):
+    assert PRIVATE.search(line)

@@ -40,8 +40,10 @@ class SNOptimWrapperConstructor(DefaultOptimWrapperConstructor):
             paramwise_cfg=dict(norm_decay_mult=0., ratio_decay_mult=0.))
     """
 
-    def _validate_cfg(self) -> None:
-        super()._validate_cfg()
+    def __init__(self,
+                 optim_wrapper_cfg: dict,
+                 paramwise_cfg: Optional[dict] = None) -> None:
+        super().__init__(optim_wrapper_cfg, paramwise_cfg)
         if ('ratio_decay_mult' in self.paramwise_cfg and self.base_wd is None):
             raise ValueError('ratio_decay_mult needs the optimizer to set '
                              'weight_decay (base_wd is None)')

@@ -117,12 +117,14 @@ def fuse_conv_sn(module: nn.Module) -> nn.Module:
                 if (last_conv is not None
                         and last_conv.out_channels == child.num_features):
                     _fold_into_conv(last_conv, scale, shift)
-                    module._modules[name] = nn.Identity()
+                    setattr(module, name, nn.Identity())
                 else:
-                    module._modules[name] = SNAffine(scale.detach().clone(),
-                                                     shift.detach().clone())
+                    setattr(
+                        module, name,
+                        SNAffine(scale.detach().clone(),
+                                 shift.detach().clone()))
             elif terms is not None:
-                module._modules[name] = SelectedNorm(child, terms)
+                setattr(module, name, SelectedNorm(child, terms))
             last_conv = None
         elif isinstance(child, nn.Conv2d):
             last_conv = child

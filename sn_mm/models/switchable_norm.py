@@ -8,6 +8,7 @@ from mmengine.registry import MODELS
 from torch import Tensor
 
 from ..ops import check_kernels, switchable_norm
+from ..ops._compat import own_tensors
 from ..ops.ratios import RATIO_FNS, TERMS, group_ratios, layer_ratios
 
 
@@ -221,7 +222,7 @@ class SwitchableNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         # The dicts, not attribute lookups through nn.Module.__getattr__: at
         # small shapes Python's cost per call is what SN pays over GN.
-        params, buffers = self._parameters, self._buffers
+        params, buffers = own_tensors(self)
         return switchable_norm(x, params['weight'], params['bias'],
                                params['mean_weight'], params['var_weight'],
                                buffers['running_mean'], buffers['running_var'],

@@ -26,6 +26,20 @@ def getenv(name: str):
     return None if value is None else os.fsdecode(value)
 
 
+# -- a module's own tensors -----------------------------------------------
+def own_tensors(module: torch.nn.Module):
+    """(parameters, buffers) registered on ``module`` itself, as dicts by
+    name: the module's own dicts, which a layer's forward reads without
+    ``nn.Module.__getattr__``'s lookup (a few microseconds a call at
+    batch-1 sizes)."""
+    params = getattr(module, '_parameters', None)
+    buffers = getattr(module, '_buffers', None)
+    if isinstance(params, dict) and isinstance(buffers, dict):
+        return params, buffers
+    return (dict(module.named_parameters(recurse=False)),
+            dict(module.named_buffers(recurse=False)))
+
+
 # -- ONNX export ----------------------------------------------------------
 def _onnx_export_flags():
     """The two flags behind ``torch.onnx.is_in_onnx_export``, found once:

@@ -87,7 +87,7 @@ def main(argv=None):
     x = torch.randn(4, 3, args.size or 96, args.size or 96)
     side = (args.size or 96) // 8
     target = torch.randint(0, 5, (4, side, side))
-    measure('DeepLabV3 R18-D8 (toy)', seg._forward,
+    measure('DeepLabV3 R18-D8 (toy)', lambda x: seg(x, mode='tensor'),
             lambda out: F.cross_entropy(out, target), x, args.repeats,
             args.backend)
     det = build('mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py', 'mmdet')

@@ -45,6 +45,7 @@ import sn_mm  # noqa: F401
 from sn_mm import SwitchableNorm, SyncSwitchableNorm
 from sn_mm.ops import (cpu_isa, cpu_isas, default_kernels, native_available,
                        set_cpu_isa)
+from sn_mm.ops._compat import own_tensors
 from sn_mm.ops.operator import CUDA_ROUTE
 from sn_mm.testing.timing import median_time, median_times, timed
 
@@ -538,7 +539,7 @@ def route_host_costs(device, rounds=5, calls=300):
     fused = triton_module() if device == 'cuda' else None
 
     def bare(training):
-        p, b = layer._parameters, layer._buffers
+        p, b = own_tensors(layer)
         return fused.switchable_norm(x, p['weight'], p['bias'],
                                      p['mean_weight'], p['var_weight'],
                                      b['running_mean'], b['running_var'],

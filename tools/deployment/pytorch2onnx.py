@@ -43,7 +43,7 @@ class Exported(nn.Module):
 
     def forward(self, x):
         if self.kind == 'segmentor':
-            return self.model._forward(x)
+            return self.model(x, mode='tensor')
         feats = self.model.extract_feat(x)
         return tuple(feats)
 
