@@ -8,10 +8,12 @@ Importing the package registers ``'SN'``, ``'SyncSN'`` and the
 # The engine registers SNRunner, the hooks and the optimizer constructor.
 from . import engine  # noqa: F401
 from .models import (PreActResNet, SwitchableNorm, SyncSwitchableNorm,
-                     convert_sync_sn, fuse_conv_sn, harden_sn, revert_sync_sn)
+                     convert_sn, convert_sync_sn, fuse_conv_sn, harden_sn,
+                     revert_sync_sn)
 from .version import __version__
 
 __all__ = [
-    'PreActResNet', 'SwitchableNorm', 'SyncSwitchableNorm', 'convert_sync_sn',
-    'fuse_conv_sn', 'harden_sn', 'revert_sync_sn', '__version__'
+    'PreActResNet', 'SwitchableNorm', 'SyncSwitchableNorm', 'convert_sn',
+    'convert_sync_sn', 'fuse_conv_sn', 'harden_sn', 'revert_sync_sn',
+    '__version__'
 ]

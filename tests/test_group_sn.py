@@ -412,7 +412,7 @@ def test_group_sn_configs_start_every_group_from_the_released_vectors(
 
 @pytest.mark.parametrize('ratios', ['uniform', 'source'])
 def test_sn_pretrained_into_group_sn(tmp_path, ratios):
-    from sn_mm.engine.pretrained import SOURCE_RATIO
+    from sn_mm.models.convert import SOURCE_RATIO
     bn = resnet18(dict(type='BN'))
     sn = resnet18(dict(type='SN'))
     with torch.no_grad():

@@ -7,7 +7,7 @@ from mmengine.registry import DefaultScope
 
 import sn_mm  # noqa: F401  (registers SN and SNPretrained)
 from sn_mm import SwitchableNorm
-from sn_mm.engine.pretrained import SOURCE_RATIO
+from sn_mm.models.convert import SOURCE_RATIO
 
 
 def build(cfg):

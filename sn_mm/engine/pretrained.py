@@ -1,6 +1,5 @@
 """``init_cfg=dict(type='SNPretrained', ...)``: SN layers started from the
 norm layers of a BN, GN or SN checkpoint."""
-import math
 import re
 from typing import Dict, List, Optional, Tuple
 
@@ -12,13 +11,11 @@ from mmengine.registry import WEIGHT_INITIALIZERS
 from mmengine.runner import CheckpointLoader
 
 from ..models import SwitchableNorm
+from ..models.convert import source_logits
 from ..models.switchable_norm import to_groups
 from .runner import trusted_torch_load
 
 RATIO_CHOICES = ('uniform', 'source')
-# With ratios='source': the source's term's ratio (softmax logits cannot
-# make it exactly 1); the other terms share what is left.
-SOURCE_RATIO = 1 - 1e-4
 # An SN layer named e.g. 'sn1' (mmcv's build_norm_layer: the norm type's
 # abbreviation and a postfix) sits where a BN or GN network has 'bn1'/'gn1'.
 _NORM_NAME = re.compile(r'^(?:sn|bn|gn|ln|in|norm)(\d*)$')
@@ -46,22 +43,6 @@ def _kind(state: Dict[str, torch.Tensor], src: str) -> str:
     if src + '.running_mean' in state:
         return 'BN'
     return 'GN'  # affine parameters only: GN, LN or IN
-
-
-def _source_logits(kind: str, terms: int) -> Optional[torch.Tensor]:
-    """Logits whose softmax puts SOURCE_RATIO on the source's term: BN for
-    BN; for GN, whose group statistics lie between IN's and LN's, half of
-    it on each. None where the layer has no such term (BN without a BN
-    branch)."""
-    rest = 1 - SOURCE_RATIO
-    if kind == 'BN':
-        if terms < 3:
-            return None
-        ratios = [rest / 2, rest / 2, SOURCE_RATIO]
-    else:
-        ratios = [SOURCE_RATIO / 2] * 2 + [rest] * (terms - 2)
-        ratios = [r / sum(ratios) for r in ratios]
-    return torch.tensor([math.log(r) for r in ratios])
 
 
 def sn_state_from(module: nn.Module,
@@ -100,8 +81,7 @@ def sn_state_from(module: nn.Module,
         if ratios == 'uniform' or kind != 'SN':
             shape = layer.mean_weight.shape  # (K,), or (G, K): group SN
             logits = (
-                _source_logits(kind, shape[-1])
-                if ratios == 'source' else None)
+                source_logits(kind, shape[-1]) if ratios == 'source' else None)
             if logits is None:
                 logits = torch.zeros(shape[-1])
             for key in ('mean_weight', 'var_weight'):

@@ -1,3 +1,4 @@
+from .convert import convert_sn
 from .fuse import SelectedNorm, SNAffine, fuse_conv_sn
 from .hard_ratios import hard_choices, harden_sn, harden_state_dict
 from .preact_resnet import PreActResNet
@@ -6,7 +7,7 @@ from .sync_switchable_norm import (SyncSwitchableNorm, convert_sync_sn,
                                    revert_sync_sn)
 
 __all__ = [
-    'SelectedNorm', 'SNAffine', 'fuse_conv_sn', 'hard_choices', 'harden_sn',
-    'harden_state_dict', 'PreActResNet', 'SwitchableNorm',
+    'convert_sn', 'SelectedNorm', 'SNAffine', 'fuse_conv_sn', 'hard_choices',
+    'harden_sn', 'harden_state_dict', 'PreActResNet', 'SwitchableNorm',
     'SyncSwitchableNorm', 'convert_sync_sn', 'revert_sync_sn'
 ]
