@@ -367,19 +367,48 @@ def switchable_norm(x: Tensor,
                                                   radius, ratio_fixed,
                                                   fixed_ratios, training,
                                                   math.prod(x.shape[2:]) > 1)
+    return _CALLS[_route(impl, x, group)](
+        x, weight, bias, mean_weight, var_weight, running_mean, running_var,
+        num_batches_tracked, ratio_fixed, fixed_ratios, training, momentum,
+        eps, unbiased, ratios_given, group, nonfinite_batches)
+
+
+def _route(impl: str, x: Tensor, group) -> str:
+    """How a call of implementation ``impl`` is made: through the
+    dispatcher ('operator': the C++ kernels; on CUDA with CUDA_ROUTE
+    'operator'), to the Triton module directly ('triton': a GPU call, a
+    process group, Triton's interpreter) or to the reference."""
     if impl == 'native' or (impl == 'triton' and x.is_cuda and group is None
                             and CUDA_ROUTE['via'] == 'operator'):
-        return _OP(x, weight, bias, mean_weight, var_weight, running_mean,
-                   running_var, num_batches_tracked, nonfinite_batches,
-                   ratio_fixed, fixed_ratios, training,
-                   -1. if momentum is None else momentum, eps, unbiased,
-                   ratios_given)
-    if impl == 'triton':  # a process group, or Triton's interpreter
-        return triton_module().switchable_norm(
-            x, weight, bias, mean_weight, var_weight, running_mean,
-            running_var, num_batches_tracked, ratio_fixed, fixed_ratios,
-            training, momentum, eps, unbiased, ratios_given, group,
-            nonfinite_batches)
+        return 'operator'
+    return impl
+
+
+def _call_operator(x, weight, bias, mean_weight, var_weight, running_mean,
+                   running_var, num_batches_tracked, ratio_fixed, fixed_ratios,
+                   training, momentum, eps, unbiased, ratios_given, group,
+                   nonfinite_batches):
+    return _OP(x, weight, bias, mean_weight, var_weight, running_mean,
+               running_var, num_batches_tracked, nonfinite_batches,
+               ratio_fixed, fixed_ratios, training,
+               -1. if momentum is None else momentum, eps, unbiased,
+               ratios_given)
+
+
+def _call_triton(x, weight, bias, mean_weight, var_weight, running_mean,
+                 running_var, num_batches_tracked, ratio_fixed, fixed_ratios,
+                 training, momentum, eps, unbiased, ratios_given, group,
+                 nonfinite_batches):
+    return triton_module().switchable_norm(
+        x, weight, bias, mean_weight, var_weight, running_mean, running_var,
+        num_batches_tracked, ratio_fixed, fixed_ratios, training, momentum,
+        eps, unbiased, ratios_given, group, nonfinite_batches)
+
+
+def _call_reference(x, weight, bias, mean_weight, var_weight, running_mean,
+                    running_var, num_batches_tracked, ratio_fixed,
+                    fixed_ratios, training, momentum, eps, unbiased,
+                    ratios_given, group, nonfinite_batches):
     args = (weight, bias, mean_weight, var_weight, running_mean, running_var,
             num_batches_tracked, training, momentum, eps, unbiased,
             ratio_fixed, fixed_ratios, ratios_given, group, nonfinite_batches)
@@ -388,3 +417,10 @@ def switchable_norm(x: Tensor,
         with torch.autocast(x.device.type, enabled=False):
             return switchable_norm_reference(x, *args)
     return switchable_norm_reference(x, *args)
+
+
+_CALLS = {
+    'operator': _call_operator,
+    'triton': _call_triton,
+    'torch': _call_reference
+}

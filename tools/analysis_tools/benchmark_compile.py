@@ -44,8 +44,8 @@ def warm_median(fn, repeats):
     return median_time(fn, repeats)
 
 
-def measure(name, net, loss_fn, x, repeats, backend):
-    net_module = net.__self__
+def measure(name, net_module, net, loss_fn, x, repeats, backend):
+    """``net`` (a call of ``net_module``) eager and compiled."""
     results = {}
     for mode in ('eager', 'compiled'):
         fn = net if mode == 'eager' else torch.compile(net, backend=backend)
@@ -87,12 +87,12 @@ def main(argv=None):
     x = torch.randn(4, 3, args.size or 96, args.size or 96)
     side = (args.size or 96) // 8
     target = torch.randint(0, 5, (4, side, side))
-    measure('DeepLabV3 R18-D8 (toy)', lambda x: seg(x, mode='tensor'),
+    measure('DeepLabV3 R18-D8 (toy)', seg, lambda x: seg(x, mode='tensor'),
             lambda out: F.cross_entropy(out, target), x, args.repeats,
             args.backend)
     det = build('mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py', 'mmdet')
     x = torch.randn(4, 3, args.size or 128, args.size or 128)
-    measure('Mask R-CNN R18-FPN backbone+neck (toy)', det.extract_feat,
+    measure('Mask R-CNN R18-FPN backbone+neck (toy)', det, det.extract_feat,
             lambda out: sum(
                 (o * o).mean() for o in out), x, args.repeats, args.backend)
 
