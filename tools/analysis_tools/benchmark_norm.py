@@ -578,9 +578,10 @@ def route_host_costs(device, rounds=5, calls=300):
 
 def torchvision_detector_step(device, repeats, toy):
     """One training step of torchvision's Mask R-CNN R50-FPN, 2 images of
-    800x1216 (64x96 with ``toy``), bf16 autocast, SGD, with GN(32), SN and
-    SyncSN (a one-rank NCCL group) in the same layers; None where
-    torchvision is missing."""
+    800x1216 (64x96 with ``toy``), bf16 autocast, SGD, with GN(32), SN (as
+    it runs, and on CUDA through the dispatcher: the route A/B) and SyncSN
+    (a one-rank NCCL group) in the same layers; None where torchvision is
+    missing."""
     try:
         import torchvision  # noqa: F401
     except ImportError:
@@ -602,10 +603,10 @@ def torchvision_detector_step(device, repeats, toy):
                 labels=torch.randint(1, 91, (4, ), generator=gen).to(device),
                 masks=masks.to(device)))
     # (name, norm layer, how SN's CUDA calls reach the Triton kernels)
-    norms = [('GN(32)', lambda c: nn.GroupNorm(32, c), 'operator'),
-             ('SN', SwitchableNorm, 'operator'),
-             ('SN, direct route', SwitchableNorm, 'direct'),
-             ('SyncSN, one-rank group', SyncSwitchableNorm, 'operator')]
+    norms = [('GN(32)', lambda c: nn.GroupNorm(32, c), 'direct'),
+             ('SN', SwitchableNorm, 'direct'),
+             ('SN through the dispatcher', SwitchableNorm, 'operator'),
+             ('SyncSN, one-rank group', SyncSwitchableNorm, 'direct')]
     steps = {}
     for name, norm, via in norms:
         torch.manual_seed(0)
