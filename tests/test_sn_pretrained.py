@@ -291,6 +291,42 @@ def test_mmpretrain_checkpoint_into_det_and_seg_configs(
         assert torch.equal(value, backbone_state[key]), key
 
 
+# The same for a C4 detector's res5, which its RoI head holds.
+C4_OPTIONS = {
+    k.replace('model.backbone.', 'model.roi_head.shared_head.'): v
+    for k, v in README_OPTIONS.items()
+}
+
+
+def test_mmpretrain_checkpoint_into_the_c4_res5_head(mmpretrain_checkpoint):
+    """The C4 configs' RoI head holds conv5 (res5) with its own init_cfg:
+    the documented options for it start every one of its entries from the
+    checkpoint's layer4."""
+    import os.path as osp
+
+    from mmdet.registry import MODELS
+    from mmdet.utils import register_all_modules
+    from mmengine.config import Config
+    path, backbone_state = mmpretrain_checkpoint
+    root = osp.dirname(osp.dirname(osp.abspath(__file__)))
+    cfg = Config.fromfile(
+        osp.join(root, 'configs', 'faster_rcnn',
+                 'faster-rcnn_r50-sn-c4_120k_coco.py'))
+    options = dict(README_OPTIONS, **C4_OPTIONS)
+    for key in ('model.backbone.init_cfg.checkpoint',
+                'model.roi_head.shared_head.init_cfg.checkpoint'):
+        options[key] = str(path)
+    cfg.merge_from_dict(options)
+    register_all_modules(init_default_scope=False)
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        head = MODELS.build(cfg.model.roi_head.shared_head)
+    head.init_weights()
+    state = head.state_dict()
+    assert len(state) > 50
+    for key, value in state.items():
+        assert torch.equal(value, backbone_state[key]), key
+
+
 def test_shapes_that_do_not_fit_are_refused_with_nothing_loaded(bn_checkpoint):
     path, _ = bn_checkpoint
     model = resnet(
