@@ -412,3 +412,21 @@ def test_digits_study_runs():
     assert all(0 <= r['accuracy'] <= 1 for r in rows)
     # Started at BN, the 'source' network's ratios are still BN's.
     assert float(rows[2]['ratios'][0]) > 0.99
+
+
+def test_missing_checkpoints_are_found_by_key(tmp_path):
+    from sn_mm.engine.runner import missing_checkpoints
+    there = tmp_path / 'there.pth'
+    there.write_bytes(b'')
+    cfg = dict(
+        backbone=dict(init_cfg=dict(type='SNPretrained', checkpoint='a.pth')),
+        roi_head=dict(
+            shared_head=dict(init_cfg=[
+                dict(type='Pretrained', checkpoint=str(there)),
+                dict(type='Pretrained', checkpoint='torchvision://resnet50'),
+                dict(type='Pretrained', checkpoint='b.pth')
+            ])))
+    assert missing_checkpoints(cfg) == [
+        ('model.backbone.init_cfg.checkpoint', 'a.pth'),
+        ('model.roi_head.shared_head.init_cfg[2].checkpoint', 'b.pth')
+    ]

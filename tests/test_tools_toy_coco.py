@@ -85,3 +85,30 @@ def test_test_tool_prints_coco_metrics(workspace):
     else:
         assert 'bbox_mAP_copypaste' in log and 'segm_mAP_copypaste' in log
         assert 'Average Precision  (AP) @[ IoU=0.50:0.95' in log
+
+
+def test_train_names_a_missing_checkpoint_before_building_data(tmp_path):
+    """A config whose pretrained file is not on disk stops at once, naming
+    the file, the config key and the docs section."""
+    config = osp.join(ROOT, 'configs', 'toy',
+                      'mask-rcnn_r18-sn-pretrained_fpn_sn-head_toy-coco.py')
+    missing = tmp_path / 'nowhere' / 'epoch_8.pth'
+    result = run_python(
+        [
+            tool('train.py'),
+            config,
+            '--work-dir',
+            tmp_path / 'work',
+            '--cfg-options',
+            f'model.backbone.init_cfg.checkpoint={missing}',
+            # no data: the check comes before any dataset is built
+            'train_dataloader.dataset.data_root=' + str(tmp_path / 'no_data')
+        ],
+        cwd=tmp_path,
+        ok=False,
+        timeout=300)
+    assert result.returncode != 0
+    err = result.stderr
+    assert 'FileNotFoundError' in err and str(missing) in err, err[-2000:]
+    assert 'model.backbone.init_cfg.checkpoint' in err
+    assert 'docs/configs_and_checkpoints.md#converting-checkpoints' in err

@@ -1,6 +1,7 @@
 """mmengine's Runner, able to resume under torch >= 2.6."""
 import contextlib
 import functools
+import os.path as osp
 
 import torch
 import torch.distributed as dist
@@ -37,6 +38,47 @@ def trusted_torch_load():
         torch.load = original
 
 
+CHECKPOINT_DOC = ('docs/configs_and_checkpoints.md#converting-checkpoints')
+
+
+def missing_checkpoints(cfg, where='model'):
+    """(config key, path) of every ``init_cfg`` checkpoint in ``cfg`` that
+    names a local file which does not exist (URLs such as
+    ``torchvision://resnet50`` are mmengine's to resolve)."""
+    found = []
+    if isinstance(cfg, dict):
+        for key, value in cfg.items():
+            if key == 'init_cfg':
+                for i, init in enumerate(
+                        value if isinstance(value, list) else [value]):
+                    path = init.get('checkpoint') if isinstance(init,
+                                                                dict) else None
+                    if (isinstance(path, str) and '://' not in path
+                            and not osp.exists(path)):
+                        at = f'{where}.init_cfg' + (f'[{i}]' if isinstance(
+                            value, list) else '')
+                        found.append((f'{at}.checkpoint', path))
+            else:
+                found += missing_checkpoints(value, f'{where}.{key}')
+    elif isinstance(cfg, (list, tuple)):
+        for i, value in enumerate(cfg):
+            found += missing_checkpoints(value, f'{where}[{i}]')
+    return found
+
+
+def check_checkpoints(model_cfg) -> None:
+    """Before anything is built: a FileNotFoundError naming every pretrained
+    file the model's config expects and does not find, and where the docs
+    say each comes from."""
+    missing = missing_checkpoints(model_cfg)
+    if missing:
+        raise FileNotFoundError(
+            'the config starts from checkpoint files that do not exist: ' +
+            '; '.join(f'{path} ({key})' for key, path in missing) +
+            f'. {CHECKPOINT_DOC} says where each comes from and how to make '
+            'it; or point a key elsewhere with --cfg-options KEY=PATH')
+
+
 @RUNNERS.register_module()
 class SNRunner(Runner):
     """mmengine's Runner, able to resume under torch >= 2.6 and to run
@@ -44,6 +86,10 @@ class SNRunner(Runner):
 
     - ``resume`` loads the run's own checkpoint (see
       :func:`trusted_torch_load`).
+    - A pretrained file the model's config names and the disk lacks stops
+      training before the datasets are built, naming the file and the docs
+      (:func:`check_checkpoints`); testing a trained model does not need
+      them.
     - On one process (no launcher), SyncSN layers become SN layers, as
       mmengine's own ``wrap_model`` turns SyncBN into BN: there is nothing to
       synchronise with, and SN computes the same thing.
@@ -55,6 +101,11 @@ class SNRunner(Runner):
     ``tools/train.py`` and ``tools/test.py`` use it unless a config names
     another ``runner_type``.
     """
+
+    def train(self):
+        # Before the datasets are built: init_weights would fail later.
+        check_checkpoints(self.cfg.get('model', {}))
+        return super().train()
 
     def _cpu_distributed(self) -> bool:
         return self.distributed and not torch.cuda.is_available()
