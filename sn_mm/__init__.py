@@ -9,11 +9,12 @@ Importing the package registers ``'SN'``, ``'SyncSN'`` and the
 from . import engine  # noqa: F401
 from .models import (PreActResNet, SwitchableNorm, SyncSwitchableNorm,
                      convert_sn, convert_sync_sn, fuse_conv_sn, harden_sn,
-                     revert_sync_sn)
+                     revert_sn, revert_sync_sn)
 from .version import __version__
 
 __all__ = [
     'PreActResNet', 'SwitchableNorm', 'SyncSwitchableNorm', 'convert_sn',
-    'convert_sync_sn', 'fuse_conv_sn', 'harden_sn', 'revert_sync_sn',
+    'convert_sync_sn', 'fuse_conv_sn', 'harden_sn', 'revert_sn',
+    'revert_sync_sn',
     '__version__'
 ]

@@ -129,3 +129,29 @@ def test_fixed_bn_ratios_normalise_as_bn_in_training():
     sn = convert_sn(nn.BatchNorm2d(8), ratios='fixed')
     torch.testing.assert_close(sn(x), bn(x), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(sn.running_mean, bn.running_mean)
+
+
+def test_hardened_layers_revert_to_plain_norms():
+    from sn_mm import revert_sn
+    torch.manual_seed(0)
+    source = trained_bn_stats(torchvision.models.resnet18(num_classes=10))
+    source.eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        want = source(x)
+    model = revert_sn(convert_sn(source, ratios='fixed'))
+    assert not norms(model, SwitchableNorm)
+    assert len(norms(model, nn.BatchNorm2d)) == 20
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-5)
+    # LN's term, variances over the count: GroupNorm(1, C), in training too
+    sn = convert_sn(nn.GroupNorm(1, 8), ratios='fixed')
+    x = torch.randn(4, 8, 5, 5) * 3 + 1
+    gn = revert_sn(sn)
+    assert isinstance(gn, nn.GroupNorm) and gn.num_groups == 1
+    torch.testing.assert_close(gn(x), sn(x), rtol=1e-5, atol=1e-5)
+    # ratios that are not one term, or unbiased IN/LN, stay SN
+    assert isinstance(revert_sn(SwitchableNorm(8)), SwitchableNorm)
+    unbiased = SwitchableNorm(8)
+    unbiased.fix_ratios(mean=[0, 1, 0], var=[0, 1, 0])
+    assert revert_sn(unbiased) is unbiased

@@ -1,4 +1,4 @@
-from .convert import convert_sn
+from .convert import convert_sn, revert_sn
 from .fuse import SelectedNorm, SNAffine, fuse_conv_sn
 from .hard_ratios import hard_choices, harden_sn, harden_state_dict
 from .preact_resnet import PreActResNet
@@ -9,5 +9,5 @@ from .sync_switchable_norm import (SyncSwitchableNorm, convert_sync_sn,
 __all__ = [
     'convert_sn', 'SelectedNorm', 'SNAffine', 'fuse_conv_sn', 'hard_choices',
     'harden_sn', 'harden_state_dict', 'PreActResNet', 'SwitchableNorm',
-    'SyncSwitchableNorm', 'convert_sync_sn', 'revert_sync_sn'
+    'SyncSwitchableNorm', 'convert_sync_sn', 'revert_sn', 'revert_sync_sn'
 ]

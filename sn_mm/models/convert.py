@@ -1,6 +1,7 @@
 """SN in any PyTorch model: :func:`convert_sn` turns a model's BatchNorm,
 SyncBatchNorm and GroupNorm layers into SN layers that carry their
-weights, as ``nn.SyncBatchNorm.convert_sync_batchnorm`` does for BN; and the
+weights, as ``nn.SyncBatchNorm.convert_sync_batchnorm`` does for BN, and
+:func:`revert_sn` turns hardened SN layers back; and the
 ratios an SN layer starts with when it replaces such a layer, which
 ``SNPretrained`` (sn_mm/engine/pretrained.py) uses too."""
 import math
@@ -9,6 +10,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
+from .fuse import hard_ratio_terms
 from .switchable_norm import SwitchableNorm
 from .sync_switchable_norm import SyncSwitchableNorm
 
@@ -145,3 +147,44 @@ def _convert(module, name, ratios, sync, group, sn_kwargs):
         if new is not child:
             setattr(module, child_name, new)
     return module
+
+
+def revert_sn(module: nn.Module, bn_type: type = nn.BatchNorm2d) -> nn.Module:
+    """The way back for hardened layers: every SN layer whose mean and
+    variance ratios are fixed to one and the same term (``harden_sn``,
+    ``fix_ratios``, ``convert_sn(ratios='fixed')``) becomes the PyTorch
+    norm that computes it, carrying its parameters: BN's term a ``bn_type``
+    layer (BatchNorm2d by default) with the running statistics, equal in
+    eval; with ``unbiased=False`` (as ``convert_sn`` makes them), IN's term
+    ``GroupNorm(C, C)`` and LN's ``GroupNorm(1, C)``, equal always. Other
+    layers stay SN. Returns the module (a new object where ``module`` is
+    such a layer)."""
+    if isinstance(module, SwitchableNorm):
+        return _plain_norm(module, bn_type) or module
+    for name, child in module.named_children():
+        new = revert_sn(child, bn_type)
+        if new is not child:
+            setattr(module, name, new)
+    return module
+
+
+def _plain_norm(layer: SwitchableNorm, bn_type: type):
+    terms = hard_ratio_terms(layer)
+    if terms is None or terms[0] != terms[1]:
+        return None
+    c = layer.num_features
+    if terms[0] == 'bn':
+        norm = bn_type(c, eps=layer.eps, momentum=layer.momentum)
+        with torch.no_grad():
+            norm.running_mean.copy_(layer.running_mean)
+            norm.running_var.copy_(layer.running_var)
+            norm.num_batches_tracked.copy_(layer.num_batches_tracked)
+    elif layer.unbiased:
+        return None  # IN's and LN's variances divided by count - 1
+    else:
+        norm = nn.GroupNorm(c if terms[0] == 'in' else 1, c, eps=layer.eps)
+    with torch.no_grad():
+        norm.weight.copy_(layer.weight)
+        norm.bias.copy_(layer.bias)
+    return norm.to(layer.weight.device,
+                   layer.weight.dtype).train(layer.training)
