@@ -46,7 +46,6 @@ FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _TILE = 2048  # elements per (rows x block) tile
 _INTERPRET = os.environ.get('TRITON_INTERPRET') == '1'
 _MAX_SPLIT = 64
-_PARTS = 5  # per channel: its terms of the ratio gradients
 # Sizes take no part in a kernel's specialisation (each distinct
 # specialisation is a compile, seconds on first use); strides and the row
 # length do: they decide alignment and vector loads.
@@ -75,12 +74,13 @@ def _row_moments(ws_ptr, r, ok, R, L, chunk, divisor, SPLIT: tl.constexpr):
     centred second moments (Chan et al.'s combination)."""
     if SPLIT == 1:
         mean = tl.load(ws_ptr + r, mask=ok, other=0.0)
-        m2 = tl.load(ws_ptr + R + r, mask=ok, other=0.0)
+        m2 = tl.load(ws_ptr + _ws_m2(R, SPLIT) + r, mask=ok, other=0.0)
     else:
         s = tl.arange(0, SPLIT)
         idx = r[:, None] * SPLIT + s[None, :]
         pm = tl.load(ws_ptr + idx, mask=ok[:, None], other=0.0)
-        pm2 = tl.load(ws_ptr + R * SPLIT + idx, mask=ok[:, None], other=0.0)
+        pm2 = tl.load(
+            ws_ptr + _ws_m2(R, SPLIT) + idx, mask=ok[:, None], other=0.0)
         cnt = tl.minimum(tl.maximum(L - s * chunk, 0), chunk).to(tl.float32)
         mean = tl.sum(pm * cnt[None, :], 1) / L
         dev = pm - mean[:, None]
@@ -88,11 +88,79 @@ def _row_moments(ws_ptr, r, ok, R, L, chunk, divisor, SPLIT: tl.constexpr):
     return mean, m2 / divisor
 
 
+# -- the workspaces -------------------------------------------------------
+# A forward's workspace `ws` (float32; R = N x C rows, each in SPLIT
+# chunks), plane by plane: the chunks' partial means and partial centred
+# second moments (R x SPLIT each); each row's mean_in, var_in, mu and rstd
+# (R each, kept for backward); LN's mean and variance (N each); BN's mean
+# and variance (C each) and the samples behind them (1); each channel's
+# shift, its first value, about which the row means are held (C).
+# A backward's `bws`: the chunks' partial sums of g and of g (x - mean_in)
+# (R x SPLIT each); the LN statistics' gradients (2 x N); the BN
+# statistics' gradients (2 x C); each channel's terms of the ratio
+# gradients (5 x C). Each plane's offset is defined once, below; the
+# host calls the same functions through their ``.fn``.
+
+
 @triton.jit
-def _shift_slot(R, C, SPLIT: tl.constexpr):
-    """Where the channels' shifts start in the workspace: the row means
-    are held about them (see _moments_kernel)."""
+def _ws_m2(R, SPLIT: tl.constexpr):
+    return R * SPLIT
+
+
+@triton.jit
+def _ws_rows(R, SPLIT: tl.constexpr):
+    """mean_in, var_in, mu, rstd: R each."""
+    return 2 * R * SPLIT
+
+
+@triton.jit
+def _ws_ln(R, SPLIT: tl.constexpr):
+    """LN mean, LN variance: N each."""
+    return 2 * R * SPLIT + 4 * R
+
+
+@triton.jit
+def _ws_bn(R, C, SPLIT: tl.constexpr):
+    """BN mean, BN variance: C each; then their sample count."""
+    return 2 * R * SPLIT + 4 * R + 2 * (R // C)
+
+
+@triton.jit
+def _ws_shift(R, C, SPLIT: tl.constexpr):
     return 2 * R * SPLIT + 4 * R + 2 * (R // C) + 2 * C + 1
+
+
+@triton.jit
+def _ws_size(R, C, SPLIT: tl.constexpr):
+    return 2 * R * SPLIT + 4 * R + 2 * (R // C) + 3 * C + 1
+
+
+@triton.jit
+def _bws_gx(R, SPLIT: tl.constexpr):
+    return R * SPLIT
+
+
+@triton.jit
+def _bws_ln(R, SPLIT: tl.constexpr):
+    """The LN mean's and variance's gradients: N each."""
+    return 2 * R * SPLIT
+
+
+@triton.jit
+def _bws_bn(R, C, SPLIT: tl.constexpr):
+    """The BN mean's and variance's gradients: C each."""
+    return 2 * R * SPLIT + 2 * (R // C)
+
+
+@triton.jit
+def _bws_parts(R, C, SPLIT: tl.constexpr):
+    """Each channel's terms of the ratio gradients: five planes of C."""
+    return 2 * R * SPLIT + 2 * (R // C) + 2 * C
+
+
+@triton.jit
+def _bws_size(R, C, SPLIT: tl.constexpr):
+    return 2 * R * SPLIT + 2 * (R // C) + 2 * C + 5 * C
 
 
 @triton.jit
@@ -203,14 +271,16 @@ def _row_grads(ws_ptr, bws_ptr, r, ok, w, R, SPLIT: tl.constexpr):
     mean and variance, and the saved statistics."""
     if SPLIT == 1:
         s1 = tl.load(bws_ptr + r, mask=ok, other=0.0)
-        s2 = tl.load(bws_ptr + R + r, mask=ok, other=0.0)
+        s2 = tl.load(bws_ptr + _bws_gx(R, SPLIT) + r, mask=ok, other=0.0)
     else:
         s = tl.arange(0, SPLIT)
         idx = r[:, None] * SPLIT + s[None, :]
         s1 = tl.sum(tl.load(bws_ptr + idx, mask=ok[:, None], other=0.0), 1)
         s2 = tl.sum(
-            tl.load(bws_ptr + R * SPLIT + idx, mask=ok[:, None], other=0.0), 1)
-    base = 2 * R * SPLIT
+            tl.load(
+                bws_ptr + _bws_gx(R, SPLIT) + idx, mask=ok[:, None],
+                other=0.0), 1)
+    base = _ws_rows(R, SPLIT)
     mean_in = tl.load(ws_ptr + base + r, mask=ok, other=0.0)
     var_in = tl.load(ws_ptr + base + R + r, mask=ok, other=0.0)
     mu = tl.load(ws_ptr + base + 2 * R + r, mask=ok, other=0.0)
@@ -242,7 +312,7 @@ def _moments_kernel(x_ptr, ws_ptr, R, C, L, chunk, sxn, sxc, sxl,
         x_ptr + c.to(tl.int64) * sxc, mask=row_ok, other=0.0).to(tl.float32)
     if s == 0:
         tl.store(
-            ws_ptr + _shift_slot(R, C, SPLIT) + c,
+            ws_ptr + _ws_shift(R, C, SPLIT) + c,
             c_shift,
             mask=row_ok & (n == 0))
     if ONE_STEP:
@@ -287,17 +357,17 @@ def _moments_kernel(x_ptr, ws_ptr, R, C, L, chunk, sxn, sxc, sxl,
         mean_r, m2_r, _ = tl.reduce((mean, m2, cnt), 1, _welford_combine)
     idx = r * SPLIT + s
     tl.store(ws_ptr + idx, mean_r, mask=row_ok)
-    tl.store(ws_ptr + R * SPLIT + idx, m2_r, mask=row_ok)
+    tl.store(ws_ptr + _ws_m2(R, SPLIT) + idx, m2_r, mask=row_ok)
 
 
 @triton.jit
 def _ln_stats(ws_ptr, n, N, C, L, chunk, divisor, SPLIT: tl.constexpr,
               CB: tl.constexpr):
     R = N * C
-    out = 2 * R * SPLIT + 4 * R
+    out = _ws_ln(R, SPLIT)
     idx = tl.arange(0, CB)
     acc = tl.zeros((CB, ), tl.float32)
-    shifts = ws_ptr + _shift_slot(R, C, SPLIT)
+    shifts = ws_ptr + _ws_shift(R, C, SPLIT)
     for c0 in range(0, C, CB):
         ok = c0 + idx < C
         mean, _ = _row_moments(ws_ptr, n * C + c0 + idx, ok, R, L, chunk,
@@ -321,7 +391,7 @@ def _ln_stats(ws_ptr, n, N, C, L, chunk, divisor, SPLIT: tl.constexpr,
 def _bn_stats(ws_ptr, c, N, C, L, chunk, divisor, SPLIT: tl.constexpr,
               NB: tl.constexpr, LOCAL: tl.constexpr):
     R = N * C
-    out = 2 * R * SPLIT + 4 * R
+    out = _ws_bn(R, C, SPLIT)
     idx = tl.arange(0, NB)
     acc = tl.zeros((NB, ), tl.float32)
     for n0 in range(0, N, NB):
@@ -337,12 +407,12 @@ def _bn_stats(ws_ptr, c, N, C, L, chunk, divisor, SPLIT: tl.constexpr,
                                  divisor, SPLIT)
         dev = mean - mean_bn
         acc += tl.where(ok, var + dev * dev, 0.0)
-    shift = tl.load(ws_ptr + _shift_slot(R, C, SPLIT) + c)
-    tl.store(ws_ptr + out + 2 * N + c, shift + mean_bn)
+    shift = tl.load(ws_ptr + _ws_shift(R, C, SPLIT) + c)
+    tl.store(ws_ptr + out + c, shift + mean_bn)
     if LOCAL:  # this rank's share: the centred second moment, not / N
-        tl.store(ws_ptr + out + 2 * N + C + c, tl.sum(acc, 0))
+        tl.store(ws_ptr + out + C + c, tl.sum(acc, 0))
     else:
-        tl.store(ws_ptr + out + 2 * N + C + c, tl.sum(acc, 0) / N)
+        tl.store(ws_ptr + out + C + c, tl.sum(acc, 0) / N)
 
 
 @triton.jit(do_not_specialize=['N', 'C'])
@@ -369,7 +439,7 @@ def _update_running(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr, bad_ptr, N, C,
     one program: skipped, and counted at ``bad_ptr``, where any of them is
     not finite."""
     R = N * C
-    bn = ws_ptr + 2 * R * SPLIT + 4 * R + 2 * N
+    bn = ws_ptr + _ws_bn(R, C, SPLIT)
     idx = tl.arange(0, CB)
     bad = tl.zeros((CB, ), tl.int32)
     for c0 in range(0, C, CB):
@@ -419,25 +489,25 @@ def _normalize_kernel(x_ptr, y_ptr, ws_ptr, w_ptr, b_ptr, mlog_ptr, vlog_ptr,
     mean_in, var_in = _row_moments(ws_ptr, r, row_ok, R, L, chunk, divisor,
                                    SPLIT)
     mean_in += tl.load(
-        ws_ptr + _shift_slot(R, C, SPLIT) + c, mask=row_ok, other=0.0)
+        ws_ptr + _ws_shift(R, C, SPLIT) + c, mask=row_ok, other=0.0)
     grp = _group_of(c, C, G, GROUPED)
     wm0, wm1, wm2 = _ratios(mlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr,
                             grp, K, HAS_IN, GIVEN, HAS_FIXED)
     wv0, wv1, wv2 = _ratios(vlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr,
                             G + grp, K, HAS_IN, GIVEN, HAS_FIXED)
-    stats = 2 * R * SPLIT
-    out = stats + 4 * R
+    stats = _ws_rows(R, SPLIT)
+    ln = _ws_ln(R, SPLIT)
     # The mean as the row's plus weighted differences from it (the ratios
     # sum to 1): no |mean|-sized products to round.
     mu = mean_in + wm1 * (
-        tl.load(ws_ptr + out + n, mask=row_ok, other=0.0) - mean_in)
+        tl.load(ws_ptr + ln + n, mask=row_ok, other=0.0) - mean_in)
     var = wv0 * var_in + wv1 * tl.load(
-        ws_ptr + out + N + n, mask=row_ok, other=0.0)
+        ws_ptr + ln + N + n, mask=row_ok, other=0.0)
     if K == 3:
         if BN_BATCH:
-            mean_bn = tl.load(ws_ptr + out + 2 * N + c, mask=row_ok, other=0.0)
-            var_bn = tl.load(
-                ws_ptr + out + 2 * N + C + c, mask=row_ok, other=0.0)
+            bn = _ws_bn(R, C, SPLIT)
+            mean_bn = tl.load(ws_ptr + bn + c, mask=row_ok, other=0.0)
+            var_bn = tl.load(ws_ptr + bn + C + c, mask=row_ok, other=0.0)
         else:
             mean_bn = tl.load(rmean_ptr + c, mask=row_ok, other=0.0)
             var_bn = tl.load(rvar_ptr + c, mask=row_ok, other=0.0)
@@ -480,7 +550,7 @@ def _grad_sums_kernel(g_ptr, x_ptr, ws_ptr, bws_ptr, R, C, L, chunk, sgn, sgc,
     row_ok = r < R
     _, _, xbase = _row_offsets(r, C, sxn, sxc)
     _, _, gbase = _row_offsets(r, C, sgn, sgc)
-    mean_in = tl.load(ws_ptr + 2 * R * SPLIT + r, mask=row_ok, other=0.0)
+    mean_in = tl.load(ws_ptr + _ws_rows(R, SPLIT) + r, mask=row_ok, other=0.0)
     cols = tl.arange(0, BLOCK)
     acc_g = tl.zeros((ROWS, BLOCK), tl.float32)
     acc_gx = tl.zeros((ROWS, BLOCK), tl.float32)
@@ -498,7 +568,7 @@ def _grad_sums_kernel(g_ptr, x_ptr, ws_ptr, bws_ptr, R, C, L, chunk, sgn, sgc,
         acc_gx += g * tl.where(ok, v - mean_in[:, None], 0.0)
     idx = r * SPLIT + s
     tl.store(bws_ptr + idx, tl.sum(acc_g, 1), mask=row_ok)
-    tl.store(bws_ptr + R * SPLIT + idx, tl.sum(acc_gx, 1), mask=row_ok)
+    tl.store(bws_ptr + _bws_gx(R, SPLIT) + idx, tl.sum(acc_gx, 1), mask=row_ok)
 
 
 @triton.jit
@@ -511,7 +581,7 @@ def _sample_grads(ws_ptr, bws_ptr, w_ptr, mlog_ptr, vlog_ptr, fixed_ptr,
     channels of the mixed statistics' gradients, each weighted by its
     channel's LN ratios."""
     R = N * C
-    out = 2 * R * SPLIT  # in bws: after the row sums
+    out = _bws_ln(R, SPLIT)
     idx = tl.arange(0, CB)
     acc_mu = tl.zeros((CB, ), tl.float32)
     acc_var = tl.zeros((CB, ), tl.float32)
@@ -544,15 +614,15 @@ def _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
     products of the mixed statistics' gradients with each normaliser's
     statistics), which _logit_grads sums over each group's channels."""
     R = N * C
-    stats = 2 * R * SPLIT
-    out = 2 * R * SPLIT
-    parts = bws_ptr + out + 2 * N + 2 * C + c  # five planes of C
+    ln = _ws_ln(R, SPLIT)
+    bn = _ws_bn(R, C, SPLIT)
+    parts = bws_ptr + _bws_parts(R, C, SPLIT) + c
     idx = tl.arange(0, NB)
     w = tl.load(w_ptr + c)
     if K == 3:
         if BN_BATCH:
-            mean_bn = tl.load(ws_ptr + stats + 4 * R + 2 * N + c)
-            var_bn = tl.load(ws_ptr + stats + 4 * R + 2 * N + C + c)
+            mean_bn = tl.load(ws_ptr + bn + c)
+            var_bn = tl.load(ws_ptr + bn + C + c)
         else:
             mean_bn = tl.load(rmean_ptr + c)
             var_bn = tl.load(rvar_ptr + c)
@@ -568,10 +638,8 @@ def _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
         ok = n0 + idx < N
         s1, centred, d_mu, d_var, mean_in, var_in, rstd = _row_grads(
             ws_ptr, bws_ptr, (n0 + idx) * C + c, ok, w, R, SPLIT)
-        mean_ln = tl.load(
-            ws_ptr + stats + 4 * R + n0 + idx, mask=ok, other=0.0)
-        var_ln = tl.load(
-            ws_ptr + stats + 4 * R + N + n0 + idx, mask=ok, other=0.0)
+        mean_ln = tl.load(ws_ptr + ln + n0 + idx, mask=ok, other=0.0)
+        var_ln = tl.load(ws_ptr + ln + N + n0 + idx, mask=ok, other=0.0)
         acc_mu += tl.where(ok, d_mu, 0.0)
         acc_var += tl.where(ok, d_var, 0.0)
         acc_w += tl.where(ok, centred * rstd, 0.0)
@@ -591,8 +659,9 @@ def _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
                         HAS_IN, GIVEN, HAS_FIXED)
     _, _, wv2 = _ratios(vlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr,
                         G + grp, K, HAS_IN, GIVEN, HAS_FIXED)
-    tl.store(bws_ptr + out + 2 * N + c, wm2 * tl.sum(acc_mu, 0))
-    tl.store(bws_ptr + out + 2 * N + C + c, wv2 * d_var_c)
+    bn_grads = _bws_bn(R, C, SPLIT)
+    tl.store(bws_ptr + bn_grads + c, wm2 * tl.sum(acc_mu, 0))
+    tl.store(bws_ptr + bn_grads + C + c, wv2 * d_var_c)
     tl.store(pg_ptr + c, tl.sum(acc_w, 0))
     tl.store(pg_ptr + C + c, tl.sum(acc_b, 0))
     tl.store(parts, tl.sum(acc_ln_m, 0))
@@ -635,7 +704,7 @@ def _logit_grads(bws_ptr, pg_ptr, mlog_ptr, vlog_ptr, fixed_ptr,
     """The logit gradients of every ratio group, GB groups at a time: the
     channels' ratio-gradient terms summed over each group's C / G channels
     (WB at a time)."""
-    parts = bws_ptr + 2 * N * C * SPLIT + 2 * N + 2 * C
+    parts = bws_ptr + _bws_parts(N * C, C, SPLIT)
     width = C // G
     gi = tl.arange(0, GB)
     wi = tl.arange(0, WB)
@@ -696,32 +765,32 @@ def _input_grad_kernel(g_ptr, x_ptr, dx_ptr, ws_ptr, bws_ptr, pg_ptr, w_ptr,
     w = tl.load(w_ptr + c, mask=row_ok, other=0.0)
     _, _, d_mu, d_var, mean_in, _, rstd = _row_grads(ws_ptr, bws_ptr, r,
                                                      row_ok, w, R, SPLIT)
-    stats = 2 * R * SPLIT
-    out = 2 * R * SPLIT
+    ln_grads = _bws_ln(R, SPLIT)
     # Back through LN's (per sample; the sums carry their ratios) and BN's
     # (per channel) statistics to each row's IN mean and variance (Eq. 5
     # reversed).
-    dvar_n = tl.load(bws_ptr + out + N + n, mask=row_ok, other=0.0) / C
+    dvar_n = tl.load(bws_ptr + ln_grads + N + n, mask=row_ok, other=0.0) / C
     d_var_in = dvar_n + wv0 * d_var
     d_mean_in = (
-        tl.load(bws_ptr + out + n, mask=row_ok, other=0.0) / C + wm0 * d_mu +
-        2.0 * dvar_n *
-        (mean_in - tl.load(ws_ptr + stats + 4 * R + n, mask=row_ok, other=0.0))
-    )
+        tl.load(bws_ptr + ln_grads + n, mask=row_ok, other=0.0) / C +
+        wm0 * d_mu + 2.0 * dvar_n *
+        (mean_in -
+         tl.load(ws_ptr + _ws_ln(R, SPLIT) + n, mask=row_ok, other=0.0)))
     if K == 3:
         if BN_BATCH:
+            bn = _ws_bn(R, C, SPLIT)
+            bn_grads = _bws_bn(R, C, SPLIT)
             if SYNC:  # the batch over the group
-                count = tl.load(ws_ptr + stats + 4 * R + 2 * N + 2 * C)
+                count = tl.load(ws_ptr + bn + 2 * C)
             else:
                 count = N * 1.0
             dvar_c = tl.load(
-                bws_ptr + out + 2 * N + C + c, mask=row_ok, other=0.0) / count
+                bws_ptr + bn_grads + C + c, mask=row_ok, other=0.0) / count
             d_var_in += dvar_c
             d_mean_in += (
-                tl.load(bws_ptr + out + 2 * N + c, mask=row_ok, other=0.0) /
-                count + 2.0 * dvar_c * (mean_in - tl.load(
-                    ws_ptr + stats + 4 * R + 2 * N + c, mask=row_ok,
-                    other=0.0)))
+                tl.load(bws_ptr + bn_grads + c, mask=row_ok, other=0.0) / count
+                + 2.0 * dvar_c *
+                (mean_in - tl.load(ws_ptr + bn + c, mask=row_ok, other=0.0)))
     coef = d_var_in * two_over_divisor
     shift = d_mean_in / L
     scale = w * rstd
@@ -824,8 +893,8 @@ def _plan(n: int, c: int, length: int, stride_c: int, stride_l: int,
         cb=cb,
         nb=nb,
         grid=(tiles, split),
-        ws=2 * rows_total * split + 4 * rows_total + 2 * n + 3 * c + 1,
-        bws=2 * rows_total * split + 2 * n + 2 * c + _PARTS * c)
+        ws=_ws_size.fn(rows_total, c, split),
+        bws=_bws_size.fn(rows_total, c, split))
     _PLANS[key] = plan
     return plan
 
@@ -962,7 +1031,7 @@ def _forward(x3,
 def _bn_slots(ws, n, c, plan):
     """Views of the BN mean and variance (C each) and the group's sample
     count (1) in the workspace."""
-    start = plan['ws'] - 1 - 3 * c
+    start = _ws_bn.fn(n * c, c, plan['split'])
     return (ws[start:start + c], ws[start + c:start + 2 * c],
             ws[start + 2 * c:start + 2 * c + 1])
 
@@ -1064,7 +1133,7 @@ class TritonSwitchableNorm(torch.autograd.Function):
                 device_index)
         if sync:
             # The shared BN statistics collect gradient from every rank.
-            start = 2 * n * c * split + 2 * n
+            start = _bws_bn.fn(n * c, c, split)
             torch.distributed.all_reduce(bws[start:start + 2 * c], group=group)
         _launch(_input_grad_kernel, key and ('ig', ) + key, grid,
                 (grad_y, x3, dx, ws, bws, pg, weight, mean_logits, var_logits,
