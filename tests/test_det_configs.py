@@ -95,7 +95,7 @@ def test_config_builds(path):
             released = 'resnet50_ssn_8x2'
         if '-from-bn' in name:
             assert init.type == 'SNPretrained' and init.ratios == 'uniform'
-            assert init.checkpoint == 'checkpoints/resnet50_torchvision.pth'
+            assert init.checkpoint == 'torchvision://resnet50'
         else:
             assert init.checkpoint == f'checkpoints/{released}_mm.pth'
         assert cfg.model.backbone.norm_eval is False

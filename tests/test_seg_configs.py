@@ -131,7 +131,7 @@ def test_config_builds(path):
     if row(path) == 'sn-from-bn':
         init = cfg.model.backbone.init_cfg
         assert init.type == 'SNPretrained' and init.ratios == 'uniform'
-        assert init.checkpoint == 'checkpoints/resnet50_torchvision.pth'
+        assert init.checkpoint == 'torchvision://resnet50'
     elif norm in ('SN', 'SyncSN'):
         kind, pretrain = row(path).split('-')
         released = CHECKPOINTS[backbone_and_row(path)[0]]

@@ -401,6 +401,23 @@ def test_from_bn_configs_start_from_the_bn_checkpoint(bn_checkpoint, config):
     assert layer.ratios()['mean']['bn'] == pytest.approx(1 / 3)
 
 
+def test_from_bn_configs_start_from_torchvisions_name(
+        bn_checkpoint, tmp_path, monkeypatch):
+    """`torchvision://resnet50`, as the configs name it, from torch's hub
+    cache (a generated file where mmengine looks: nothing downloads)."""
+    import shutil
+    path, bn_model = bn_checkpoint
+    cache = tmp_path / 'torch_home' / 'hub' / 'checkpoints'
+    cache.mkdir(parents=True)
+    shutil.copy(path, cache / 'resnet50-0676ba61.pth')
+    monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch_home'))
+    backbone = backbone_of(
+        'faster_rcnn/faster-rcnn_r50-sn-from-bn_fpn_sn-head_1x_coco.py', {})
+    layer = sn_layers(backbone)['layer2.1.sn1']
+    torch.testing.assert_close(layer.running_mean,
+                               bn_model.layer2[1].bn1.running_mean)
+
+
 def test_digits_study_runs():
     from helpers import load_tool
     study = load_tool('analysis_tools', 'digits_from_bn_study.py')

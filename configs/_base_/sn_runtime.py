@@ -5,11 +5,12 @@ custom_imports = dict(imports=['sn_mm'], allow_failed_imports=False)
 # Pretrained backbones are files you bring (nothing is downloaded at run
 # time); docs/configs_and_checkpoints.md says where each comes from.
 # Override with --cfg-options model.backbone.init_cfg.checkpoint=PATH.
-# tools/model_converters/sn2mm.py makes the first; the others are
-# torchvision://resnet50 and open-mmlab://detectron/resnet50_gn.
+# tools/model_converters/sn2mm.py makes the SN files; the BN and GN
+# ResNet-50 are the names mmdet's own configs use, which mmengine loads
+# from torch's hub cache (downloading them there where it may).
 sn_8x2_checkpoint = 'checkpoints/resnet50_sn_8x2_mm.pth'
-bn_checkpoint = 'checkpoints/resnet50_torchvision.pth'
-gn_checkpoint = 'checkpoints/resnet50_gn_detectron.pth'
+bn_checkpoint = 'torchvision://resnet50'
+gn_checkpoint = 'open-mmlab://detectron/resnet50_gn'
 sn_8x4_checkpoint = 'checkpoints/resnet50_sn_8x4_mm.pth'
 sn_8x32_checkpoint = 'checkpoints/resnet50_sn_8x32_mm.pth'
 # The strongest released SN backbones (the (8,32) setting), converted the
