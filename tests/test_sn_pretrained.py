@@ -401,8 +401,8 @@ def test_from_bn_configs_start_from_the_bn_checkpoint(bn_checkpoint, config):
     assert layer.ratios()['mean']['bn'] == pytest.approx(1 / 3)
 
 
-def test_from_bn_configs_start_from_torchvisions_name(
-        bn_checkpoint, tmp_path, monkeypatch):
+def test_from_bn_configs_start_from_torchvisions_name(bn_checkpoint, tmp_path,
+                                                      monkeypatch):
     """`torchvision://resnet50`, as the configs name it, from torch's hub
     cache (a generated file where mmengine looks: nothing downloads)."""
     import shutil
