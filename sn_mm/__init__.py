@@ -15,6 +15,5 @@ from .version import __version__
 __all__ = [
     'PreActResNet', 'SwitchableNorm', 'SyncSwitchableNorm', 'convert_sn',
     'convert_sync_sn', 'fuse_conv_sn', 'harden_sn', 'revert_sn',
-    'revert_sync_sn',
-    '__version__'
+    'revert_sync_sn', '__version__'
 ]
