@@ -25,9 +25,12 @@ def test_benchmark_prints_every_layer_and_the_ratios():
         r'\| 8x256x56x56 \| float32 \| ([\d.]+) \| '
         r'([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|', out)
     assert ratios, out
-    # Bytes saved for backward do not depend on timing: SN keeps the input
-    # and (N, C) statistics, as much as BN to within the statistics.
-    assert float(ratios.group(4)) <= 1.25
+    # Bytes saved for backward do not depend on timing: SN's C++ kernels
+    # keep the input and (N, C) statistics, as much as BN to within the
+    # statistics (the reference, without them, keeps its intermediates).
+    from sn_mm.ops import native_available
+    if native_available():
+        assert float(ratios.group(4)) <= 1.25
     # the batch-1 ResNet-50 eval table, SN against GN(32)
     assert re.search(r'\| SN in every norm layer \| [\d.]+ \| [\d.]+ \|',
                      out), out
