@@ -1,6 +1,11 @@
 import os
+import shutil
 import sys
 from setuptools import find_packages, setup
+
+# What OpenMMLab's `mim` reads from an installed package (<package>/.mim/):
+# `mim search` the model index, `mim train`/`mim test` the configs and tools.
+MIM_FILES = ('configs', 'tools', 'model-index.yml')
 
 
 def read_version():
@@ -47,13 +52,45 @@ def extensions():
     return [ext], {'build_ext': OptionalBuildExtension}
 
 
+def add_mim_extension():
+    """Copy the configs, tools and model index under sn_mm/.mim for a
+    regular install or wheel, as mmdet does. An editable install gets none:
+    mim looks for them in site-packages, where an editable install has no
+    package folder; there the checkout's tools/ and configs/ are run."""
+    if not any(
+            cmd in sys.argv
+            for cmd in ('install', 'bdist_wheel', 'build', 'build_py')):
+        return
+    root = os.path.dirname(os.path.abspath(__file__))
+    mim_dir = os.path.join(root, 'sn_mm', '.mim')
+    shutil.rmtree(mim_dir, ignore_errors=True)
+    os.makedirs(mim_dir)
+    for name in MIM_FILES:
+        source, target = (os.path.join(root,
+                                       name), os.path.join(mim_dir, name))
+        if os.path.isdir(source):
+            shutil.copytree(
+                source,
+                target,
+                ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
+        else:
+            shutil.copyfile(source, target)
+
+
+add_mim_extension()
 ext_modules, cmdclass = extensions()
 setup(
     name='sn_mm',
     version=read_version(),
     description='Switchable Normalization (SN, SyncSN) for OpenMMLab',
     packages=find_packages(exclude=('tests', 'configs', 'tools')),
-    package_data={'sn_mm': ['ops/csrc/*.cpp', 'ops/csrc/*.h']},
+    package_data={
+        'sn_mm': [
+            'ops/csrc/*.cpp', 'ops/csrc/*.h', '.mim/model-index.yml',
+            '.mim/configs/**/*.py', '.mim/configs/**/*.yml', '.mim/tools/*',
+            '.mim/tools/**/*'
+        ]
+    },
     ext_modules=ext_modules,
     cmdclass=cmdclass,
     python_requires='>=3.8',

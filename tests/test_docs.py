@@ -16,7 +16,7 @@ TOP = ('configs/', 'tools/', 'sn_mm/', 'tests/', 'docs/', 'requirements/',
        '.ci/')
 CONFIG_NAME = re.compile(r'^[\w.-]+_[\w.-]+\.py$')
 # Paths the docs name that a run makes (not in the repository).
-MADE = ('work_dirs/', 'data/', 'checkpoints/', 'gpu_wheels/')
+MADE = ('work_dirs/', 'data/', 'checkpoints/', 'gpu_wheels/', 'sn_mm/.mim/')
 
 
 def text(doc):

@@ -38,7 +38,8 @@ def trusted_torch_load():
         torch.load = original
 
 
-CHECKPOINT_DOC = ('docs/configs_and_checkpoints.md#converting-checkpoints')
+CHECKPOINT_DOC = ('docs/configs_and_checkpoints.md'
+                  '#where-each-checkpoint-comes-from')
 
 
 def missing_checkpoints(cfg, where='model'):
