@@ -122,6 +122,81 @@ def test_the_checks_can_fail(tmp_path):
     assert 'no-such-heading' not in anchors('README.md')
 
 
+DATE = re.compile(r'\b20\d\d-\d\d-\d\d\b')
+COMMIT = re.compile(r'\bcommits? (?=[0-9a-f]*\d)[0-9a-f]{7,40}\b|'
+                    r'\bat (?=[0-9a-f]*\d)[0-9a-f]{7,40}\b')
+COMMAND = re.compile(r'`(\.venv/bin/)?(python3?|make|bash) [^`]+`|'
+                     r'`tools/[\w/]+\.py[^`]*`')
+# A table of measurements: a header naming a unit, a measure or a ratio,
+# and a decimal in its rows that is not a version (2.14.1).
+MEASURED = re.compile(
+    r'\b(ms|us|s|seconds|GB|MiB|accuracy|AP|mAP|mIoU|error|spread|ratio|vs)\b'
+    r'|/', re.I)
+FIGURE = re.compile(r'\|[^|\n]*?(?<![\d.])\d+\.\d+(?![\d.])')
+THE_PAPERS = re.compile(r"the paper's|the authors'|\bTables? \d")
+
+
+def tables(doc):
+    """(line, table, heading): each Markdown table and the text from the
+    last level-1 or level-2 heading above it to the table."""
+    lines = text(doc).splitlines()
+    start, in_code, i = 0, False, 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith('```'):
+            in_code = not in_code
+        elif not in_code and re.match(r'#{1,2} ', line):
+            start = i
+        elif (not in_code and line.startswith('|') and i + 1 < len(lines)
+              and re.match(r'\|[-| :]+\|$', lines[i + 1])):
+            end = i
+            while end < len(lines) and lines[end].startswith('|'):
+                end += 1
+            yield i + 1, '\n'.join(lines[i:end]), '\n'.join(lines[start:i])
+            i = end
+            continue
+        i += 1
+
+
+def unheaded_figures(doc):
+    """Tables of figures measured here that do not say when, at which
+    commit and with which command. Exempt: the paper's numbers (said so
+    in the table or the paragraph above it) and summaries whose every row
+    links to the table it summarises."""
+    for line, table, heading in tables(doc):
+        rows = table.splitlines()[2:]
+        paragraph = heading.split('\n\n')[-1]
+        if not (MEASURED.search(table.splitlines()[0])
+                and any(FIGURE.search(row) for row in rows)):
+            continue
+        if THE_PAPERS.search(rows and table.splitlines()[0] + paragraph):
+            continue
+        if all(LINK.search(row) for row in rows):
+            continue
+        if not (DATE.search(heading) and COMMIT.search(heading)
+                and COMMAND.search(heading)):
+            yield f'{doc}:{line}'
+
+
+@pytest.mark.parametrize('doc', DOCS)
+def test_figures_carry_their_heading(doc):
+    """Every table of figures is headed by its date, commit and the command
+    that reproduces it."""
+    missing = list(unheaded_figures(doc))
+    assert not missing, missing
+
+
+def test_the_figure_check_can_fail(tmp_path, monkeypatch):
+    doc = tmp_path / 'figures.md'
+    doc.write_text('## Speed\n\n2026-01-01, commit abc1234: '
+                   '`python tools/x.py`\n\n| a | ms |\n|---|---|\n'
+                   '| b | 1.5 |\n\n## Versions\n\n| a | v |\n|---|---|\n'
+                   '| torch | 2.14.1 |\n\n## Bare\n\n| a | ms |\n'
+                   '|---|---|\n| b | 2.5 |\n')
+    monkeypatch.setattr(__import__(__name__), 'ROOT', str(tmp_path))
+    assert list(unheaded_figures('figures.md')) == ['figures.md:17']
+
+
 def test_no_development_history():
     """The text describes the product as it is, not how it got there."""
     history = re.compile(

@@ -24,9 +24,11 @@ reshaped from (1, C, 1, 1) / (1, C, 1) to (C,).
 Example::
 
     python tools/model_converters/sn2mm.py \\
-        resnet50v1_sn_8x2.pth checkpoints/resnet50_sn_8x2_mm.pth
+        'ResNet50v1+SN(8,32)-76.92.pth' checkpoints/resnet50_sn_8x32_mm.pth
     python tools/model_converters/sn2mm.py \\
-        resnet101v2_sn_8x32.pth checkpoints/resnet101v2_sn_8x32_mm.pth
+        'ResNet101v2+SN(8,32).pth' checkpoints/resnet101v2_sn_8x32_mm.pth
+
+(The authors' file names; docs/configs_and_checkpoints.md lists them.)
 """
 import argparse
 import os

@@ -1,0 +1,50 @@
+"""tools/misc/check_config.py: what a config reads, found or missing, in a
+real process, before and after the files are there."""
+import torch
+from tool_runner import ROOT, run_python, tool
+
+TOY = f'{ROOT}/configs/toy/mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py'
+FROM_BN = (f'{ROOT}/configs/mask_rcnn/'
+           'mask-rcnn_r50-sn-from-bn_fpn_sn-head_2x_coco.py')
+
+
+def check(config, cwd, env=None, *options):
+    return run_python([tool('misc', 'check_config.py'), config, *options],
+                      cwd,
+                      ok=False,
+                      env=env)
+
+
+def test_missing_data_then_found(tmp_path):
+    result = check(TOY, tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert 'MISSING data/toy_coco/annotations/instances_train.json' in (
+        result.stdout)
+    assert 'MISSING data/toy_coco/val/' in result.stdout
+    run_python([
+        tool('misc', 'make_toy_data.py'), 'coco', '--out', 'data/toy_coco',
+        '--num-train', '2', '--num-val', '2', '--size', '32'
+    ], tmp_path)
+    result = check(TOY, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert 'MISSING' not in result.stdout
+
+
+def test_checkpoints_by_file_and_by_hub_name(tmp_path):
+    """A local checkpoint file, and torchvision://resnet50 in torch's hub
+    cache under the file name mmengine downloads it as."""
+    env = {'TORCH_HOME': str(tmp_path / 'torch_home')}
+    result = check(FROM_BN, tmp_path, env)
+    assert result.returncode == 1
+    assert ('MISSING torchvision://resnet50 = '
+            f'{tmp_path}/torch_home/hub/checkpoints/resnet50-0676ba61.pth'
+            in result.stdout), result.stdout
+    cache = tmp_path / 'torch_home' / 'hub' / 'checkpoints'
+    cache.mkdir(parents=True)
+    torch.save({}, cache / 'resnet50-0676ba61.pth')
+    result = check(FROM_BN, tmp_path, env)
+    assert 'found   torchvision://resnet50' in result.stdout
+    result = check(FROM_BN, tmp_path, env, '--cfg-options',
+                   'model.backbone.init_cfg.checkpoint=mine.pth')
+    assert 'MISSING mine.pth  (model.backbone.init_cfg.checkpoint)' in (
+        result.stdout), result.stdout

@@ -1,0 +1,138 @@
+#!/usr/bin/env python
+"""Before a training run: does this machine have what CONFIG needs?
+
+Lists the dataset files and folders the config's dataloaders read (their
+``data_root``, ``ann_file`` and ``data_prefix``, as mmengine's datasets join
+them) and the pretrained checkpoints its ``init_cfg`` entries load, marks
+each as found or missing, and exits 1 if anything is missing. Nothing is
+built or loaded. Example::
+
+    python tools/misc/check_config.py \\
+        configs/mask_rcnn/mask-rcnn_r50-sn_fpn_sn-head_2x_coco.py
+"""
+import argparse
+import os.path as osp
+import sys
+from urllib.parse import urlparse
+
+import torch
+from mmengine.config import DictAction
+from mmengine.runner.checkpoint import (get_deprecated_model_names,
+                                        get_external_models,
+                                        get_torchvision_models)
+
+import sn_mm  # noqa: F401  (registers SN, for configs' custom_imports)
+from sn_mm.cli import load_config
+from sn_mm.engine.runner import CHECKPOINT_DOC
+
+LOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
+
+
+def datasets(cfg):
+    """Every dataset config under ``cfg`` (wrappers such as RepeatDataset
+    and ConcatDataset included)."""
+    if isinstance(cfg, dict):
+        if 'data_root' in cfg or 'ann_file' in cfg:
+            yield cfg
+        for value in cfg.values():
+            yield from datasets(value)
+    elif isinstance(cfg, (list, tuple)):
+        for value in cfg:
+            yield from datasets(value)
+
+
+def data_paths(cfg):
+    """(what, path) of each file or folder the dataloaders read."""
+    seen = set()
+    for loader in LOADERS:
+        for dataset in datasets(cfg.get(loader) or {}):
+            root = dataset.get('data_root') or ''
+            prefix = dataset.get('data_prefix') or {}
+            prefixes = prefix.values() if isinstance(prefix,
+                                                     dict) else [prefix]
+            named = [('data_root', root)] if root else []
+            named += [('ann_file', dataset.get('ann_file'))]
+            named += [('data_prefix', p) for p in prefixes]
+            for what, path in named:
+                if not path:
+                    continue
+                if what != 'data_root' and not osp.isabs(path):
+                    path = osp.join(root, path)
+                if path not in seen:
+                    seen.add(path)
+                    yield f'{loader}: {what}', path
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('config', help='the config to check')
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='as tools/train.py takes them (e.g. a checkpoint path)')
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config, cfg_options=args.cfg_options)
+
+    missing = 0
+    print('data:')
+    for what, path in data_paths(cfg):
+        found = osp.exists(path)
+        missing += not found
+        print(f'  {"found  " if found else "MISSING"} {path}  ({what})')
+    print('pretrained checkpoints:')
+    for key, name in pretrained(cfg.get('model', {})):
+        path = hub_file(name) if '://' in name else name
+        found = path is not None and osp.exists(path)
+        missing += not found
+        where = f' = {path}' if path != name else ''
+        print(f'  {"found  " if found else "MISSING"} {name}{where}  ({key})')
+    if missing:
+        print(f'{missing} missing. The data go where mmdet and mmseg '
+              'expect them (docs/get_started.md#before-a-training-run); '
+              f'{CHECKPOINT_DOC} says where each checkpoint comes from '
+              '(mmengine downloads the hub cache\'s files where the machine '
+              'may).')
+        return 1
+    print('everything the config reads is here')
+    return 0
+
+
+def hub_file(name):
+    """Where mmengine finds ``torchvision://`` and ``open-mmlab://`` names:
+    torch's hub cache, under the file name of the URL they stand for (None
+    for a scheme it does not map to a URL)."""
+    scheme, _, model = name.partition('://')
+    if scheme == 'torchvision':
+        url = get_torchvision_models().get(model)
+    elif scheme in ('open-mmlab', 'openmmlab'):
+        model = get_deprecated_model_names().get(model, model)
+        url = get_external_models().get(model)
+    else:
+        return None
+    if not url or not url.startswith(('http://', 'https://')):
+        return None
+    return osp.join(torch.hub.get_dir(), 'checkpoints',
+                    osp.basename(urlparse(url).path))
+
+
+def pretrained(cfg, where='model'):
+    """(config key, checkpoint) of every ``init_cfg`` that loads one."""
+    if isinstance(cfg, dict):
+        for key, value in cfg.items():
+            if key == 'init_cfg':
+                inits = value if isinstance(value, list) else [value]
+                for i, init in enumerate(inits):
+                    if isinstance(init, dict) and init.get('checkpoint'):
+                        at = f'{where}.init_cfg' + (f'[{i}]' if isinstance(
+                            value, list) else '')
+                        yield f'{at}.checkpoint', init['checkpoint']
+            else:
+                yield from pretrained(value, f'{where}.{key}')
+    elif isinstance(cfg, (list, tuple)):
+        for i, value in enumerate(cfg):
+            yield from pretrained(value, f'{where}[{i}]')
+
+
+if __name__ == '__main__':
+    sys.exit(main())
