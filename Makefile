@@ -11,9 +11,11 @@
 #    that a wheel pip cached for another torch is not taken; C++20 through
 #    tools/misc/cxx20, which torch 2.14's headers need);
 # 4. the rest; this brings setuptools back up to what torch asks for;
-# 5. openmim without its dependencies (requirements/tests.txt lists the ones
-#    it uses): its opendatalab -> openxlab chain pins setuptools~=60.2 and
-#    requests~=2.28, which would undo step 4;
+# 5. openmim and mmaction2 without their dependencies (requirements/ lists
+#    the ones they use): openmim's opendatalab -> openxlab chain pins
+#    setuptools~=60.2 and requests~=2.28, which would undo step 4;
+#    mmaction2's opencv-contrib-python would write a second cv2 over the
+#    opencv-python that mmcv brings;
 # 6. sn_mm itself, editable, compiling its native CPU kernels (~1 minute).
 PY        ?= python3
 VENV      := .venv
@@ -44,7 +46,7 @@ $(STAMP): requirements/build.txt requirements/runtime.txt requirements/tests.txt
 		$(PIP) install --no-build-isolation --no-cache-dir mmcv==2.1.0
 	$(PIP) install -r requirements/runtime.txt -r requirements/tests.txt \
 		torch==$(TORCH_VERSION) torchvision==$(TORCHVISION_VERSION)
-	$(PIP) install --no-deps openmim==0.3.9
+	$(PIP) install --no-deps openmim==0.3.9 mmaction2==1.2.0
 	$(PIP) install --no-build-isolation --no-deps -e .
 	touch $(STAMP)
 

@@ -20,6 +20,7 @@ ALLOWED = {
     'engine': {'engine', 'analysis', 'models', 'ops'},
     'testing': {'testing', 'models', 'ops'},
     'cli': {'engine', 'analysis', 'models', 'ops'},
+    'video': {'engine', 'models', 'ops'},
     'version': set(),
 }
 PRIVATE = re.compile(r'torch\._[A-Za-z]|\._internal\b|environ\._data|'

@@ -18,6 +18,8 @@ CASES = [
     ('2d_1+3', (4, 5), [1, 3], 1),
     ('one_position_2+2', (4, 5, 1, 1), [2, 2], 1),
     ('group_sn_3+1', (4, 6, 3, 4), [3, 1], 3),
+    ('video_3+1', (4, 5, 3, 4, 2), [3, 1], 1),
+    ('video_group_sn_2+2', (4, 6, 2, 3, 4), [2, 2], 2),
 ]
 PARAMS = ('weight', 'bias', 'mean_weight', 'var_weight')
 

@@ -43,13 +43,17 @@ CHECKPOINT_DOC = ('docs/configs_and_checkpoints.md'
 
 
 def missing_checkpoints(cfg, where='model'):
-    """(config key, path) of every ``init_cfg`` checkpoint in ``cfg`` that
-    names a local file which does not exist (URLs such as
-    ``torchvision://resnet50`` are mmengine's to resolve)."""
+    """(config key, path) of every ``init_cfg`` checkpoint (and mmaction2's
+    ``pretrained`` backbone argument) in ``cfg`` that names a local file
+    which does not exist (URLs such as ``torchvision://resnet50`` are
+    mmengine's to resolve)."""
     found = []
     if isinstance(cfg, dict):
         for key, value in cfg.items():
-            if key == 'init_cfg':
+            if key == 'pretrained' and isinstance(value, str):
+                if '://' not in value and not osp.exists(value):
+                    found.append((f'{where}.pretrained', value))
+            elif key == 'init_cfg':
                 for i, init in enumerate(
                         value if isinstance(value, list) else [value]):
                     path = init.get('checkpoint') if isinstance(init,

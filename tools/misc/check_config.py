@@ -117,10 +117,13 @@ def hub_file(name):
 
 
 def pretrained(cfg, where='model'):
-    """(config key, checkpoint) of every ``init_cfg`` that loads one."""
+    """(config key, checkpoint) of every ``init_cfg`` that loads one, and
+    of mmaction2's ``pretrained`` backbone argument."""
     if isinstance(cfg, dict):
         for key, value in cfg.items():
-            if key == 'init_cfg':
+            if key == 'pretrained' and isinstance(value, str):
+                yield f'{where}.pretrained', value  # mmaction2's backbones
+            elif key == 'init_cfg':
                 inits = value if isinstance(value, list) else [value]
                 for i, init in enumerate(inits):
                     if isinstance(init, dict) and init.get('checkpoint'):
