@@ -223,7 +223,9 @@ def two_d_start(kind, path):
 
 
 @pytest.mark.parametrize(
-    'config', I3D_CONFIGS, ids=[osp.basename(c)[28:35] for c in I3D_CONFIGS])
+    'config',
+    I3D_CONFIGS,
+    ids=[osp.basename(c)[28:].split('-32x')[0] for c in I3D_CONFIGS])
 def test_i3d_configs_start_every_norm_layer(config, tmp_path):
     """Each row of the paper's video table builds, starts every norm layer
     and conv from its 2D checkpoint (a generated one in the published
@@ -234,7 +236,8 @@ def test_i3d_configs_start_every_norm_layer(config, tmp_path):
     backbone = cfg.model.backbone
     assert backbone.pretrained2d
     kind = osp.basename(config).split('-')[3].split('_')[0]
-    state = two_d_start(kind, tmp_path / 'start.pth')
+    start = 'bn' if '-from-bn' in config else kind
+    state = two_d_start(start, tmp_path / 'start.pth')
     backbone.pretrained = str(tmp_path / 'start.pth')
     with DefaultScope.overwrite_default_scope('mmaction'):
         model = MODELS.build(cfg.model)
@@ -246,13 +249,14 @@ def test_i3d_configs_start_every_norm_layer(config, tmp_path):
     }[kind]
     layers = [m for m in model.backbone.modules() if isinstance(m, norm)]
     assert len(layers) == 53
-    source = 'layer2.3.bn2' if kind == 'bn' else f'layer2.3.{kind}2'
+    source = f'layer2.3.{start}2'
     torch.testing.assert_close(model.backbone.layer2[3].conv2.norm.weight,
                                state[source + '.weight'])
     if kind == 'sn':
         torch.testing.assert_close(
             model.backbone.layer2[3].conv2.norm.mean_weight,
-            state[source + '.mean_weight'])
+            state[source +
+                  '.mean_weight'] if start == 'sn' else torch.zeros(3))
     torch.testing.assert_close(
         model.backbone.conv1.conv.weight.sum(2), state['conv1.weight'])
     model.eval()

@@ -194,3 +194,52 @@ def make_toy_cls(root,
             cv2.imwrite(
                 osp.join(root, split, SHAPE_CLASSES[label], f'{i:05d}.png'),
                 np.clip(img, 0, 255).astype(np.uint8))
+
+
+# The toy video classes: the direction a shape moves in. One frame shows
+# where a shape is, not where it goes, so only time tells them apart.
+MOTION_CLASSES = ('right', 'left', 'down', 'up')
+_STEPS = {'right': (1, 0), 'left': (-1, 0), 'down': (0, 1), 'up': (0, -1)}
+
+
+def make_toy_video(root, num_train=320, num_val=80, size=32, frames=8, seed=0):
+    """Write clips of one moving shape as frame folders, mmaction2's
+    ``RawframeDataset`` layout: ``root/rawframes/<split>/<clip>/
+    img_00001.png ...`` and ``root/<split>_list.txt`` with lines ``<split>/
+    <clip> <frames> <label>``. A clip's class is its shape's direction of
+    motion (``MOTION_CLASSES``); shape, colour, start and speed are random,
+    so that no single frame tells the class. Deterministic in ``seed``."""
+    for split, count, split_seed in (('train', num_train, seed + 30),
+                                     ('val', num_val, seed + 31)):
+        rng = np.random.default_rng(split_seed)
+        lines = []
+        for i in range(count):
+            label = i % len(MOTION_CLASSES)
+            dx, dy = _STEPS[MOTION_CLASSES[label]]
+            r = float(rng.uniform(size / 8, size / 5))
+            speed = float(rng.uniform(1.5, 2.5))
+            travel = speed * (frames - 1)
+            # Start where the whole path stays inside the frame.
+            low = [r + 1 + (travel if d < 0 else 0) for d in (dx, dy)]
+            high = [size - r - 1 - (travel if d > 0 else 0) for d in (dx, dy)]
+            cx, cy = (float(rng.uniform(lo, hi)) for lo, hi in zip(low, high))
+            kind = SHAPE_CLASSES[rng.integers(len(SHAPE_CLASSES))]
+            angle = float(rng.uniform(0, 2 * math.pi))
+            colour = tuple(
+                float(c) for c in np.clip(
+                    np.array(BASE_COLOURS[rng.integers(len(BASE_COLOURS))]) +
+                    rng.integers(-30, 31, size=3), 0, 255))
+            background = _background(rng, size)
+            clip = f'{split}/{i:05d}'
+            os.makedirs(osp.join(root, 'rawframes', clip), exist_ok=True)
+            for t in range(frames):
+                img = background.copy()
+                poly = _shape_polygon(kind, cx + dx * speed * t,
+                                      cy + dy * speed * t, r, angle)
+                cv2.fillPoly(img, [np.round(poly).astype(np.int32)], colour)
+                cv2.imwrite(
+                    osp.join(root, 'rawframes', clip, f'img_{t + 1:05d}.png'),
+                    np.clip(img, 0, 255).astype(np.uint8))
+            lines.append(f'{clip} {frames} {label}')
+        with open(osp.join(root, f'{split}_list.txt'), 'w') as f:
+            f.write('\n'.join(lines) + '\n')
