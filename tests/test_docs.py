@@ -70,7 +70,8 @@ def config_names(doc):
     for token in CODE.findall(text(doc)):
         if CONFIG_NAME.match(token) and '/' not in token and (token.endswith(
             ('coco.py', 'ade20k-450x450.py', 'cityscapes-713x713.py',
-             'toy-seg.py', 'toy-coco.py'))):
+             'toy-seg.py', 'toy-coco.py', 'kinetics400-rgb.py',
+             'toy-video.py'))):
             yield token
 
 
