@@ -5,6 +5,7 @@ import pytest
 import torch
 from tool_runner import ROOT, run_python, tool
 
+from sn_mm.engine.runner import CHECKPOINT_DOC
 from sn_mm.testing import make_toy_coco
 
 CONFIG = osp.join(ROOT, 'configs', 'toy',
@@ -111,4 +112,4 @@ def test_train_names_a_missing_checkpoint_before_building_data(tmp_path):
     err = result.stderr
     assert 'FileNotFoundError' in err and str(missing) in err, err[-2000:]
     assert 'model.backbone.init_cfg.checkpoint' in err
-    assert 'docs/configs_and_checkpoints.md#converting-checkpoints' in err
+    assert CHECKPOINT_DOC in err
