@@ -140,17 +140,17 @@ def group_ratios(mean_logits: Tensor,
     """:func:`layer_ratios` of each group of a group SN layer (logits (G,
     K)), in channel order; one entry for an SN layer."""
     rows = []
+    given = radius is not None
     for row, logits in enumerate((mean_logits, var_logits)):
         logits = logits.detach().double().reshape(-1, logits.shape[-1])
-        if radius is not None:
-            probs = _sparsest_rows(logits, radius.double().flatten()[0])
-        else:
-            probs = torch.softmax(logits, -1)
+        if given:
+            logits = _sparsest_rows(logits, radius.double().flatten()[0])
+        fixed = fixed_ratio = None
         if ratio_fixed is not None:
-            fixed = ratio_fixed[row].reshape(-1, 1)
-            probs = torch.where(
-                fixed, fixed_ratios[row].double().reshape(probs.shape), probs)
-        rows.append(probs.tolist())
+            fixed = ratio_fixed[row].reshape(-1)
+            fixed_ratio = fixed_ratios[row].double().reshape(logits.shape)
+        rows.append(
+            mixing_ratio(logits, fixed, fixed_ratio, True, given).tolist())
     return [{
         stat: dict(zip(TERMS, rows[i][g]))
         for i, stat in enumerate(STATS)
