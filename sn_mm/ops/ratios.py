@@ -1,8 +1,12 @@
 """From a layer's ratio logits to the ratio vectors it mixes with.
 
 The one rule, in PyTorch ops, that the reference implementation, the layer's
-introspection, the analysis tools, the converters and ``fuse_conv_sn`` use
-(the C++ and Triton kernels apply the same rule on their devices):
+introspection, the analysis tools, the converters and ``fuse_conv_sn`` use.
+The C++ and Triton kernels apply the same rule on their devices, inside the
+call: computed here with autograd, the two ratio vectors would cost more
+than a whole C++ training call at 1x64x8x8 (71 against 60 us);
+tests/test_ratio_rule.py runs every combination of the kernels' flags
+against this module instead:
 
 * ``softmax(logits)``, or SparsestMax of the logits for Sparse SN;
 * where a ratio vector is fixed (``ratio_fixed[row]``), ``fixed_ratios[row]``
