@@ -3,8 +3,8 @@
 The one rule, in PyTorch ops, that the reference implementation, the layer's
 introspection, the analysis tools, the converters and ``fuse_conv_sn`` use.
 The C++ and Triton kernels apply the same rule on their devices, inside the
-call: computed here with autograd, the two ratio vectors would cost more
-than a whole C++ training call at 1x64x8x8 (71 against 60 us);
+call: computed here with autograd, the two ratio vectors would cost as much
+as a whole C++ training call at a small shape such as 1x64x8x8;
 tests/test_ratio_rule.py runs every combination of the kernels' flags
 against this module instead:
 
