@@ -64,7 +64,7 @@ def main():
         flags = dict(
             K=3,
             HAS_IN=length > 1,
-            GIVEN=False,
+            RATIOS_GIVEN=False,
             HAS_FIXED=True,
             BN_BATCH=True,
             GROUPED=False)

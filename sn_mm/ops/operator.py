@@ -62,6 +62,9 @@ SCHEMA = (
     'Tensor(d!)? nonfinite_batches, Tensor? ratio_fixed, '
     'Tensor? fixed_ratios, bool training, '
     'float momentum, float eps, bool unbiased, bool ratios_given) -> Tensor')
+# The schema's momentum is a float: the cumulative average (momentum=None,
+# as nn.BatchNorm2d's) travels as this value, which the kernels test for.
+CUMULATIVE = -1.
 # The reference's output for given BN statistics (the batch's, recomputed
 # from x, where batch_stats; else bn_mean/bn_var): what a double backward
 # differentiates.
@@ -192,7 +195,7 @@ def _cuda_kernel(x, weight, bias, mean_logits, var_logits, running_mean,
         ratio_fixed,
         fixed_ratios,
         training,
-        None if momentum < 0 else momentum,
+        None if momentum == CUMULATIVE else momentum,
         eps,
         unbiased,
         ratios_given,
@@ -391,7 +394,7 @@ def _call_operator(x, weight, bias, mean_weight, var_weight, running_mean,
     return _OP(x, weight, bias, mean_weight, var_weight, running_mean,
                running_var, num_batches_tracked, nonfinite_batches,
                ratio_fixed, fixed_ratios, training,
-               -1. if momentum is None else momentum, eps, unbiased,
+               CUMULATIVE if momentum is None else momentum, eps, unbiased,
                ratios_given)
 
 

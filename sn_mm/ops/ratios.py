@@ -49,16 +49,16 @@ def mixing_ratio(logits: Tensor,
                  fixed: Optional[Tensor],
                  fixed_ratio: Optional[Tensor],
                  has_in: bool,
-                 given: bool = False) -> Tensor:
+                 ratios_given: bool = False) -> Tensor:
     """The ratio vector one statistic is mixed with: ``softmax(logits)``, or
     where ``fixed`` (a bool scalar tensor) is set, ``fixed_ratio``. Without
-    IN the IN term is left out (:func:`ratio_without_in`). ``given``:
+    IN the IN term is left out (:func:`ratio_without_in`). ``ratios_given``:
     ``logits`` already is the ratio vector (SparsestMax's, see
     :func:`sparsest_ratios`), used as it is. Group SN: logits (G, K) and
     fixed_ratio (G, K) with ``fixed`` (G,) give (G, K) ratios, row by row.
     No branch on tensor values: nothing waits on the device and tracers see
     one graph."""
-    if given:
+    if ratios_given:
         soft = logits if has_in else logits[..., 1:]
     else:
         soft = torch.softmax(logits if has_in else logits[..., 1:], -1)
@@ -144,17 +144,18 @@ def group_ratios(mean_logits: Tensor,
     """:func:`layer_ratios` of each group of a group SN layer (logits (G,
     K)), in channel order; one entry for an SN layer."""
     rows = []
-    given = radius is not None
+    ratios_given = radius is not None
     for row, logits in enumerate((mean_logits, var_logits)):
         logits = logits.detach().double().reshape(-1, logits.shape[-1])
-        if given:
+        if ratios_given:
             logits = _sparsest_rows(logits, radius.double().flatten()[0])
         fixed = fixed_ratio = None
         if ratio_fixed is not None:
             fixed = ratio_fixed[row].reshape(-1)
             fixed_ratio = fixed_ratios[row].double().reshape(logits.shape)
         rows.append(
-            mixing_ratio(logits, fixed, fixed_ratio, True, given).tolist())
+            mixing_ratio(logits, fixed, fixed_ratio, True,
+                         ratios_given).tolist())
     return [{
         stat: dict(zip(TERMS, rows[i][g]))
         for i, stat in enumerate(STATS)

@@ -169,9 +169,9 @@ def reference_forward(x3: Tensor,
         mean_bn = torch.where(has, mean_bn, running_mean)
         var_bn = torch.where(has, var_bn, running_var)
     fixed = (None, None) if ratio_fixed is None else ratio_fixed
-    given = (None, None) if fixed_ratios is None else fixed_ratios
-    wm = mixing_ratio(mean_logits, fixed[0], given[0], has_in, ratios_given)
-    wv = mixing_ratio(var_logits, fixed[1], given[1], has_in, ratios_given)
+    values = (None, None) if fixed_ratios is None else fixed_ratios
+    wm = mixing_ratio(mean_logits, fixed[0], values[0], has_in, ratios_given)
+    wv = mixing_ratio(var_logits, fixed[1], values[1], has_in, ratios_given)
     if wm.dim() == 2:  # group SN: each channel takes its group's ratios
         wm = wm.repeat_interleave(c // wm.shape[0], 0)
         wv = wv.repeat_interleave(c // wv.shape[0], 0)

@@ -176,11 +176,12 @@ def _group_of(c, C, G, GROUPED: tl.constexpr):
 
 @triton.jit
 def _ratios(log_ptr, fixed_ptr, fixed_ratio_ptr, slot, K: tl.constexpr,
-            HAS_IN: tl.constexpr, GIVEN: tl.constexpr,
+            HAS_IN: tl.constexpr, RATIOS_GIVEN: tl.constexpr,
             HAS_FIXED: tl.constexpr):
     """The (IN, LN, BN) ratios of the logit vector(s) at ``log_ptr``: the
-    softmax (without IN at one position), the vector itself when ``GIVEN``
-    (SparsestMax's), or the fixed ratios where the layer fixed them. BN's is
+    softmax (without IN at one position), the vector itself when
+    ``RATIOS_GIVEN`` (SparsestMax's), or the fixed ratios where the layer
+    fixed them. BN's is
     0 when K == 2. ``slot`` indexes ``ratio_fixed`` (2, G) flattened: the
     mean's group g is slot g, the variance's G + g. Pointers and slots can
     be blocks (one group per row)."""
@@ -191,7 +192,7 @@ def _ratios(log_ptr, fixed_ptr, fixed_ratio_ptr, slot, K: tl.constexpr,
         l2 = tl.load(log_ptr + 2).to(tl.float32)
     else:
         l2 = zero
-    if GIVEN:
+    if RATIOS_GIVEN:
         p1 = l1
         p2 = l2
         if HAS_IN:
@@ -238,12 +239,12 @@ def _ratios(log_ptr, fixed_ptr, fixed_ratio_ptr, slot, K: tl.constexpr,
 
 @triton.jit
 def _ratio_grads(out_ptr, p0, p1, p2, d0, d1, d2, fixed_ptr, slot, ok,
-                 K: tl.constexpr, HAS_IN: tl.constexpr, GIVEN: tl.constexpr,
-                 HAS_FIXED: tl.constexpr):
+                 K: tl.constexpr, HAS_IN: tl.constexpr,
+                 RATIOS_GIVEN: tl.constexpr, HAS_FIXED: tl.constexpr):
     """Stores the logits' gradient from the ratios' (through the softmax's
     Jacobian; as it is for given ratios; none for fixed ones or for IN at
     one position), for a block of groups (``ok``: those that exist)."""
-    if GIVEN:
+    if RATIOS_GIVEN:
         g0 = d0
         g1 = d1
         g2 = d2
@@ -474,7 +475,7 @@ def _normalize_kernel(x_ptr, y_ptr, ws_ptr, w_ptr, b_ptr, mlog_ptr, vlog_ptr,
                       bad_ptr, N, C, G, L, chunk, divisor, eps, momentum, sxn,
                       sxc, sxl, SPLIT: tl.constexpr, ROWS: tl.constexpr,
                       BLOCK: tl.constexpr, K: tl.constexpr,
-                      HAS_IN: tl.constexpr, GIVEN: tl.constexpr,
+                      HAS_IN: tl.constexpr, RATIOS_GIVEN: tl.constexpr,
                       HAS_FIXED: tl.constexpr, BN_BATCH: tl.constexpr,
                       UPDATE: tl.constexpr, CB: tl.constexpr,
                       CUMULATIVE: tl.constexpr, COUNT_BAD: tl.constexpr,
@@ -492,9 +493,9 @@ def _normalize_kernel(x_ptr, y_ptr, ws_ptr, w_ptr, b_ptr, mlog_ptr, vlog_ptr,
         ws_ptr + _ws_shift(R, C, SPLIT) + c, mask=row_ok, other=0.0)
     grp = _group_of(c, C, G, GROUPED)
     wm0, wm1, wm2 = _ratios(mlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr,
-                            grp, K, HAS_IN, GIVEN, HAS_FIXED)
+                            grp, K, HAS_IN, RATIOS_GIVEN, HAS_FIXED)
     wv0, wv1, wv2 = _ratios(vlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr,
-                            G + grp, K, HAS_IN, GIVEN, HAS_FIXED)
+                            G + grp, K, HAS_IN, RATIOS_GIVEN, HAS_FIXED)
     stats = _ws_rows(R, SPLIT)
     ln = _ws_ln(R, SPLIT)
     # The mean as the row's plus weighted differences from it (the ratios
@@ -575,7 +576,7 @@ def _grad_sums_kernel(g_ptr, x_ptr, ws_ptr, bws_ptr, R, C, L, chunk, sgn, sgc,
 def _sample_grads(ws_ptr, bws_ptr, w_ptr, mlog_ptr, vlog_ptr, fixed_ptr,
                   fixed_ratio_ptr, n, N, C, G, SPLIT: tl.constexpr,
                   CB: tl.constexpr, K: tl.constexpr, HAS_IN: tl.constexpr,
-                  GIVEN: tl.constexpr, HAS_FIXED: tl.constexpr,
+                  RATIOS_GIVEN: tl.constexpr, HAS_FIXED: tl.constexpr,
                   GROUPED: tl.constexpr):
     """The gradients of sample n's LN mean and variance: the sums over its
     channels of the mixed statistics' gradients, each weighted by its
@@ -593,9 +594,9 @@ def _sample_grads(ws_ptr, bws_ptr, w_ptr, mlog_ptr, vlog_ptr, fixed_ptr,
                                                 ok, w, R, SPLIT)
         grp = _group_of(tl.minimum(cc, C - 1), C, G, GROUPED)
         _, wm1, _ = _ratios(mlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr,
-                            grp, K, HAS_IN, GIVEN, HAS_FIXED)
+                            grp, K, HAS_IN, RATIOS_GIVEN, HAS_FIXED)
         _, wv1, _ = _ratios(vlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr,
-                            G + grp, K, HAS_IN, GIVEN, HAS_FIXED)
+                            G + grp, K, HAS_IN, RATIOS_GIVEN, HAS_FIXED)
         acc_mu += tl.where(ok, wm1 * d_mu, 0.0)
         acc_var += tl.where(ok, wv1 * d_var, 0.0)
     tl.store(bws_ptr + out + n, tl.sum(acc_mu, 0))
@@ -606,7 +607,7 @@ def _sample_grads(ws_ptr, bws_ptr, w_ptr, mlog_ptr, vlog_ptr, fixed_ptr,
 def _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
                    mlog_ptr, vlog_ptr, fixed_ptr, fixed_ratio_ptr, c, N, C, G,
                    SPLIT: tl.constexpr, NB: tl.constexpr, K: tl.constexpr,
-                   HAS_IN: tl.constexpr, GIVEN: tl.constexpr,
+                   HAS_IN: tl.constexpr, RATIOS_GIVEN: tl.constexpr,
                    HAS_FIXED: tl.constexpr, BN_BATCH: tl.constexpr,
                    GROUPED: tl.constexpr):
     """Channel c's sums over samples: the BN statistics' gradients,
@@ -656,9 +657,9 @@ def _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
     # what SyncSN all-reduces, as the reference's SyncSN does.
     grp = _group_of(c, C, G, GROUPED)
     _, _, wm2 = _ratios(mlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr, grp, K,
-                        HAS_IN, GIVEN, HAS_FIXED)
+                        HAS_IN, RATIOS_GIVEN, HAS_FIXED)
     _, _, wv2 = _ratios(vlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr,
-                        G + grp, K, HAS_IN, GIVEN, HAS_FIXED)
+                        G + grp, K, HAS_IN, RATIOS_GIVEN, HAS_FIXED)
     bn_grads = _bws_bn(R, C, SPLIT)
     tl.store(bws_ptr + bn_grads + c, wm2 * tl.sum(acc_mu, 0))
     tl.store(bws_ptr + bn_grads + C + c, wv2 * d_var_c)
@@ -679,7 +680,7 @@ def _grad_stats_kernel(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
                        mlog_ptr, vlog_ptr, fixed_ptr, fixed_ratio_ptr, N, C, G,
                        SPLIT: tl.constexpr, CB: tl.constexpr, NB: tl.constexpr,
                        K: tl.constexpr, HAS_IN: tl.constexpr,
-                       GIVEN: tl.constexpr, HAS_FIXED: tl.constexpr,
+                       RATIOS_GIVEN: tl.constexpr, HAS_FIXED: tl.constexpr,
                        BN_BATCH: tl.constexpr, GROUPED: tl.constexpr):
     """Programs 0..N-1: sums over channels of sample n; programs N..: sums
     over samples of channel c (see _sample_grads and _channel_grads)."""
@@ -687,11 +688,11 @@ def _grad_stats_kernel(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
     if pid < N:
         _sample_grads(ws_ptr, bws_ptr, w_ptr, mlog_ptr, vlog_ptr, fixed_ptr,
                       fixed_ratio_ptr, pid, N, C, G, SPLIT, CB, K, HAS_IN,
-                      GIVEN, HAS_FIXED, GROUPED)
+                      RATIOS_GIVEN, HAS_FIXED, GROUPED)
     else:
         _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
                        mlog_ptr, vlog_ptr, fixed_ptr, fixed_ratio_ptr, pid - N,
-                       N, C, G, SPLIT, NB, K, HAS_IN, GIVEN, HAS_FIXED,
+                       N, C, G, SPLIT, NB, K, HAS_IN, RATIOS_GIVEN, HAS_FIXED,
                        BN_BATCH, GROUPED)
 
 
@@ -699,7 +700,7 @@ def _grad_stats_kernel(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
 def _logit_grads(bws_ptr, pg_ptr, mlog_ptr, vlog_ptr, fixed_ptr,
                  fixed_ratio_ptr, N, C, G, SPLIT: tl.constexpr,
                  GB: tl.constexpr, WB: tl.constexpr, K: tl.constexpr,
-                 HAS_IN: tl.constexpr, GIVEN: tl.constexpr,
+                 HAS_IN: tl.constexpr, RATIOS_GIVEN: tl.constexpr,
                  HAS_FIXED: tl.constexpr):
     """The logit gradients of every ratio group, GB groups at a time: the
     channels' ratio-gradient terms summed over each group's C / G channels
@@ -726,18 +727,18 @@ def _logit_grads(bws_ptr, pg_ptr, mlog_ptr, vlog_ptr, fixed_ptr,
             a4 += tl.load(at + 4 * C, mask=ok, other=0.0)
         safe = tl.minimum(grp, G - 1)
         wm0, wm1, wm2 = _ratios(mlog_ptr + safe * K, fixed_ptr,
-                                fixed_ratio_ptr, safe, K, HAS_IN, GIVEN,
+                                fixed_ratio_ptr, safe, K, HAS_IN, RATIOS_GIVEN,
                                 HAS_FIXED)
         wv0, wv1, wv2 = _ratios(vlog_ptr + safe * K, fixed_ptr,
-                                fixed_ratio_ptr, G + safe, K, HAS_IN, GIVEN,
-                                HAS_FIXED)
+                                fixed_ratio_ptr, G + safe, K, HAS_IN,
+                                RATIOS_GIVEN, HAS_FIXED)
         s0 = tl.sum(a0, 1)
         _ratio_grads(pg_ptr + 2 * C + safe * K, wm0, wm1, wm2, s0 * 0.0, s0,
-                     tl.sum(a1, 1), fixed_ptr, safe, gok, K, HAS_IN, GIVEN,
-                     HAS_FIXED)
+                     tl.sum(a1, 1), fixed_ptr, safe, gok, K, HAS_IN,
+                     RATIOS_GIVEN, HAS_FIXED)
         _ratio_grads(pg_ptr + 2 * C + (G + safe) * K, wv0, wv1, wv2,
                      tl.sum(a2, 1), tl.sum(a3, 1), tl.sum(a4, 1), fixed_ptr,
-                     G + safe, gok, K, HAS_IN, GIVEN, HAS_FIXED)
+                     G + safe, gok, K, HAS_IN, RATIOS_GIVEN, HAS_FIXED)
 
 
 @triton.jit(do_not_specialize=['N', 'C'])
@@ -747,7 +748,7 @@ def _input_grad_kernel(g_ptr, x_ptr, dx_ptr, ws_ptr, bws_ptr, pg_ptr, w_ptr,
                        sxl, SPLIT: tl.constexpr, ROWS: tl.constexpr,
                        BLOCK: tl.constexpr, GB: tl.constexpr, WB: tl.constexpr,
                        K: tl.constexpr, HAS_IN: tl.constexpr,
-                       GIVEN: tl.constexpr, HAS_FIXED: tl.constexpr,
+                       RATIOS_GIVEN: tl.constexpr, HAS_FIXED: tl.constexpr,
                        BN_BATCH: tl.constexpr, SYNC: tl.constexpr,
                        GROUPED: tl.constexpr):
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -759,9 +760,9 @@ def _input_grad_kernel(g_ptr, x_ptr, dx_ptr, ws_ptr, bws_ptr, pg_ptr, w_ptr,
     _, _, gbase = _row_offsets(r, C, sgn, sgc)
     grp = _group_of(c, C, G, GROUPED)
     wm0, _, _ = _ratios(mlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr, grp, K,
-                        HAS_IN, GIVEN, HAS_FIXED)
+                        HAS_IN, RATIOS_GIVEN, HAS_FIXED)
     wv0, _, _ = _ratios(vlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr,
-                        G + grp, K, HAS_IN, GIVEN, HAS_FIXED)
+                        G + grp, K, HAS_IN, RATIOS_GIVEN, HAS_FIXED)
     w = tl.load(w_ptr + c, mask=row_ok, other=0.0)
     _, _, d_mu, d_var, mean_in, _, rstd = _row_grads(ws_ptr, bws_ptr, r,
                                                      row_ok, w, R, SPLIT)
@@ -810,8 +811,8 @@ def _input_grad_kernel(g_ptr, x_ptr, dx_ptr, ws_ptr, bws_ptr, pg_ptr, w_ptr,
         tl.store(dx_ptr + at, dx.to(dx_ptr.dtype.element_ty), mask=ok)
     if (tile == 0) & (s == 0):  # one program: the ratio-logit gradients
         _logit_grads(bws_ptr, pg_ptr, mlog_ptr, vlog_ptr, fixed_ptr,
-                     fixed_ratio_ptr, N, C, G, SPLIT, GB, WB, K, HAS_IN, GIVEN,
-                     HAS_FIXED)
+                     fixed_ratio_ptr, N, C, G, SPLIT, GB, WB, K, HAS_IN,
+                     RATIOS_GIVEN, HAS_FIXED)
 
 
 # -- host side ------------------------------------------------------------

@@ -406,9 +406,9 @@ Ratios mixing_ratios(const at::Tensor& mean_logits,
   out.groups = ratio_groups(mean_logits);
   const int64_t groups = out.groups, k = mean_logits.numel() / groups;
   const int64_t terms = has_in ? k : k - 1;
-  std::vector<double> given;
+  std::vector<double> fixed_values;
   if (std::find(is_fixed.begin(), is_fixed.end(), true) != is_fixed.end())
-    given = read_doubles(*fixed_ratios);
+    fixed_values = read_doubles(*fixed_ratios);
   const at::Tensor* logits[2] = {&mean_logits, &var_logits};
   // In place, group by group: group SN's host work stays a few hundred
   // flops, without an allocation per group.
@@ -419,7 +419,7 @@ Ratios mixing_ratios(const at::Tensor& mean_logits,
     for (int64_t g = 0; g < groups; ++g) {
       double* r = rows.data() + g * terms;
       if (is_fixed[row * groups + g]) {
-        const double* src = given.data() + (row * groups + g) * k;
+        const double* src = fixed_values.data() + (row * groups + g) * k;
         if (has_in)
           std::copy_n(src, k, r);
         else
