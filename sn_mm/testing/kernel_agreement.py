@@ -8,6 +8,7 @@ import itertools
 import torch
 
 from ..models import SwitchableNorm
+from ..ops.agreement import worst_difference
 
 # (shape, channels_last): contiguous and channels_last maps, RoI-sized rows,
 # long rows (split across programs), one position, 2D, 5D.
@@ -85,28 +86,7 @@ def compare_case(device, shape, channels_last, using_bn, training, dtype,
             memory_format=torch.channels_last):
         raise AssertionError(f'{case}: output not channels_last')
     tol = 2e-4 if dtype == torch.float32 else 3e-2
-    worst = 0.
-    for key, want in ref.items():
-        got = fused[key]
-        if (got is None) != (want is None):
-            raise AssertionError(f'{case}: {key} is None on one path only')
-        if want is None:
-            continue
-        if got.dtype != want.dtype or got.shape != want.shape:
-            raise AssertionError(f'{case}: {key} {got.dtype} '
-                                 f'{tuple(got.shape)} != {want.dtype} '
-                                 f'{tuple(want.shape)}')
-        if not want.is_floating_point():
-            if not torch.equal(got, want):
-                raise AssertionError(f'{case}: {key} {got} != {want}')
-            continue
-        got, want = got.detach().double(), want.detach().double()
-        err = float((got - want).abs().max())
-        rel = err / (1 + float(want.abs().max()))
-        worst = max(worst, rel)
-        if rel > tol:
-            raise AssertionError(f'{case}: {key} differs by {err:.2e}')
-    return worst
+    return worst_difference(fused, ref, tol, case)
 
 
 def all_cases(dtypes=(torch.float32, torch.bfloat16)):
