@@ -42,33 +42,34 @@ CHECKPOINT_DOC = ('docs/configs_and_checkpoints.md'
                   '#where-each-checkpoint-comes-from')
 
 
-def missing_checkpoints(cfg, where='model'):
-    """(config key, path) of every ``init_cfg`` checkpoint (and mmaction2's
-    ``pretrained`` backbone argument) in ``cfg`` that names a local file
-    which does not exist (URLs such as ``torchvision://resnet50`` are
-    mmengine's to resolve)."""
-    found = []
+def pretrained_checkpoints(cfg, where='model'):
+    """(config key, checkpoint) of every ``init_cfg`` in ``cfg`` that loads
+    a checkpoint, and of mmaction2's ``pretrained`` backbone argument."""
     if isinstance(cfg, dict):
         for key, value in cfg.items():
             if key == 'pretrained' and isinstance(value, str):
-                if '://' not in value and not osp.exists(value):
-                    found.append((f'{where}.pretrained', value))
+                yield f'{where}.pretrained', value
             elif key == 'init_cfg':
-                for i, init in enumerate(
-                        value if isinstance(value, list) else [value]):
-                    path = init.get('checkpoint') if isinstance(init,
-                                                                dict) else None
-                    if (isinstance(path, str) and '://' not in path
-                            and not osp.exists(path)):
+                inits = value if isinstance(value, list) else [value]
+                for i, init in enumerate(inits):
+                    if isinstance(init, dict) and isinstance(
+                            init.get('checkpoint'), str):
                         at = f'{where}.init_cfg' + (f'[{i}]' if isinstance(
                             value, list) else '')
-                        found.append((f'{at}.checkpoint', path))
+                        yield f'{at}.checkpoint', init['checkpoint']
             else:
-                found += missing_checkpoints(value, f'{where}.{key}')
+                yield from pretrained_checkpoints(value, f'{where}.{key}')
     elif isinstance(cfg, (list, tuple)):
         for i, value in enumerate(cfg):
-            found += missing_checkpoints(value, f'{where}[{i}]')
-    return found
+            yield from pretrained_checkpoints(value, f'{where}[{i}]')
+
+
+def missing_checkpoints(cfg, where='model'):
+    """(config key, path) of every checkpoint :func:`pretrained_checkpoints`
+    finds that names a local file which does not exist (URLs such as
+    ``torchvision://resnet50`` are mmengine's to resolve)."""
+    return [(key, path) for key, path in pretrained_checkpoints(cfg, where)
+            if '://' not in path and not osp.exists(path)]
 
 
 def check_checkpoints(model_cfg) -> None:

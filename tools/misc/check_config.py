@@ -23,7 +23,7 @@ from mmengine.runner.checkpoint import (get_deprecated_model_names,
 
 import sn_mm  # noqa: F401  (registers SN, for configs' custom_imports)
 from sn_mm.cli import load_config
-from sn_mm.engine.runner import CHECKPOINT_DOC
+from sn_mm.engine.runner import CHECKPOINT_DOC, pretrained_checkpoints
 
 LOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
 
@@ -81,7 +81,7 @@ def main(argv=None):
         missing += not found
         print(f'  {"found  " if found else "MISSING"} {path}  ({what})')
     print('pretrained checkpoints:')
-    for key, name in pretrained(cfg.get('model', {})):
+    for key, name in pretrained_checkpoints(cfg.get('model', {})):
         path = hub_file(name) if '://' in name else name
         found = path is not None and osp.exists(path)
         missing += not found
@@ -114,27 +114,6 @@ def hub_file(name):
         return None
     return osp.join(torch.hub.get_dir(), 'checkpoints',
                     osp.basename(urlparse(url).path))
-
-
-def pretrained(cfg, where='model'):
-    """(config key, checkpoint) of every ``init_cfg`` that loads one, and
-    of mmaction2's ``pretrained`` backbone argument."""
-    if isinstance(cfg, dict):
-        for key, value in cfg.items():
-            if key == 'pretrained' and isinstance(value, str):
-                yield f'{where}.pretrained', value  # mmaction2's backbones
-            elif key == 'init_cfg':
-                inits = value if isinstance(value, list) else [value]
-                for i, init in enumerate(inits):
-                    if isinstance(init, dict) and init.get('checkpoint'):
-                        at = f'{where}.init_cfg' + (f'[{i}]' if isinstance(
-                            value, list) else '')
-                        yield f'{at}.checkpoint', init['checkpoint']
-            else:
-                yield from pretrained(value, f'{where}.{key}')
-    elif isinstance(cfg, (list, tuple)):
-        for i, value in enumerate(cfg):
-            yield from pretrained(value, f'{where}[{i}]')
 
 
 if __name__ == '__main__':
