@@ -39,6 +39,13 @@ def _shape_polygon(kind, cx, cy, r, angle):
     return np.stack([cx + radii * np.cos(t), cy + radii * np.sin(t)], 1)
 
 
+def _colour(rng, index):
+    """Base colour ``index`` jittered by up to 30 per channel, as cv2 takes
+    a fill colour."""
+    jittered = np.array(BASE_COLOURS[index]) + rng.integers(-30, 31, size=3)
+    return tuple(float(c) for c in np.clip(jittered, 0, 255))
+
+
 def _background(rng, size):
     base = rng.integers(90, 170, size=3)
     img = np.empty((size, size, 3), np.float32)
@@ -69,11 +76,8 @@ def render_image(rng, size, max_objects, min_radius, max_radius):
         label = int(rng.integers(len(SHAPE_CLASSES)))
         poly = _shape_polygon(SHAPE_CLASSES[label], cx, cy, r,
                               float(rng.uniform(0, 2 * math.pi)))
-        colour = np.clip(
-            np.array(BASE_COLOURS[label]) + rng.integers(-30, 31, size=3), 0,
-            255)
         cv2.fillPoly(img, [np.round(poly).astype(np.int32)],
-                     tuple(float(c) for c in colour))
+                     _colour(rng, label))
         placed.append((cx, cy, r))
         instances.append((label, poly))
     return np.clip(img, 0, 255).astype(np.uint8), instances
@@ -186,11 +190,8 @@ def make_toy_cls(root,
             cx, cy = rng.uniform(r + 1, size - r - 1, size=2)
             poly = _shape_polygon(SHAPE_CLASSES[label], cx, cy, r,
                                   float(rng.uniform(0, 2 * math.pi)))
-            colour = np.clip(
-                np.array(BASE_COLOURS[rng.integers(len(BASE_COLOURS))]) +
-                rng.integers(-30, 31, size=3), 0, 255)
             cv2.fillPoly(img, [np.round(poly).astype(np.int32)],
-                         tuple(float(c) for c in colour))
+                         _colour(rng, rng.integers(len(BASE_COLOURS))))
             cv2.imwrite(
                 osp.join(root, split, SHAPE_CLASSES[label], f'{i:05d}.png'),
                 np.clip(img, 0, 255).astype(np.uint8))
@@ -225,10 +226,7 @@ def make_toy_video(root, num_train=320, num_val=80, size=32, frames=8, seed=0):
             cx, cy = (float(rng.uniform(lo, hi)) for lo, hi in zip(low, high))
             kind = SHAPE_CLASSES[rng.integers(len(SHAPE_CLASSES))]
             angle = float(rng.uniform(0, 2 * math.pi))
-            colour = tuple(
-                float(c) for c in np.clip(
-                    np.array(BASE_COLOURS[rng.integers(len(BASE_COLOURS))]) +
-                    rng.integers(-30, 31, size=3), 0, 255))
+            colour = _colour(rng, rng.integers(len(BASE_COLOURS)))
             background = _background(rng, size)
             clip = f'{split}/{i:05d}'
             os.makedirs(osp.join(root, 'rawframes', clip), exist_ok=True)
