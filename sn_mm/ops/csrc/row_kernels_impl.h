@@ -309,6 +309,28 @@ SN_INLINE void grad_sums_kernel(const GradSumsArgs<T>& a, int64_t begin,
   }
 }
 
+// One sample's mixed statistics for channels [c0, c1): mu = mean_in +
+// wm_n * (mu_n - mean_in) + wm_c * (mu_c - mean_in) (the row's mean plus
+// weighted differences from it, as the ratios sum to 1: no |mean|-sized
+// products to round) and 1 / sqrt(var + eps) of the mixed variance. The
+// pointers are restrict parameters so that the loop vectorises, square
+// roots included (GCC ignores restrict on local copies).
+template <typename T>
+SN_INLINE void mixed_stats(
+    const T* __restrict__ mean_in, const T* __restrict__ var_in, T mu_n,
+    T var_n, const T* __restrict__ mu_c, const T* __restrict__ var_c,
+    const T* __restrict__ wm_n, const T* __restrict__ wm_c,
+    const T* __restrict__ wv_in, const T* __restrict__ wv_n,
+    const T* __restrict__ wv_c, T eps, T* __restrict__ mu,
+    T* __restrict__ rstd, int64_t c0, int64_t c1) {
+  for (int64_t c = c0; c < c1; ++c) {
+    mu[c] = mean_in[c] + wm_n[c] * (mu_n - mean_in[c]) +
+            wm_c[c] * (mu_c[c] - mean_in[c]);
+    rstd[c] = T(1) / sqrt_of(wv_in[c] * var_in[c] + (wv_n[c] * var_n + eps) +
+                             wv_c[c] * var_c[c]);
+  }
+}
+
 // Per row (n, c): mix the statistics, mu = wm_in * mean_in + wm_n * mu_n +
 // wm_c * mu_c (as mean_in + wm_n * (mu_n - mean_in) + ...) and likewise the
 // variance, then y = (x - mu) * scale + bias with
@@ -322,21 +344,10 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
   // no scalar latency in front of it.
   for (int64_t r0 = begin; r0 < end;) {
     const int64_t n = r0 / a.channels, c0 = r0 % a.channels;
-    const int64_t r1 = min_of(end, (n + 1) * a.channels);
-    const T* __restrict__ mean_in = a.mean_in + n * a.channels;
-    const T* __restrict__ var_in = a.var_in + n * a.channels;
-    T* __restrict__ mu = a.mu + n * a.channels;
-    T* __restrict__ rstd = a.rstd + n * a.channels;
-    const T mu_n = a.mu_n[n], var_n = a.var_n[n];
-    for (int64_t c = c0; c < r1 - n * a.channels; ++c) {
-      // The row's mean plus weighted differences from it (the ratios sum
-      // to 1): no |mean|-sized products to round.
-      mu[c] = mean_in[c] + a.wm_n[c] * (mu_n - mean_in[c]) +
-              a.wm_c[c] * (a.mu_c[c] - mean_in[c]);
-      rstd[c] =
-          T(1) / sqrt_of(a.wv_in[c] * var_in[c] + (a.wv_n[c] * var_n + a.eps) +
-                         a.wv_c[c] * a.var_c[c]);
-    }
+    const int64_t r1 = min_of(end, (n + 1) * a.channels), o = n * a.channels;
+    mixed_stats(a.mean_in + o, a.var_in + o, a.mu_n[n], a.var_n[n], a.mu_c,
+                a.var_c, a.wm_n, a.wm_c, a.wv_in, a.wv_n, a.wv_c, a.eps,
+                a.mu + o, a.rstd + o, c0, r1 - o);
     r0 = r1;
   }
   int64_t c = begin % a.channels;
@@ -394,24 +405,40 @@ SN_INLINE void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin,
 }
 
 // ------------------------------------------------- (N, C) reductions --
-// Per sample, loops over its C statistics, summed in double 8 lanes at a
+// Per sample, loops over its C statistics, summed in double a register at a
 // time: explicit vectors, as the auto-vectoriser keeps running sums scalar
-// (it may not reorder floating-point additions).
-using D8 = Vec<double, 8>::type;
+// (it may not reorder floating-point additions). A register's worth: a
+// wider vector type, which GCC splits into this set's registers, goes
+// through the stack on the way.
+#if defined(__AVX512F__)
+constexpr int kDL = 8;
+#elif defined(__AVX__)
+constexpr int kDL = 4;
+#else
+constexpr int kDL = 2;
+#endif
+using DV = Vec<double, kDL>::type;
 
 template <typename T>
-SN_INLINE D8 load_d(const T* p) {
-  return __builtin_convertvector(load<8>(p), D8);
+SN_INLINE DV load_d(const T* p) {
+  return __builtin_convertvector(load<kDL>(p), DV);
 }
 
-SN_INLINE void add_to(double* p, D8 v) { store<8>(p, load<8>(p) + v); }
+SN_INLINE void add_to(double* p, DV v) { store<kDL>(p, load<kDL>(p) + v); }
+
+// The sum of a DV's lanes (once per sample: a scalar fold will do).
+SN_INLINE double lanes_sum(DV v) {
+  double lanes[kDL];
+  store<kDL>(lanes, v);
+  return fold<kDL>(lanes);
+}
 
 // Per sample: LN's mean and its variance in the stable form mean_c(var_in)
 // + mean_c((mean_in - mean_ln)^2).
 template <typename T>
 SN_INLINE void ln_stats_kernel(const LnStatsArgs<T>& a, int64_t begin,
                                int64_t end) {
-  const int64_t C = a.channels, C8 = C - C % 8;
+  const int64_t C = a.channels, CV = C - C % kDL;
   double* col = a.col;
   for (int64_t n = begin; n < end; ++n) {
     const T* m = (a.dmean ? a.dmean : a.mean_in) + n * C;
@@ -423,10 +450,10 @@ SN_INLINE void ln_stats_kernel(const LnStatsArgs<T>& a, int64_t begin,
     const auto mean_of = [&](int64_t c) {
       return a.shift ? double(a.shift[c]) + double(m[c]) : double(m[c]);
     };
-    D8 sm = {}, sv = {};
+    DV sm = {}, sv = {};
     double tm = 0, tv = 0;
-    for (int64_t c = 0; c < C8; c += 8) {
-      const D8 vv = load_d(v + c);
+    for (int64_t c = 0; c < CV; c += kDL) {
+      const DV vv = load_d(v + c);
       sm += mean_at(c);
       sv += vv;
       if (col) {
@@ -434,7 +461,7 @@ SN_INLINE void ln_stats_kernel(const LnStatsArgs<T>& a, int64_t begin,
         add_to(col + C + c, vv);
       }
     }
-    for (int64_t c = C8; c < C; ++c) {
+    for (int64_t c = CV; c < C; ++c) {
       tm += mean_of(c);
       tv += v[c];
       if (col) {
@@ -442,31 +469,32 @@ SN_INLINE void ln_stats_kernel(const LnStatsArgs<T>& a, int64_t begin,
         col[C + c] += v[c];
       }
     }
-    const double mean = (hsum<8>(sm) + tm) / C;
-    D8 sd = {};
+    const double mean = (lanes_sum(sm) + tm) / C;
+    DV sd = {};
     double td = 0;
-    for (int64_t c = 0; c < C8; c += 8) {
-      const D8 d = mean_at(c) - mean;
+    for (int64_t c = 0; c < CV; c += kDL) {
+      const DV d = mean_at(c) - mean;
       sd += d * d;
     }
-    for (int64_t c = C8; c < C; ++c)
+    for (int64_t c = CV; c < C; ++c)
       td += (mean_of(c) - mean) * (mean_of(c) - mean);
     a.ln_mean[n] = static_cast<T>(mean);
-    a.ln_var[n] = static_cast<T>((hsum<8>(sv) + tv + hsum<8>(sd) + td) / C);
+    a.ln_var[n] =
+        static_cast<T>((lanes_sum(sv) + tv + lanes_sum(sd) + td) / C);
   }
 }
 
 template <typename T>
 SN_INLINE void bn_dev_kernel(const BnDevArgs<T>& a, int64_t begin,
                              int64_t end) {
-  const int64_t C = a.channels, C8 = C - C % 8;
+  const int64_t C = a.channels, CV = C - C % kDL;
   for (int64_t n = begin; n < end; ++n) {
     const T* m = a.mean_in + n * C;
-    for (int64_t c = 0; c < C8; c += 8) {
-      const D8 d = load_d(m + c) - load<8>(a.centre + c);
+    for (int64_t c = 0; c < CV; c += kDL) {
+      const DV d = load_d(m + c) - load<kDL>(a.centre + c);
       add_to(a.col + c, d * d);
     }
-    for (int64_t c = C8; c < C; ++c) {
+    for (int64_t c = CV; c < C; ++c) {
       const double d = m[c] - a.centre[c];
       a.col[c] += d * d;
     }
@@ -479,25 +507,25 @@ SN_INLINE void bn_dev_kernel(const BnDevArgs<T>& a, int64_t begin,
 template <typename T>
 SN_INLINE void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
                                   int64_t end) {
-  const int64_t C = a.channels, C8 = C - C % 8;
+  const int64_t C = a.channels, CV = C - C % kDL;
   double* acc = a.acc;
   for (int64_t n = begin; n < end; ++n) {
     const int64_t o = n * C;
     const double ml = a.mean_ln[n], vl = a.var_ln[n];
-    D8 row_mu = {}, row_var = {}, dots[4] = {};
-    for (int64_t c = 0; c < C8; c += 8) {
-      const D8 s1 = load_d(a.s1 + o + c), r = load_d(a.rstd + o + c),
+    DV row_mu = {}, row_var = {}, dots[4] = {};
+    for (int64_t c = 0; c < CV; c += kDL) {
+      const DV s1 = load_d(a.s1 + o + c), r = load_d(a.rstd + o + c),
                mi = load_d(a.mean_in + o + c);
-      const D8 centred =
+      const DV centred =
           load_d(a.s2 + o + c) - (load_d(a.mu + o + c) - mi) * s1;
-      const D8 scale = load_d(a.weight + c) * r;
-      const D8 d_mu = -scale * s1;
-      const D8 d_var = -0.5 * scale * r * r * centred;
+      const DV scale = load_d(a.weight + c) * r;
+      const DV d_mu = -scale * s1;
+      const DV d_var = -0.5 * scale * r * r * centred;
       add_to(acc + c, centred * r);
       add_to(acc + C + c, s1);
       add_to(acc + 2 * C + c, d_mu);
       add_to(acc + 3 * C + c, d_var);
-      const D8 products[4] = {d_mu * (ml - mi),
+      const DV products[4] = {d_mu * (ml - mi),
                               d_mu * (load_d(a.mean_c + c) - mi),
                               d_var * load_d(a.var_in + o + c), d_var * vl};
       for (int j = 0; j < 4; ++j) {
@@ -510,7 +538,7 @@ SN_INLINE void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
       row_var += d_var * load_d(a.wv_n + c);
     }
     double t_mu = 0, t_var = 0, t_dots[4] = {};
-    for (int64_t c = C8; c < C; ++c) {
+    for (int64_t c = CV; c < C; ++c) {
       const int64_t r = o + c;
       const double centred =
           a.s2[r] - (double(a.mu[r]) - double(a.mean_in[r])) * a.s1[r];
@@ -534,11 +562,11 @@ SN_INLINE void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
       t_mu += d_mu * a.wm_n[c];
       t_var += d_var * a.wv_n[c];
     }
-    a.d_mu_n[n] = static_cast<T>(hsum<8>(row_mu) + t_mu);
-    a.d_var_n[n] = static_cast<T>(hsum<8>(row_var) + t_var);
+    a.d_mu_n[n] = static_cast<T>(lanes_sum(row_mu) + t_mu);
+    a.d_var_n[n] = static_cast<T>(lanes_sum(row_var) + t_var);
     if (!a.per_channel)
       for (int j = 0; j < 4; ++j)
-        acc[4 * C + j] += hsum<8>(dots[j]) + t_dots[j];
+        acc[4 * C + j] += lanes_sum(dots[j]) + t_dots[j];
   }
 }
 
