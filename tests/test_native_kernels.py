@@ -150,6 +150,8 @@ def test_calls_split_across_threads(shape, dtype, training):
     [
         dict(shape=(8, 64, 24, 24), dtype=torch.float32),  # 144 KiB a sample
         dict(shape=(9, 64, 16, 32), dtype=torch.float64),  # 256 KiB
+        # 64 KiB: blocks of four samples, the last one of two
+        dict(shape=(30, 64, 16, 16), dtype=torch.float32),
         dict(shape=(8, 64, 24, 24), dtype=torch.float32, ratio_groups=4),
         dict(
             shape=(9, 64, 16, 32),
@@ -157,13 +159,13 @@ def test_calls_split_across_threads(shape, dtype, training):
             using_bn=False,
             training=True),
     ],
-    ids=['float32', 'float64', 'group_sn', 'train_without_bn'])
+    ids=['float32', 'float64', 'blocks', 'group_sn', 'train_without_bn'])
 def test_samples_normalised_one_by_one(case):
-    """Without the batch's BN statistics, samples of 128-512 KiB in batches
-    that keep every thread busy are taken one at a time (moments, LN
-    statistics, normalisation while the sample is in cache): output, and in
-    training every gradient, against the reference on one thread and on
-    two."""
+    """Without the batch's BN statistics, samples of up to 512 KiB in
+    batches that keep every thread busy are taken a block of about 256 KiB
+    at a time (moments, LN statistics, normalisation while the block is in
+    cache): output, and in training every gradient, against the reference
+    on one thread and on two."""
     case = dict(case)
     shape, dtype = case.pop('shape'), case.pop('dtype')
     training = case.pop('training', False)

@@ -157,7 +157,10 @@ def bench_shape(makers, shape, repeats, device, dtype='float32', queued=False):
     drift on the machine (other load, clock) reaches every layer alike
     rather than whichever was measured at the time. ``queued``: also ten
     calls between two synchronisations (the time per call when launches
-    overlap the GPU's work, as inside a network)."""
+    overlap the GPU's work, as inside a network). On the CPU a layer whose
+    call takes under a millisecond is timed over as many calls as fill
+    one (at most 200) and the time per call kept: a single 10-microsecond
+    call's time is mostly the timer's and the caches' noise."""
     torch.manual_seed(0)
     x = torch.randn(shape, device=device, dtype=getattr(torch, dtype))
     x.requires_grad_()
@@ -167,21 +170,17 @@ def bench_shape(makers, shape, repeats, device, dtype='float32', queued=False):
             ] + (['both_x10', 'eval_x10'] if queued else [])
     times = {name: {k: [] for k in keys} for name in layers}
 
-    def ten(fn):
-
-        def run():
-            for _ in range(10):
-                fn()
-
-        return timed(run) / 10
-
     with torch.autocast(
             device, dtype=torch.bfloat16, enabled=dtype == 'bfloat16'):
-        for layer in layers.values():  # warm-up
+        calls = {}
+        for name, layer in layers.items():  # warm-up
             layer(x).backward(grad)
+            once = timed(lambda: layer(x).backward(grad))
+            calls[name] = 1 if device != 'cpu' else max(
+                1, min(200, int(LOOP_SECONDS / max(once, 1e-7))))
         for _ in range(repeats):
             for name, layer in layers.items():
-                _time_layer(layer, x, grad, times[name], ten, queued)
+                _time_layer(layer, x, grad, times[name], queued, calls[name])
         x.grad = None
         return {
             name:
@@ -194,21 +193,40 @@ def bench_shape(makers, shape, repeats, device, dtype='float32', queued=False):
         }
 
 
-def _time_layer(layer, x, grad, t, ten, queued):
+# The least time one timed figure spans on the CPU (bench_shape).
+LOOP_SECONDS = 1e-3
+
+
+def _per_call(fn, calls):
+    """Seconds per call of ``fn``, over ``calls`` calls in a row."""
+
+    def run():
+        for _ in range(calls):
+            fn()
+
+    return timed(run) / calls
+
+
+def _time_layer(layer, x, grad, t, queued, calls=1):
     x.grad = None
     # Eval right after train forward: the same state of the caches.
-    t['fwd'].append(timed(lambda: layer(x)))
+    t['fwd'].append(_per_call(lambda: layer(x), calls))
     with torch.no_grad():
         layer.eval()
-        t['eval'].append(timed(lambda: layer(x)))
+        t['eval'].append(_per_call(lambda: layer(x), calls))
         if queued:
-            t['eval_x10'].append(ten(lambda: layer(x)))
+            t['eval_x10'].append(_per_call(lambda: layer(x), 10))
     layer.train()
     out = layer(x)
     t['bwd'].append(timed(lambda: out.backward(grad)))
-    t['both'].append(timed(lambda: layer(x).backward(grad)))
+
+    def both():
+        x.grad = None  # no accumulation into x.grad's previous value
+        layer(x).backward(grad)
+
+    t['both'].append(_per_call(both, calls))
     if queued:
-        t['both_x10'].append(ten(lambda: layer(x).backward(grad)))
+        t['both_x10'].append(_per_call(both, 10))
 
 
 def resnet_eval_times(repeats, device):

@@ -31,7 +31,7 @@ from sn_mm.testing.timing import median_times
 PATH_SHAPES = {
     'short_rows': [(512, 256, 7, 7), (16, 256, 7, 7), (1, 2048, 7, 7),
                    (1, 64, 8, 8)],
-    'by_sample': [(1024, 256, 14, 14)],
+    'by_sample': [(1024, 256, 14, 14), (512, 256, 7, 7)],
 }
 # by_sample applies where there are no batch BN statistics: eval.
 MODES = {'short_rows': ('eval', 'train'), 'by_sample': ('eval', )}

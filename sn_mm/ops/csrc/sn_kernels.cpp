@@ -686,25 +686,32 @@ NormalizeArgs<T> normalize_args(const Forward& f, const Stats<T>& s,
 // Without the batch's BN statistics (eval), a sample's output needs only
 // that sample: its moments, LN statistics and normalisation can run one
 // after the other while it is in this core's L2, so that the input comes
-// from memory once, as GroupNorm's does, rather than twice. Taken for
-// samples of kSampleMin to kSampleMax bytes when the samples keep every
-// thread busy (docs/performance.md has the figures); smaller ones (RoI
-// features, 50 KB) measured faster in the passes' long streams.
-constexpr int64_t kSampleMin = int64_t(128) << 10, kSampleMax = int64_t(512)
-                                                                << 10;
+// from memory once, as GroupNorm's does, rather than twice. Samples of up
+// to kSampleMax bytes take this path in blocks of about kBlockBytes (RoI
+// features, 50 KB, five at a time) when the blocks keep every thread busy
+// (docs/performance.md has the figures).
+constexpr int64_t kSampleMax = int64_t(512) << 10, kBlockBytes = int64_t(256)
+                                                                 << 10;
 
+// Samples per block of the by-sample path; 0 where it does not apply.
 template <typename T>
-bool by_sample(const Forward& f, const Running& run_stats) {
+int64_t by_sample_block(const Forward& f, const Running& run_stats) {
   const int64_t bytes = f.x3.size(1) * f.x3.size(2) * int64_t(sizeof(T));
+  const int64_t block =
+      std::max<int64_t>(1, kBlockBytes / std::max<int64_t>(bytes, 1));
+  const int64_t blocks = (f.x3.size(0) + block - 1) / block;
   return take(kPathBySample, !(run_stats.using_bn && run_stats.training) &&
-                                 bytes >= kSampleMin && bytes <= kSampleMax &&
-                                 f.x3.size(0) >= 4 * at::get_num_threads());
+                                 bytes <= kSampleMax &&
+                                 blocks >= 4 * at::get_num_threads())
+             ? block
+             : 0;
 }
 
 template <typename T>
 void forward_by_sample(Forward& f, at::Tensor& y, const at::Tensor& weight,
                        const at::Tensor& bias, const Running& run_stats,
-                       double eps, const Stats<T>& s, bool for_backward) {
+                       double eps, const Stats<T>& s, bool for_backward,
+                       int64_t block) {
   const int64_t samples = f.x3.size(0), channels = f.x3.size(1);
   const auto bn = fixed_bn(f, s, run_stats, for_backward);
   const ChannelRatios<T> w(f.ratios, channels, run_stats.using_bn);
@@ -712,11 +719,13 @@ void forward_by_sample(Forward& f, at::Tensor& y, const at::Tensor& weight,
   const MomentsArgs<T> moments = moments_args(f, s);
   const LnStatsArgs<T> ln{s.mean_in, s.var_in, channels,
                           s.ln_mean, s.ln_var, nullptr};
-  at::parallel_for(0, samples, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      run(moments, n * channels, (n + 1) * channels);
-      run(ln, n, n + 1);
-      run(args, n * channels, (n + 1) * channels);
+  const int64_t blocks = (samples + block - 1) / block;
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t n0 = b * block, n1 = std::min(samples, n0 + block);
+      run(moments, n0 * channels, n1 * channels);
+      run(ln, n0, n1);
+      run(args, n0 * channels, n1 * channels);
     }
   });
 }
@@ -728,8 +737,9 @@ void forward_pass(Forward& f, at::Tensor& y, const at::Tensor& weight,
   const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
                 spatial = f.x3.size(2);
   const Stats<T> s(stats_buffer<T>(f, for_backward), samples, channels);
-  if (by_sample<T>(f, run_stats)) {
-    forward_by_sample(f, y, weight, bias, run_stats, eps, s, for_backward);
+  if (const int64_t block = by_sample_block<T>(f, run_stats)) {
+    forward_by_sample(f, y, weight, bias, run_stats, eps, s, for_backward,
+                      block);
     return;
   }
   const auto bn = statistics<T>(f, s, run_stats, for_backward);
