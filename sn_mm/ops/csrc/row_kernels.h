@@ -11,6 +11,19 @@
 
 namespace sn_mm_rows {
 
+// Each ratio group's six ratios, at ratios + kRatios * g in the order of
+// RatioIndex (IN's 0 where undefined, BN's 0 without a BN term); a group
+// spans group_channels consecutive channels. Six values per group rather
+// than per channel: a call that wrote C x 6 values, which the other
+// threads then read, lost 2-3 us to moving those cache lines between cores
+// (1x2048x7x7).
+enum RatioIndex { kWmIn, kWvIn, kWmLn, kWvLn, kWmBn, kWvBn, kRatios };
+template <typename T>
+struct GroupRatioArgs {
+  const T* ratios;
+  int64_t group_channels;
+};
+
 template <typename T>
 struct MomentsArgs {
   const T* x;
@@ -40,8 +53,7 @@ struct GradSumsArgs {
 template <typename T>
 struct NormalizeArgs {
   const T *x, *mean_in, *var_in, *mu_n, *var_n, *mu_c, *var_c, *weight, *bias;
-  // Each channel's ratios, C values each: its group's (ChannelRatios).
-  const T *wm_n, *wv_in, *wv_n, *wm_c, *wv_c;
+  GroupRatioArgs<T> w;
   T eps;
   T *y, *mu, *rstd;
   int64_t channels, length;
@@ -50,7 +62,7 @@ template <typename T>
 struct InputGradArgs {
   const T *g, *x, *sum_g, *sum_gxc, *mu, *rstd, *weight, *mean_in, *dvar_n,
       *dmean_n, *center_n, *dvar_c, *dmean_c, *center_c;
-  const T *wm_in, *wv_in;  // each channel's IN ratios
+  GroupRatioArgs<T> w;
   T two_over_divisor;
   T* dx;
   int64_t channels, length;
@@ -76,7 +88,7 @@ template <typename T>
 struct GradReduceArgs {
   const T *s1, *s2, *mu, *rstd, *weight, *mean_in, *var_in, *mean_ln, *var_ln,
       *mean_c;
-  const T *wm_n, *wv_n;  // each channel's LN ratios
+  GroupRatioArgs<T> w;
   int64_t channels;
   T *d_mu_n, *d_var_n;
   // += per channel: grad_weight, grad_bias, d_mu_c, d_var_c, and the ratio

@@ -309,25 +309,41 @@ SN_INLINE void grad_sums_kernel(const GradSumsArgs<T>& a, int64_t begin,
   }
 }
 
-// One sample's mixed statistics for channels [c0, c1): mu = mean_in +
-// wm_n * (mu_n - mean_in) + wm_c * (mu_c - mean_in) (the row's mean plus
-// weighted differences from it, as the ratios sum to 1: no |mean|-sized
-// products to round) and 1 / sqrt(var + eps) of the mixed variance. The
-// pointers are restrict parameters so that the loop vectorises, square
-// roots included (GCC ignores restrict on local copies).
+// For each ratio group's part of channels [c0, c1): fn(begin, end, w),
+// w the group's six ratios (RatioIndex).
+template <typename T, typename Fn>
+SN_INLINE void for_each_group(const sn_mm_rows::GroupRatioArgs<T>& w,
+                              int64_t c0, int64_t c1, const Fn& fn) {
+  for (int64_t c = c0; c < c1;) {
+    const int64_t g = c / w.group_channels;
+    const int64_t e = min_of(c1, (g + 1) * w.group_channels);
+    fn(c, e, w.ratios + sn_mm_rows::kRatios * g);
+    c = e;
+  }
+}
+
+// One sample's mixed statistics for channels [c0, c1) of one ratio group:
+// mu = mean_in + wm_n * (mu_n - mean_in) + wm_c * (mu_c - mean_in) (the
+// row's mean plus weighted differences from it, as the ratios sum to 1: no
+// |mean|-sized products to round) and 1 / sqrt(var + eps) of the mixed
+// variance. The pointers are restrict parameters so that the loop
+// vectorises, square roots included (GCC ignores restrict on local
+// copies).
 template <typename T>
-SN_INLINE void mixed_stats(
-    const T* __restrict__ mean_in, const T* __restrict__ var_in, T mu_n,
-    T var_n, const T* __restrict__ mu_c, const T* __restrict__ var_c,
-    const T* __restrict__ wm_n, const T* __restrict__ wm_c,
-    const T* __restrict__ wv_in, const T* __restrict__ wv_n,
-    const T* __restrict__ wv_c, T eps, T* __restrict__ mu,
-    T* __restrict__ rstd, int64_t c0, int64_t c1) {
+SN_INLINE void mixed_stats(const T* __restrict__ mean_in,
+                           const T* __restrict__ var_in, T mu_n, T var_n,
+                           const T* __restrict__ mu_c,
+                           const T* __restrict__ var_c, const T* w, T eps,
+                           T* __restrict__ mu, T* __restrict__ rstd,
+                           int64_t c0, int64_t c1) {
+  using namespace sn_mm_rows;
+  const T wm_n = w[kWmLn], wm_c = w[kWmBn], wv_in = w[kWvIn], wv_n = w[kWvLn],
+          wv_c = w[kWvBn];
   for (int64_t c = c0; c < c1; ++c) {
-    mu[c] = mean_in[c] + wm_n[c] * (mu_n - mean_in[c]) +
-            wm_c[c] * (mu_c[c] - mean_in[c]);
-    rstd[c] = T(1) / sqrt_of(wv_in[c] * var_in[c] + (wv_n[c] * var_n + eps) +
-                             wv_c[c] * var_c[c]);
+    mu[c] = mean_in[c] + wm_n * (mu_n - mean_in[c]) +
+            wm_c * (mu_c[c] - mean_in[c]);
+    rstd[c] = T(1) / sqrt_of(wv_in * var_in[c] + (wv_n * var_n + eps) +
+                             wv_c * var_c[c]);
   }
 }
 
@@ -345,9 +361,10 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
   for (int64_t r0 = begin; r0 < end;) {
     const int64_t n = r0 / a.channels, c0 = r0 % a.channels;
     const int64_t r1 = min_of(end, (n + 1) * a.channels), o = n * a.channels;
-    mixed_stats(a.mean_in + o, a.var_in + o, a.mu_n[n], a.var_n[n], a.mu_c,
-                a.var_c, a.wm_n, a.wm_c, a.wv_in, a.wv_n, a.wv_c, a.eps,
-                a.mu + o, a.rstd + o, c0, r1 - o);
+    for_each_group(a.w, c0, r1 - o, [&](int64_t cb, int64_t ce, const T* w) {
+      mixed_stats(a.mean_in + o, a.var_in + o, a.mu_n[n], a.var_n[n], a.mu_c,
+                  a.var_c, w, a.eps, a.mu + o, a.rstd + o, cb, ce);
+    });
     r0 = r1;
   }
   int64_t c = begin % a.channels;
@@ -377,20 +394,24 @@ SN_INLINE void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin,
     const int64_t rows = r1 - r0;
     const T dvar_n = a.dvar_n[n], dmean_n = a.dmean_n[n],
             center_n = a.center_n[n];
-    for (int64_t j = 0; j < rows; ++j) {
-      const int64_t r = r0 + j, c = c0 + j;
-      const T rstd = a.rstd[r], s = a.weight[c] * rstd, m = a.mean_in[r];
-      const T centred = a.sum_gxc[r] - (a.mu[r] - m) * a.sum_g[r];
-      const T d_mu = -s * a.sum_g[r];
-      const T d_var = T(-0.5) * s * rstd * rstd * centred;
-      const T d_var_in = dvar_n + a.dvar_c[c] + a.wv_in[c] * d_var;
-      const T d_mean_in = dmean_n + a.dmean_c[c] + a.wm_in[c] * d_mu +
-                          T(2) * (m - center_n) * dvar_n +
-                          T(2) * (m - a.center_c[c]) * a.dvar_c[c];
-      scale[j] = s;
-      coef_x[j] = d_var_in * a.two_over_divisor;
-      shift[j] = d_mean_in * inv_length;
-    }
+    for_each_group(
+        a.w, c0, c0 + rows, [&](int64_t cb, int64_t ce, const T* w) {
+          const T wm_in = w[sn_mm_rows::kWmIn], wv_in = w[sn_mm_rows::kWvIn];
+          for (int64_t c = cb; c < ce; ++c) {
+            const int64_t j = c - c0, r = r0 + j;
+            const T rstd = a.rstd[r], s = a.weight[c] * rstd, m = a.mean_in[r];
+            const T centred = a.sum_gxc[r] - (a.mu[r] - m) * a.sum_g[r];
+            const T d_mu = -s * a.sum_g[r];
+            const T d_var = T(-0.5) * s * rstd * rstd * centred;
+            const T d_var_in = dvar_n + a.dvar_c[c] + wv_in * d_var;
+            const T d_mean_in = dmean_n + a.dmean_c[c] + wm_in * d_mu +
+                                T(2) * (m - center_n) * dvar_n +
+                                T(2) * (m - a.center_c[c]) * a.dvar_c[c];
+            scale[j] = s;
+            coef_x[j] = d_var_in * a.two_over_divisor;
+            shift[j] = d_mean_in * inv_length;
+          }
+        });
     for (int64_t j = 0; j < rows; ++j) {
       const int64_t r = r0 + j;
       const T s = scale[j], cx = coef_x[j], sh = shift[j], m = a.mean_in[r];
@@ -502,68 +523,75 @@ SN_INLINE void bn_dev_kernel(const BnDevArgs<T>& a, int64_t begin,
 }
 
 // Per sample, from the row sums (grad_reductions_into, sn_kernels.cpp): the
-// sums over c of d_mu and d_var weighted by each channel's LN ratio, and
-// into acc the per-channel sums.
+// sums over c of d_mu and d_var weighted by each channel's LN ratio (a
+// group's sums, then times its ratio), and into acc the per-channel sums.
 template <typename T>
 SN_INLINE void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
                                   int64_t end) {
-  const int64_t C = a.channels, CV = C - C % kDL;
+  const int64_t C = a.channels;
   double* acc = a.acc;
   for (int64_t n = begin; n < end; ++n) {
     const int64_t o = n * C;
     const double ml = a.mean_ln[n], vl = a.var_ln[n];
-    DV row_mu = {}, row_var = {}, dots[4] = {};
-    for (int64_t c = 0; c < CV; c += kDL) {
-      const DV s1 = load_d(a.s1 + o + c), r = load_d(a.rstd + o + c),
-               mi = load_d(a.mean_in + o + c);
-      const DV centred =
-          load_d(a.s2 + o + c) - (load_d(a.mu + o + c) - mi) * s1;
-      const DV scale = load_d(a.weight + c) * r;
-      const DV d_mu = -scale * s1;
-      const DV d_var = -0.5 * scale * r * r * centred;
-      add_to(acc + c, centred * r);
-      add_to(acc + C + c, s1);
-      add_to(acc + 2 * C + c, d_mu);
-      add_to(acc + 3 * C + c, d_var);
-      const DV products[4] = {d_mu * (ml - mi),
-                              d_mu * (load_d(a.mean_c + c) - mi),
-                              d_var * load_d(a.var_in + o + c), d_var * vl};
-      for (int j = 0; j < 4; ++j) {
-        if (a.per_channel)
-          add_to(acc + (4 + j) * C + c, products[j]);
-        else
-          dots[j] += products[j];
+    DV dots[4] = {};
+    double t_dots[4] = {}, d_mu_n = 0, d_var_n = 0;
+    for_each_group(a.w, 0, C, [&](int64_t cb, int64_t ce, const T* w) {
+      DV group_mu = {}, group_var = {};
+      double t_mu = 0, t_var = 0;
+      int64_t c = cb;
+      for (; c + kDL <= ce; c += kDL) {
+        const DV s1 = load_d(a.s1 + o + c), r = load_d(a.rstd + o + c),
+                 mi = load_d(a.mean_in + o + c);
+        const DV centred =
+            load_d(a.s2 + o + c) - (load_d(a.mu + o + c) - mi) * s1;
+        const DV scale = load_d(a.weight + c) * r;
+        const DV d_mu = -scale * s1;
+        const DV d_var = -0.5 * scale * r * r * centred;
+        add_to(acc + c, centred * r);
+        add_to(acc + C + c, s1);
+        add_to(acc + 2 * C + c, d_mu);
+        add_to(acc + 3 * C + c, d_var);
+        const DV products[4] = {d_mu * (ml - mi),
+                                d_mu * (load_d(a.mean_c + c) - mi),
+                                d_var * load_d(a.var_in + o + c), d_var * vl};
+        for (int j = 0; j < 4; ++j) {
+          if (a.per_channel)
+            add_to(acc + (4 + j) * C + c, products[j]);
+          else
+            dots[j] += products[j];
+        }
+        group_mu += d_mu;
+        group_var += d_var;
       }
-      row_mu += d_mu * load_d(a.wm_n + c);
-      row_var += d_var * load_d(a.wv_n + c);
-    }
-    double t_mu = 0, t_var = 0, t_dots[4] = {};
-    for (int64_t c = CV; c < C; ++c) {
-      const int64_t r = o + c;
-      const double centred =
-          a.s2[r] - (double(a.mu[r]) - double(a.mean_in[r])) * a.s1[r];
-      const double scale = double(a.weight[c]) * a.rstd[r];
-      const double d_mu = -scale * a.s1[r];
-      const double d_var = -0.5 * scale * a.rstd[r] * a.rstd[r] * centred;
-      acc[c] += centred * a.rstd[r];
-      acc[C + c] += a.s1[r];
-      acc[2 * C + c] += d_mu;
-      acc[3 * C + c] += d_var;
-      const double products[4] = {
-          d_mu * (ml - double(a.mean_in[r])),
-          d_mu * (double(a.mean_c[c]) - double(a.mean_in[r])),
-          d_var * a.var_in[r], d_var * vl};
-      for (int j = 0; j < 4; ++j) {
-        if (a.per_channel)
-          acc[(4 + j) * C + c] += products[j];
-        else
-          t_dots[j] += products[j];
+      for (; c < ce; ++c) {
+        const int64_t r = o + c;
+        const double centred =
+            a.s2[r] - (double(a.mu[r]) - double(a.mean_in[r])) * a.s1[r];
+        const double scale = double(a.weight[c]) * a.rstd[r];
+        const double d_mu = -scale * a.s1[r];
+        const double d_var = -0.5 * scale * a.rstd[r] * a.rstd[r] * centred;
+        acc[c] += centred * a.rstd[r];
+        acc[C + c] += a.s1[r];
+        acc[2 * C + c] += d_mu;
+        acc[3 * C + c] += d_var;
+        const double products[4] = {
+            d_mu * (ml - double(a.mean_in[r])),
+            d_mu * (double(a.mean_c[c]) - double(a.mean_in[r])),
+            d_var * a.var_in[r], d_var * vl};
+        for (int j = 0; j < 4; ++j) {
+          if (a.per_channel)
+            acc[(4 + j) * C + c] += products[j];
+          else
+            t_dots[j] += products[j];
+        }
+        t_mu += d_mu;
+        t_var += d_var;
       }
-      t_mu += d_mu * a.wm_n[c];
-      t_var += d_var * a.wv_n[c];
-    }
-    a.d_mu_n[n] = static_cast<T>(lanes_sum(row_mu) + t_mu);
-    a.d_var_n[n] = static_cast<T>(lanes_sum(row_var) + t_var);
+      d_mu_n += w[sn_mm_rows::kWmLn] * (lanes_sum(group_mu) + t_mu);
+      d_var_n += w[sn_mm_rows::kWvLn] * (lanes_sum(group_var) + t_var);
+    });
+    a.d_mu_n[n] = static_cast<T>(d_mu_n);
+    a.d_var_n[n] = static_cast<T>(d_var_n);
     if (!a.per_channel)
       for (int j = 0; j < 4; ++j)
         acc[4 * C + j] += lanes_sum(dots[j]) + t_dots[j];

@@ -317,37 +317,35 @@ struct Ratios {
   int64_t terms() const { return static_cast<int64_t>(mean.size()) / groups; }
 };
 
-// Each channel's ratios, C values each: IN's, LN's and BN's for the mean
-// and for the variance (IN's 0 where undefined, BN's 0 without a BN term),
-// in the computation's dtype.
+// Each ratio group's six ratios in the computation's dtype, as the kernels
+// take them (sn_mm_rows::GroupRatioArgs).
 template <typename T>
-struct ChannelRatios {
+struct GroupRatios {
   std::vector<T> data;
-  int64_t channels;
-  ChannelRatios(const Ratios& w, int64_t channels, bool using_bn)
-      : data(6 * channels), channels(channels) {
-    const int64_t k = w.k_ln, terms = w.terms(),
-                  per_group = std::max<int64_t>(channels / w.groups, 1);
+  int64_t group_channels;
+  GroupRatios(const Ratios& w, int64_t channels, bool using_bn)
+      : data(sn_mm_rows::kRatios * w.groups),
+        group_channels(std::max<int64_t>(channels / w.groups, 1)) {
+    const int64_t k = w.k_ln, terms = w.terms();
     for (int64_t g = 0; g < w.groups; ++g) {
       const double* m = w.mean.data() + g * terms;
       const double* v = w.var.data() + g * terms;
-      const T values[6] = {static_cast<T>(w.has_in ? m[0] : 0.0),
-                           static_cast<T>(w.has_in ? v[0] : 0.0),
-                           static_cast<T>(m[k]),
-                           static_cast<T>(v[k]),
-                           static_cast<T>(using_bn ? m[k + 1] : 0.0),
-                           static_cast<T>(using_bn ? v[k + 1] : 0.0)};
-      for (int i = 0; i < 6; ++i)
-        std::fill_n(data.data() + i * channels + g * per_group, per_group,
-                    values[i]);
+      T* out = data.data() + sn_mm_rows::kRatios * g;
+      out[sn_mm_rows::kWmIn] = static_cast<T>(w.has_in ? m[0] : 0.0);
+      out[sn_mm_rows::kWvIn] = static_cast<T>(w.has_in ? v[0] : 0.0);
+      out[sn_mm_rows::kWmLn] = static_cast<T>(m[k]);
+      out[sn_mm_rows::kWvLn] = static_cast<T>(v[k]);
+      out[sn_mm_rows::kWmBn] = static_cast<T>(using_bn ? m[k + 1] : 0.0);
+      out[sn_mm_rows::kWvBn] = static_cast<T>(using_bn ? v[k + 1] : 0.0);
     }
   }
-  const T* wm_in() const { return data.data(); }
-  const T* wv_in() const { return data.data() + channels; }
-  const T* wm_ln() const { return data.data() + 2 * channels; }
-  const T* wv_ln() const { return data.data() + 3 * channels; }
-  const T* wm_bn() const { return data.data() + 4 * channels; }
-  const T* wv_bn() const { return data.data() + 5 * channels; }
+  sn_mm_rows::GroupRatioArgs<T> args() const {
+    return {data.data(), group_channels};
+  }
+  // Channel c's ratio i (RatioIndex).
+  T of(int64_t c, int i) const {
+    return data[sn_mm_rows::kRatios * (c / group_channels) + i];
+  }
 };
 
 std::vector<double> read_doubles(const at::Tensor& t) {
@@ -655,7 +653,7 @@ std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
 template <typename T>
 NormalizeArgs<T> normalize_args(const Forward& f, const Stats<T>& s,
                                 std::pair<const T*, const T*> bn,
-                                const ChannelRatios<T>& w,
+                                const GroupRatios<T>& w,
                                 const at::Tensor& weight,
                                 const at::Tensor& bias, double eps,
                                 at::Tensor& y) {
@@ -669,11 +667,7 @@ NormalizeArgs<T> normalize_args(const Forward& f, const Stats<T>& s,
   a.var_c = bn.second;
   a.weight = weight.data_ptr<T>();
   a.bias = bias.data_ptr<T>();
-  a.wm_n = w.wm_ln();
-  a.wv_in = w.wv_in();
-  a.wv_n = w.wv_ln();
-  a.wm_c = w.wm_bn();
-  a.wv_c = w.wv_bn();
+  a.w = w.args();
   a.eps = static_cast<T>(eps);
   a.y = y.data_ptr<T>();
   a.mu = s.mu;
@@ -714,7 +708,7 @@ void forward_by_sample(Forward& f, at::Tensor& y, const at::Tensor& weight,
                        int64_t block) {
   const int64_t samples = f.x3.size(0), channels = f.x3.size(1);
   const auto bn = fixed_bn(f, s, run_stats, for_backward);
-  const ChannelRatios<T> w(f.ratios, channels, run_stats.using_bn);
+  const GroupRatios<T> w(f.ratios, channels, run_stats.using_bn);
   const auto args = normalize_args(f, s, bn, w, weight, bias, eps, y);
   const MomentsArgs<T> moments = moments_args(f, s);
   const LnStatsArgs<T> ln{s.mean_in, s.var_in, channels,
@@ -743,7 +737,7 @@ void forward_pass(Forward& f, at::Tensor& y, const at::Tensor& weight,
     return;
   }
   const auto bn = statistics<T>(f, s, run_stats, for_backward);
-  const ChannelRatios<T> w(f.ratios, channels, run_stats.using_bn);
+  const GroupRatios<T> w(f.ratios, channels, run_stats.using_bn);
   const auto args = normalize_args(f, s, bn, w, weight, bias, eps, y);
   run_rows(args, samples * channels, spatial);
 }
@@ -864,7 +858,7 @@ void ratio_grads(const GradSums<T>& gs, const T* bn_var, int64_t channels,
 // (The LN sums come weighted by each channel's LN ratio.)
 template <typename T>
 void through_shared_stats(const GradSums<T>& gs, const Forward& f,
-                          const ChannelRatios<T>& w, int64_t samples,
+                          const GroupRatios<T>& w, int64_t samples,
                           int64_t channels, bool bn_grad) {
   const double s_n = 1.0 / channels;
   for (int64_t n = 0; n < samples; ++n) {
@@ -872,11 +866,11 @@ void through_shared_stats(const GradSums<T>& gs, const Forward& f,
     gs.d_mu_n[n] = static_cast<T>(gs.d_mu_n[n] * s_n);
   }
   const double s_c = bn_grad ? 1.0 / samples : 0.0;
-  const T* wm = w.wm_bn();
-  const T* wv = w.wv_bn();
   for (int64_t c = 0; c < channels; ++c) {
-    gs.d_mu_c[c] = static_cast<T>(gs.d_mu_c[c] * (wm[c] * s_c));
-    gs.d_var_c[c] = static_cast<T>(gs.d_var_c[c] * (wv[c] * s_c));
+    gs.d_mu_c[c] =
+        static_cast<T>(gs.d_mu_c[c] * (w.of(c, sn_mm_rows::kWmBn) * s_c));
+    gs.d_var_c[c] =
+        static_cast<T>(gs.d_var_c[c] * (w.of(c, sn_mm_rows::kWvBn) * s_c));
   }
 }
 
@@ -905,7 +899,7 @@ void backward_pass(const at::Tensor& g, const Forward& f,
   } else {
     std::fill_n(gs.s1, 2 * rows, T(0));
   }
-  const ChannelRatios<T> cw(w, channels, using_bn);
+  const GroupRatios<T> cw(w, channels, using_bn);
   T* const per_c[4] = {grad_weight.data_ptr<T>(), grad_bias.data_ptr<T>(),
                        gs.d_mu_c, gs.d_var_c};
   const GradReduceArgs<T> rargs{gs.s1,
@@ -918,8 +912,7 @@ void backward_pass(const at::Tensor& g, const Forward& f,
                                 s.ln_mean,
                                 s.ln_var,
                                 using_bn ? bn_mean : gs.zeros_c,
-                                cw.wm_ln(),
-                                cw.wv_ln(),
+                                cw.args(),
                                 channels,
                                 gs.d_mu_n,
                                 gs.d_var_n,
@@ -944,8 +937,7 @@ void backward_pass(const at::Tensor& g, const Forward& f,
       gs.d_var_c,
       gs.d_mu_c,
       bn_grad ? bn_mean : gs.zeros_c,
-      cw.wm_in(),
-      cw.wv_in(),
+      cw.args(),
       static_cast<T>(2.0 / std::max<int64_t>(spatial - f.correction, 1)),
       grad_x.data_ptr<T>(),
       channels,
