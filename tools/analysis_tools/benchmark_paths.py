@@ -25,7 +25,10 @@ import torch
 from sn_mm import SwitchableNorm
 from sn_mm.ops import (cpu_isa, cpu_isas, cpu_path_counts, native_available,
                        set_cpu_isa, set_cpu_path)
-from sn_mm.testing.timing import median_times
+from sn_mm.testing.timing import median_times, timed
+
+# The least time one timed figure spans (ab).
+LOOP_SECONDS = 1e-3
 
 # Each path and the shapes of benchmark_norm.py where it applies.
 PATH_SHAPES = {
@@ -78,6 +81,7 @@ def calls(shape, mode):
     else:
 
         def call():
+            x.grad = None  # no accumulation into the previous gradient
             layer(x).backward(grad)
 
     return call
@@ -87,6 +91,10 @@ def ab(path, shape, mode, rounds):
     """Median seconds with the path on and off, and the calls that took it
     in each."""
     call = calls(shape, mode)
+    call()  # warm-up
+    # Calls under a millisecond are timed over as many as fill one (as in
+    # benchmark_norm.py): one 20-microsecond call's time is mostly noise.
+    repeat = max(1, min(200, int(LOOP_SECONDS / max(timed(call), 1e-7))))
     taken = {}
 
     def variant(on):
@@ -94,7 +102,8 @@ def ab(path, shape, mode, rounds):
         def run():
             set_cpu_path(path, on)
             before = cpu_path_counts()[path]
-            call()
+            for _ in range(repeat):
+                call()
             taken[on] = taken.get(on, 0) + cpu_path_counts()[path] - before
 
         return run
@@ -104,7 +113,8 @@ def ab(path, shape, mode, rounds):
         fn()  # warm-up
     times = median_times(fns, rounds)
     set_cpu_path(path, True)
-    return times['on'], times['off'], taken.get(True, 0), taken.get(False, 0)
+    return (times['on'] / repeat, times['off'] / repeat, taken.get(True, 0),
+            taken.get(False, 0))
 
 
 def main(argv=None):
