@@ -119,90 +119,126 @@ SN_INLINE void store(T* p, typename Vec<T, Lanes>::type v) {
   __builtin_memcpy(p, &v, sizeof(v));
 }
 
-template <int Lanes, typename V>
-SN_INLINE auto hsum(V v) {
-  // A tree of halving adds (log2(Lanes) steps, not Lanes - 1 in a chain).
-  static_assert(Lanes == 8, "hsum folds 8 lanes");
-  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
-  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
-  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
-  return v[0];
+// The lane sums of eight 8-lane vectors v[0..7] as one vector: lane i holds
+// the sum of v[i]'s lanes. A transposing tree (three levels of paired
+// shuffles and adds) where folding each vector alone would take three
+// shuffles and three adds per vector.
+template <typename V>
+SN_INLINE V transpose_sums(const V* v) {
+  V half[4], quarter[2];
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k)  // [a01 a23 b01 b23 | a45 a67 b45 b67]
+    half[k] = __builtin_shufflevector(v[2 * k], v[2 * k + 1], 0, 2, 8, 10, 4,
+                                      6, 12, 14) +
+              __builtin_shufflevector(v[2 * k], v[2 * k + 1], 1, 3, 9, 11, 5,
+                                      7, 13, 15);
+#pragma GCC unroll 2
+  for (int k = 0; k < 2; ++k)  // [a0-3 b0-3 c0-3 d0-3 | a4-7 ... d4-7]
+    quarter[k] = __builtin_shufflevector(half[2 * k], half[2 * k + 1], 0, 2, 8,
+                                         10, 4, 6, 12, 14) +
+                 __builtin_shufflevector(half[2 * k], half[2 * k + 1], 1, 3, 9,
+                                         11, 5, 7, 13, 15);
+  return __builtin_shufflevector(quarter[0], quarter[1], 0, 1, 2, 3, 8, 9, 10,
+                                 11) +
+         __builtin_shufflevector(quarter[0], quarter[1], 4, 5, 6, 7, 12, 13,
+                                 14, 15);
 }
 
-// For Rows consecutive short rows of length n at x: sums of (x - shift)
-// and (x - shift)^2 in one pass, shift each row's first value. Several rows
-// at once keep several independent chains of additions in flight (one
-// short row's chain is mostly latency). Cancellation in s2 - s1^2 / n costs
-// at most a factor n <= kShortRow of relative precision, since (mean -
-// shift)^2 <= n * var.
-template <int Lanes, int Rows, typename T>
+// A row of n >= 8 values in 8-lane vectors: the whole vectors, then the
+// last 8 values with the lanes already counted masked off (no scalar tail).
+struct ShortRow {
+  int64_t whole;  // values in whole vectors
+  int rem;        // values after them (0-7)
+};
+
+// The mask of the last `rem` of 8 lanes, as integers of T's width.
+template <typename T>
+SN_INLINE auto last_lanes(int rem) {
+  using I = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
+  using IV = typename Vec<I, 8>::type;
+  return IV{0, 1, 2, 3, 4, 5, 6, 7} >= static_cast<I>(8 - rem);
+}
+
+// For 4 consecutive short rows of n >= 8 values at x: sums of (x - shift)
+// and (x - shift)^2 in one pass, shift each row's first value, into
+// s[0..3] and s[4..7]. Four rows at once keep several independent chains
+// of additions in flight (one short row's chain is mostly latency).
+// Cancellation in s2 - s1^2 / n costs at most a factor n <= kShortRow of
+// relative precision, since (mean - shift)^2 <= n * var.
+template <typename T>
 SN_INLINE void rows_shifted_sums(const T* __restrict__ x, int64_t n,
-                                 T* __restrict__ s1, T* __restrict__ s2) {
-  using V = typename Vec<T, Lanes>::type;
-  V a1[Rows], a2[Rows];
-  T shift[Rows], t1[Rows], t2[Rows];
-#pragma GCC unroll 8
-  for (int r = 0; r < Rows; ++r) {
-    a1[r] = V{};
-    a2[r] = V{};
+                                 ShortRow shape, T* __restrict__ s) {
+  using V = typename Vec<T, 8>::type;
+  V acc[8];
+  T shift[4];
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) {
+    acc[r] = acc[4 + r] = V{};
     shift[r] = x[r * n];
-    t1[r] = t2[r] = 0;
   }
-  int64_t i = 0;
-  for (; i + Lanes <= n; i += Lanes)
-#pragma GCC unroll 8
-    for (int r = 0; r < Rows; ++r) {
-      const V d = load<Lanes>(x + r * n + i) - shift[r];
-      a1[r] += d;
-      a2[r] += d * d;
+  for (int64_t i = 0; i < shape.whole; i += 8)
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const V d = load<8>(x + r * n + i) - shift[r];
+      acc[r] += d;
+      acc[4 + r] += d * d;
     }
-  for (; i < n; ++i)
-#pragma GCC unroll 8
-    for (int r = 0; r < Rows; ++r) {
-      const T d = x[r * n + i] - shift[r];
-      t1[r] += d;
-      t2[r] += d * d;
+  if (shape.rem) {
+    const auto keep = last_lanes<T>(shape.rem);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      V d = load<8>(x + r * n + n - 8) - shift[r];
+      d = keep ? d : V{};
+      acc[r] += d;
+      acc[4 + r] += d * d;
     }
-#pragma GCC unroll 8
-  for (int r = 0; r < Rows; ++r) {
-    s1[r] = hsum<Lanes>(a1[r]) + t1[r];
-    s2[r] = hsum<Lanes>(a2[r]) + t2[r];
   }
+  store<8>(s, transpose_sums(acc));
 }
 
-// Likewise per row sums of g and of g * (x - m[row]).
-template <int Lanes, int Rows, typename T>
+// One row of any length: the same sums, into s[0] and s[1].
+template <typename T>
+SN_INLINE void row_shifted_sums(const T* __restrict__ x, int64_t n,
+                                T* __restrict__ s) {
+  const T shift = x[0];
+  T s1 = 0, s2 = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const T d = x[i] - shift;
+    s1 += d;
+    s2 += d * d;
+  }
+  s[0] = s1;
+  s[1] = s2;
+}
+
+// Likewise for 4 rows the sums of g and of g * (x - m[row]), into s[0..3]
+// and s[4..7].
+template <typename T>
 SN_INLINE void rows_grad_sums(const T* __restrict__ g, const T* __restrict__ x,
-                              int64_t n, const T* __restrict__ m,
-                              T* __restrict__ sg, T* __restrict__ sgx) {
-  using V = typename Vec<T, Lanes>::type;
-  V a1[Rows], a2[Rows];
-  T t1[Rows], t2[Rows];
-#pragma GCC unroll 8
-  for (int r = 0; r < Rows; ++r) {
-    a1[r] = V{};
-    a2[r] = V{};
-    t1[r] = t2[r] = 0;
-  }
-  int64_t i = 0;
-  for (; i + Lanes <= n; i += Lanes)
-#pragma GCC unroll 8
-    for (int r = 0; r < Rows; ++r) {
-      const V gv = load<Lanes>(g + r * n + i);
-      a1[r] += gv;
-      a2[r] += gv * (load<Lanes>(x + r * n + i) - m[r]);
+                              int64_t n, ShortRow shape,
+                              const T* __restrict__ m, T* __restrict__ s) {
+  using V = typename Vec<T, 8>::type;
+  V acc[8];
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) acc[r] = acc[4 + r] = V{};
+  for (int64_t i = 0; i < shape.whole; i += 8)
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const V gv = load<8>(g + r * n + i);
+      acc[r] += gv;
+      acc[4 + r] += gv * (load<8>(x + r * n + i) - m[r]);
     }
-  for (; i < n; ++i)
-#pragma GCC unroll 8
-    for (int r = 0; r < Rows; ++r) {
-      t1[r] += g[r * n + i];
-      t2[r] += g[r * n + i] * (x[r * n + i] - m[r]);
+  if (shape.rem) {
+    const auto keep = last_lanes<T>(shape.rem);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      V gv = load<8>(g + r * n + n - 8);
+      gv = keep ? gv : V{};
+      acc[r] += gv;
+      acc[4 + r] += gv * (load<8>(x + r * n + n - 8) - m[r]);
     }
-#pragma GCC unroll 8
-  for (int r = 0; r < Rows; ++r) {
-    sg[r] = hsum<Lanes>(a1[r]) + t1[r];
-    sgx[r] = hsum<Lanes>(a2[r]) + t2[r];
   }
+  store<8>(s, transpose_sums(acc));
 }
 
 // sum of a * (b - m): centred on the row mean m, so that an input far from
@@ -255,24 +291,30 @@ SN_INLINE void moments_rows(const MomentsArgs<T>& a, int64_t begin,
   }
 }
 
-// Short rows (RoI features: 7 x 7), kRows at a time in one pass each.
+// Short rows (RoI features: 7 x 7), four at a time in one pass each.
 template <typename T>
 SN_INLINE void moments_short_rows(const MomentsArgs<T>& a, int64_t begin,
                                   int64_t end) {
-  constexpr int kRows = 4;
-  const T inv_n = T(1) / static_cast<T>(a.length);
-  T s1[kRows], s2[kRows];
-  for (int64_t r = begin; r < end; r += kRows) {
-    const T* x = a.x + r * a.length;
-    const int rows = static_cast<int>(min_of<int64_t>(kRows, end - r));
-    if (rows == kRows)
-      rows_shifted_sums<8, kRows>(x, a.length, s1, s2);
-    else
-      for (int j = 0; j < rows; ++j)
-        rows_shifted_sums<8, 1>(x + j * a.length, a.length, s1 + j, s2 + j);
+  const int64_t n = a.length;
+  const T inv_n = T(1) / static_cast<T>(n);
+  const ShortRow shape{n - n % 8, static_cast<int>(n % 8)};
+  T s[8];
+  for (int64_t r = begin; r < end; r += 4) {
+    const T* x = a.x + r * n;
+    const int rows = static_cast<int>(min_of<int64_t>(4, end - r));
+    if (rows == 4 && n >= 8) {
+      rows_shifted_sums(x, n, shape, s);
+    } else {
+      for (int j = 0; j < rows; ++j) {
+        T pair[2];
+        row_shifted_sums(x + j * n, n, pair);
+        s[j] = pair[0];
+        s[4 + j] = pair[1];
+      }
+    }
     for (int j = 0; j < rows; ++j) {
-      store_mean(a, r + j, x[j * a.length], s1[j] * inv_n);
-      a.var[r + j] = max_of(s2[j] - s1[j] * s1[j] * inv_n, T(0)) / a.divisor;
+      store_mean(a, r + j, x[j * n], s[j] * inv_n);
+      a.var[r + j] = max_of(s[4 + j] - s[j] * s[j] * inv_n, T(0)) / a.divisor;
     }
   }
 }
@@ -289,16 +331,24 @@ SN_INLINE void moments_kernel(const MomentsArgs<T>& a, int64_t begin,
 template <typename T>
 SN_INLINE void grad_sums_kernel(const GradSumsArgs<T>& a, int64_t begin,
                                 int64_t end) {
-  if (a.short_rows) {  // kRows rows at a time, as in moments
-    constexpr int kRows = 4;
+  if (a.short_rows) {  // four rows at a time, as in moments
+    const int64_t n = a.length;
+    const ShortRow shape{n - n % 8, static_cast<int>(n % 8)};
+    T s[8];
     int64_t r = begin;
-    for (; r + kRows <= end; r += kRows)
-      rows_grad_sums<8, kRows>(a.g + r * a.length, a.x + r * a.length,
-                               a.length, a.mean_in + r, a.sum_g + r,
-                               a.sum_gxc + r);
-    for (; r < end; ++r)
-      rows_grad_sums<8, 1>(a.g + r * a.length, a.x + r * a.length, a.length,
-                           a.mean_in + r, a.sum_g + r, a.sum_gxc + r);
+    if (n >= 8)
+      for (; r + 4 <= end; r += 4) {
+        rows_grad_sums(a.g + r * n, a.x + r * n, n, shape, a.mean_in + r, s);
+        for (int j = 0; j < 4; ++j) {
+          a.sum_g[r + j] = s[j];
+          a.sum_gxc[r + j] = s[4 + j];
+        }
+      }
+    for (; r < end; ++r) {
+      a.sum_g[r] = row_sum<8>(a.g + r * n, n);
+      a.sum_gxc[r] =
+          row_dot_centred<8>(a.g + r * n, a.x + r * n, n, a.mean_in[r]);
+    }
     return;
   }
   for (int64_t r = begin; r < end; ++r) {
