@@ -51,7 +51,7 @@ $(STAMP): requirements/build.txt requirements/runtime.txt requirements/tests.txt
 	touch $(STAMP)
 
 test: venv
-	$(VPY) -m pytest tests
+	$(VPY) -m pytest tests --durations=20
 
 # The main job: train Mask R-CNN with SN everywhere on the toy data, print
 # COCO bbox/segm AP, then draw the learned ratios of every SN layer.
