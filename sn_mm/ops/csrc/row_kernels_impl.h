@@ -151,12 +151,14 @@ struct ShortRow {
   int rem;        // values after them (0-7)
 };
 
-// The mask of the last `rem` of 8 lanes, as integers of T's width.
-template <typename T>
-SN_INLINE auto last_lanes(int rem) {
-  using I = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
+// v with all but its last `rem` lanes zeroed, by a bitwise and with a lane
+// mask (exact, and a vector ?: is not portable between GCC and Clang).
+template <typename V>
+SN_INLINE V keep_last(V v, int rem) {
+  using I = std::conditional_t<sizeof(v[0]) == 4, int32_t, int64_t>;
   using IV = typename Vec<I, 8>::type;
-  return IV{0, 1, 2, 3, 4, 5, 6, 7} >= static_cast<I>(8 - rem);
+  const IV keep = IV{0, 1, 2, 3, 4, 5, 6, 7} >= static_cast<I>(8 - rem);
+  return (V)((IV)v & keep);
 }
 
 // For 4 consecutive short rows of n >= 8 values at x: sums of (x - shift)
@@ -184,11 +186,10 @@ SN_INLINE void rows_shifted_sums(const T* __restrict__ x, int64_t n,
       acc[4 + r] += d * d;
     }
   if (shape.rem) {
-    const auto keep = last_lanes<T>(shape.rem);
 #pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) {
       V d = load<8>(x + r * n + n - 8) - shift[r];
-      d = keep ? d : V{};
+      d = keep_last(d, shape.rem);
       acc[r] += d;
       acc[4 + r] += d * d;
     }
@@ -229,11 +230,10 @@ SN_INLINE void rows_grad_sums(const T* __restrict__ g, const T* __restrict__ x,
       acc[4 + r] += gv * (load<8>(x + r * n + i) - m[r]);
     }
   if (shape.rem) {
-    const auto keep = last_lanes<T>(shape.rem);
 #pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) {
       V gv = load<8>(g + r * n + n - 8);
-      gv = keep ? gv : V{};
+      gv = keep_last(gv, shape.rem);
       acc[r] += gv;
       acc[4 + r] += gv * (load<8>(x + r * n + n - 8) - m[r]);
     }
