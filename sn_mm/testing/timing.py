@@ -22,6 +22,25 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
+def calls_filling(seconds_per_call: float,
+                  seconds: float = 1e-3,
+                  most: int = 200) -> int:
+    """How many calls of ``seconds_per_call`` fill ``seconds`` (at least 1,
+    at most ``most``): a single 10-microsecond call's time is mostly the
+    timer's and the caches' noise."""
+    return max(1, min(most, int(seconds / max(seconds_per_call, 1e-7))))
+
+
+def per_call(fn: Callable[[], object], calls: int) -> float:
+    """Seconds per call of ``fn``, over ``calls`` calls in a row."""
+
+    def run():
+        for _ in range(calls):
+            fn()
+
+    return timed(run) / calls
+
+
 def median_time(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(timed(fn) for _ in range(repeats))
 

@@ -47,7 +47,8 @@ from sn_mm.ops import (cpu_isa, cpu_isas, default_kernels, native_available,
                        set_cpu_isa)
 from sn_mm.ops._compat import own_tensors
 from sn_mm.ops.operator import CUDA_ROUTE
-from sn_mm.testing.timing import median_time, median_times, timed
+from sn_mm.testing.timing import (calls_filling, median_time, median_times,
+                                  per_call, timed)
 
 # glibc's malloc returns large freed blocks to the OS and page-faults them
 # back in on the next allocation; which layer pays for that depends on the
@@ -176,8 +177,7 @@ def bench_shape(makers, shape, repeats, device, dtype='float32', queued=False):
         for name, layer in layers.items():  # warm-up
             layer(x).backward(grad)
             once = timed(lambda: layer(x).backward(grad))
-            calls[name] = 1 if device != 'cpu' else max(
-                1, min(200, int(LOOP_SECONDS / max(once, 1e-7))))
+            calls[name] = 1 if device != 'cpu' else calls_filling(once)
         for _ in range(repeats):
             for name, layer in layers.items():
                 _time_layer(layer, x, grad, times[name], queued, calls[name])
@@ -193,29 +193,15 @@ def bench_shape(makers, shape, repeats, device, dtype='float32', queued=False):
         }
 
 
-# The least time one timed figure spans on the CPU (bench_shape).
-LOOP_SECONDS = 1e-3
-
-
-def _per_call(fn, calls):
-    """Seconds per call of ``fn``, over ``calls`` calls in a row."""
-
-    def run():
-        for _ in range(calls):
-            fn()
-
-    return timed(run) / calls
-
-
 def _time_layer(layer, x, grad, t, queued, calls=1):
     x.grad = None
     # Eval right after train forward: the same state of the caches.
-    t['fwd'].append(_per_call(lambda: layer(x), calls))
+    t['fwd'].append(per_call(lambda: layer(x), calls))
     with torch.no_grad():
         layer.eval()
-        t['eval'].append(_per_call(lambda: layer(x), calls))
+        t['eval'].append(per_call(lambda: layer(x), calls))
         if queued:
-            t['eval_x10'].append(_per_call(lambda: layer(x), 10))
+            t['eval_x10'].append(per_call(lambda: layer(x), 10))
     layer.train()
     out = layer(x)
     t['bwd'].append(timed(lambda: out.backward(grad)))
@@ -224,9 +210,9 @@ def _time_layer(layer, x, grad, t, queued, calls=1):
         x.grad = None  # no accumulation into x.grad's previous value
         layer(x).backward(grad)
 
-    t['both'].append(_per_call(both, calls))
+    t['both'].append(per_call(both, calls))
     if queued:
-        t['both_x10'].append(_per_call(both, 10))
+        t['both_x10'].append(per_call(both, 10))
 
 
 def resnet_eval_times(repeats, device):

@@ -25,10 +25,7 @@ import torch
 from sn_mm import SwitchableNorm
 from sn_mm.ops import (cpu_isa, cpu_isas, cpu_path_counts, native_available,
                        set_cpu_isa, set_cpu_path)
-from sn_mm.testing.timing import median_times, timed
-
-# The least time one timed figure spans (ab).
-LOOP_SECONDS = 1e-3
+from sn_mm.testing.timing import calls_filling, median_times, timed
 
 # Each path and the shapes of benchmark_norm.py where it applies.
 PATH_SHAPES = {
@@ -94,7 +91,7 @@ def ab(path, shape, mode, rounds):
     call()  # warm-up
     # Calls under a millisecond are timed over as many as fill one (as in
     # benchmark_norm.py): one 20-microsecond call's time is mostly noise.
-    repeat = max(1, min(200, int(LOOP_SECONDS / max(timed(call), 1e-7))))
+    repeat = calls_filling(timed(call))
     taken = {}
 
     def variant(on):

@@ -13,10 +13,9 @@ namespace sn_mm_rows {
 
 // Each ratio group's six ratios, at ratios + kRatios * g in the order of
 // RatioIndex (IN's 0 where undefined, BN's 0 without a BN term); a group
-// spans group_channels consecutive channels. Six values per group rather
-// than per channel: a call that wrote C x 6 values, which the other
-// threads then read, lost 2-3 us to moving those cache lines between cores
-// (1x2048x7x7).
+// spans group_channels consecutive channels. Six values per group, not
+// per channel: C x 6 values written each call and read by the other
+// threads cost 2-3 us at 1x2048x7x7 in cache lines moved between cores.
 enum RatioIndex { kWmIn, kWvIn, kWmLn, kWvLn, kWmBn, kWvBn, kRatios };
 template <typename T>
 struct GroupRatioArgs {

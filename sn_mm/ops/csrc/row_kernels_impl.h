@@ -197,21 +197,6 @@ SN_INLINE void rows_shifted_sums(const T* __restrict__ x, int64_t n,
   store<8>(s, transpose_sums(acc));
 }
 
-// One row of any length: the same sums, into s[0] and s[1].
-template <typename T>
-SN_INLINE void row_shifted_sums(const T* __restrict__ x, int64_t n,
-                                T* __restrict__ s) {
-  const T shift = x[0];
-  T s1 = 0, s2 = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const T d = x[i] - shift;
-    s1 += d;
-    s2 += d * d;
-  }
-  s[0] = s1;
-  s[1] = s2;
-}
-
 // Likewise for 4 rows the sums of g and of g * (x - m[row]), into s[0..3]
 // and s[4..7].
 template <typename T>
@@ -291,7 +276,8 @@ SN_INLINE void moments_rows(const MomentsArgs<T>& a, int64_t begin,
   }
 }
 
-// Short rows (RoI features: 7 x 7), four at a time in one pass each.
+// Short rows (RoI features: 7 x 7), four at a time in one pass each; the
+// rest (fewer than four rows, or rows under 8 values) as long rows.
 template <typename T>
 SN_INLINE void moments_short_rows(const MomentsArgs<T>& a, int64_t begin,
                                   int64_t end) {
@@ -299,24 +285,18 @@ SN_INLINE void moments_short_rows(const MomentsArgs<T>& a, int64_t begin,
   const T inv_n = T(1) / static_cast<T>(n);
   const ShortRow shape{n - n % 8, static_cast<int>(n % 8)};
   T s[8];
-  for (int64_t r = begin; r < end; r += 4) {
-    const T* x = a.x + r * n;
-    const int rows = static_cast<int>(min_of<int64_t>(4, end - r));
-    if (rows == 4 && n >= 8) {
+  int64_t r = begin;
+  if (n >= 8)
+    for (; r + 4 <= end; r += 4) {
+      const T* x = a.x + r * n;
       rows_shifted_sums(x, n, shape, s);
-    } else {
-      for (int j = 0; j < rows; ++j) {
-        T pair[2];
-        row_shifted_sums(x + j * n, n, pair);
-        s[j] = pair[0];
-        s[4 + j] = pair[1];
+      for (int j = 0; j < 4; ++j) {
+        store_mean(a, r + j, x[j * n], s[j] * inv_n);
+        a.var[r + j] =
+            max_of(s[4 + j] - s[j] * s[j] * inv_n, T(0)) / a.divisor;
       }
     }
-    for (int j = 0; j < rows; ++j) {
-      store_mean(a, r + j, x[j * n], s[j] * inv_n);
-      a.var[r + j] = max_of(s[4 + j] - s[j] * s[j] * inv_n, T(0)) / a.divisor;
-    }
-  }
+  moments_rows<8>(a, r, end);
 }
 
 template <typename T>
