@@ -110,7 +110,9 @@ def test_path_benchmark_times_each_path_on_and_off():
     assert {(path, mode)
             for path, mode, _, _ in rows} == {('short_rows', 'eval'),
                                               ('short_rows', 'train'),
-                                              ('by_sample', 'eval')
+                                              ('by_sample', 'eval'),
+                                              ('one_sample', 'eval'),
+                                              ('one_sample', 'train')
                                               }, result.stdout
     # the path ran with it on, never with it off
     assert all(int(on) > 0 and int(off) == 0 for _, _, on, off in rows)

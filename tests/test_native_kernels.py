@@ -166,6 +166,39 @@ def test_samples_normalised_one_by_one(case):
     at a time (moments, LN statistics, normalisation while the block is in
     cache): output, and in training every gradient, against the reference
     on one thread and on two."""
+    check_path_against_reference('by_sample', case)
+
+
+@pytest.mark.skipif(not native_available(), reason='extension not built')
+@pytest.mark.parametrize(
+    'case',
+    [
+        dict(shape=(1, 64, 24, 24), dtype=torch.float64, training=True),
+        dict(shape=(1, 64, 24, 24), dtype=torch.float32),
+        # two tasks of 48 channels: the middle ratio group spans both
+        dict(
+            shape=(1, 96, 24, 24),
+            dtype=torch.float64,
+            ratio_groups=3,
+            training=True),
+        dict(
+            shape=(1, 64, 24, 24),
+            dtype=torch.float64,
+            using_bn=False,
+            training=True),
+    ],
+    ids=['train', 'eval', 'group_sn', 'train_without_bn'])
+def test_one_sample_reduced_inside_its_passes(case):
+    """One sample's LN statistics and backward reductions are taken per
+    channel range inside the passes over its rows and combined: output,
+    running statistics and every gradient against the reference on one
+    thread and on two (two ranges)."""
+    check_path_against_reference('one_sample', case)
+
+
+def check_path_against_reference(path, case):
+    """SN on ``case`` takes special path ``path`` and computes what the
+    reference computes."""
     case = dict(case)
     shape, dtype = case.pop('shape'), case.pop('dtype')
     training = case.pop('training', False)
@@ -189,12 +222,12 @@ def test_samples_normalised_one_by_one(case):
                         sn.running_mean.fill_(0.5)
                         sn.running_var.fill_(2.0)
                 xs = x.clone().requires_grad_(training)
-                with Taken('by_sample') as taken:
+                with Taken(path) as taken:
                     y = sn(xs)
-                assert taken.calls == (kernels == 'native')
-                if training:
-                    y.backward(grad)
-                results.append([y.detach()] + (
+                    if training:
+                        y.backward(grad)
+                assert (taken.calls > 0) == (kernels == 'native')
+                results.append([y.detach()] + list(sn.buffers()) + (
                     [xs.grad] +
                     [p.grad for p in sn.parameters()] if training else []))
             for got, want in zip(*results):
@@ -307,7 +340,8 @@ def test_the_environment_picks_the_instruction_set(isa):
 
 @pytest.mark.skipif(not native_available(), reason='extension not built')
 @pytest.mark.parametrize('path,shape', [('short_rows', (6, 5, 7, 7)),
-                                        ('by_sample', (8, 64, 24, 24))])
+                                        ('by_sample', (8, 64, 24, 24)),
+                                        ('one_sample', (1, 64, 24, 24))])
 @pytest.mark.parametrize('training', [True, False], ids=['train', 'eval'])
 def test_each_special_path_off_computes_the_same(path, shape, training):
     """A special path switched off: the call takes the general way, which

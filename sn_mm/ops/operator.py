@@ -119,7 +119,7 @@ if NATIVE:
 
 def cpu_path_counts() -> dict:
     """How many calls took each of the C++ kernels' special paths
-    ('short_rows', 'by_sample'; see
+    ('short_rows', 'by_sample', 'one_sample'; see
     docs/performance.md#special-paths-on-the-cpu) since the process began;
     empty without the extension."""
     return dict(_ext.path_counts()) if NATIVE else {}

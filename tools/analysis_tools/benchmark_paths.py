@@ -2,13 +2,13 @@
 """A/B of the C++ kernels' special paths, per instruction set.
 
 Each special path (``sn_mm.ops.cpu_path_counts``: short rows taken several
-at a time, eval by sample) is timed on and off at the detector shapes where
-it applies, SN's eval forward and (where the path applies there) training
-forward+backward, in alternating rounds (each
-round starting one candidate further along), under every instruction set
-this CPU runs (or those given). Prints one table: the median times, the
-ratio off/on (above 1: the path pays) and the calls that took the path,
-which must be more than zero with it on and zero with it off.
+at a time, eval by sample, one sample's reductions inside its passes) is
+timed on and off at the detector shapes where it applies, SN's eval forward
+and (where the path applies there) training forward+backward, in alternating
+rounds (each round starting one candidate further along), under every
+instruction set this CPU runs (or those given). Prints one table: the median
+times, the ratio off/on (above 1: the path pays) and the calls that took the
+path, which must be more than zero with it on and zero with it off.
 
 Example::
 
@@ -32,10 +32,20 @@ PATH_SHAPES = {
     'short_rows': [(512, 256, 7, 7), (16, 256, 7, 7), (1, 2048, 7, 7),
                    (1, 64, 8, 8)],
     'by_sample': [(1024, 256, 14, 14), (512, 256, 7, 7)],
+    'one_sample': [(1, 2048, 7, 7), (1, 512, 28, 28), (1, 256, 7, 7),
+                   (1, 64, 8, 8)],
 }
 # by_sample applies where there are no batch BN statistics: eval.
-MODES = {'short_rows': ('eval', 'train'), 'by_sample': ('eval', )}
-TOY_SHAPES = {'short_rows': [(8, 16, 7, 7)], 'by_sample': [(8, 64, 24, 24)]}
+MODES = {
+    'short_rows': ('eval', 'train'),
+    'by_sample': ('eval', ),
+    'one_sample': ('eval', 'train')
+}
+TOY_SHAPES = {
+    'short_rows': [(8, 16, 7, 7)],
+    'by_sample': [(8, 64, 24, 24)],
+    'one_sample': [(1, 64, 24, 24)]
+}
 
 
 def parse_args(argv=None):

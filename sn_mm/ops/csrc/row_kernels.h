@@ -75,6 +75,9 @@ struct LnStatsArgs {
   // Where given: the means about the channels' shifts (MomentsArgs), which
   // LN's statistics add back in double and col sums as they are.
   const T *dmean = nullptr, *shift = nullptr;
+  // Where given: per sample n the LN mean and variance also in double, at
+  // ln_double[2 n] and [2 n + 1] (for combining those of channel ranges).
+  double* ln_double = nullptr;
 };
 template <typename T>
 struct BnDevArgs {
@@ -97,6 +100,11 @@ struct GradReduceArgs {
   // instead: 4 x C + 4.
   double* acc;
   bool per_channel = true;
+  // Channels [c_begin, c_end) only (c_end 0: all). Where totals is given
+  // (one sample): d_mu_n, d_var_n and the four products' sums (per_channel
+  // false) are added into totals[0..5] in double instead.
+  int64_t c_begin = 0, c_end = 0;
+  double* totals = nullptr;
 };
 
 // One instruction set's kernels; each takes a range of rows (for the (N, C)

@@ -529,9 +529,13 @@ SN_INLINE void ln_stats_kernel(const LnStatsArgs<T>& a, int64_t begin,
     }
     for (int64_t c = CV; c < C; ++c)
       td += (mean_of(c) - mean) * (mean_of(c) - mean);
+    const double var = (lanes_sum(sv) + tv + lanes_sum(sd) + td) / C;
     a.ln_mean[n] = static_cast<T>(mean);
-    a.ln_var[n] =
-        static_cast<T>((lanes_sum(sv) + tv + lanes_sum(sd) + td) / C);
+    a.ln_var[n] = static_cast<T>(var);
+    if (a.ln_double) {
+      a.ln_double[2 * n] = mean;
+      a.ln_double[2 * n + 1] = var;
+    }
   }
 }
 
@@ -558,14 +562,14 @@ SN_INLINE void bn_dev_kernel(const BnDevArgs<T>& a, int64_t begin,
 template <typename T>
 SN_INLINE void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
                                   int64_t end) {
-  const int64_t C = a.channels;
+  const int64_t C = a.channels, c0 = a.c_begin, c1 = a.c_end ? a.c_end : C;
   double* acc = a.acc;
   for (int64_t n = begin; n < end; ++n) {
     const int64_t o = n * C;
     const double ml = a.mean_ln[n], vl = a.var_ln[n];
     DV dots[4] = {};
     double t_dots[4] = {}, d_mu_n = 0, d_var_n = 0;
-    for_each_group(a.w, 0, C, [&](int64_t cb, int64_t ce, const T* w) {
+    for_each_group(a.w, c0, c1, [&](int64_t cb, int64_t ce, const T* w) {
       DV group_mu = {}, group_var = {};
       double t_mu = 0, t_var = 0;
       int64_t c = cb;
@@ -620,11 +624,16 @@ SN_INLINE void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
       d_mu_n += w[sn_mm_rows::kWmLn] * (lanes_sum(group_mu) + t_mu);
       d_var_n += w[sn_mm_rows::kWvLn] * (lanes_sum(group_var) + t_var);
     });
-    a.d_mu_n[n] = static_cast<T>(d_mu_n);
-    a.d_var_n[n] = static_cast<T>(d_var_n);
+    double* totals = a.totals ? a.totals + 2 : acc + 4 * C;
     if (!a.per_channel)
-      for (int j = 0; j < 4; ++j)
-        acc[4 * C + j] += lanes_sum(dots[j]) + t_dots[j];
+      for (int j = 0; j < 4; ++j) totals[j] += lanes_sum(dots[j]) + t_dots[j];
+    if (a.totals) {
+      a.totals[0] += d_mu_n;
+      a.totals[1] += d_var_n;
+    } else {
+      a.d_mu_n[n] = static_cast<T>(d_mu_n);
+      a.d_var_n[n] = static_cast<T>(d_var_n);
+    }
   }
 }
 

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -147,9 +148,10 @@ int64_t grain(int64_t length) {
 // for the tests (which assert that theirs ran) and for the A/B tool
 // (tools/analysis_tools/benchmark_paths.py); switched off, a call takes
 // the general way, which computes the same.
-enum Path { kPathShortRows, kPathBySample, kPathCount };
-const char* const kPathNames[kPathCount] = {"short_rows", "by_sample"};
-std::atomic<bool> path_on[kPathCount] = {true, true};
+enum Path { kPathShortRows, kPathBySample, kPathOneSample, kPathCount };
+const char* const kPathNames[kPathCount] = {"short_rows", "by_sample",
+                                            "one_sample"};
+std::atomic<bool> path_on[kPathCount] = {true, true, true};
 std::atomic<int64_t> path_taken[kPathCount] = {};
 
 // Whether a call takes path p where it applies.
@@ -163,7 +165,7 @@ Path path_named(const std::string& name) {
   for (int p = 0; p < kPathCount; ++p)
     if (name == kPathNames[p]) return static_cast<Path>(p);
   TORCH_CHECK_VALUE(false, "SN's CPU kernels: unknown path '", name,
-                    "' (expected short_rows or by_sample)");
+                    "' (expected short_rows, by_sample or one_sample)");
 }
 
 std::vector<std::pair<std::string, int64_t>> path_counts() {
@@ -508,6 +510,23 @@ at::Tensor rows_of(const at::Tensor& x) {
   return x3.is_contiguous() ? x3 : x3.contiguous();
 }
 
+// Whether all n values are finite: their exponent bits tested with integer
+// operations, which vectorise (a chain of std::isfinite tests did not: 2 us
+// at 2048 channels).
+template <typename T>
+bool all_finite(const T* values, int64_t n) {
+  using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  constexpr Bits exponent =
+      sizeof(T) == 4 ? Bits(0x7f800000u) : Bits(0x7ff0000000000000ull);
+  Bits bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    Bits bits;
+    std::memcpy(&bits, values + i, sizeof(T));
+    bad |= Bits((bits & exponent) == exponent);
+  }
+  return bad == 0;
+}
+
 // The running statistics: moving average, or cumulative (momentum < 0);
 // untouched where any of the batch's statistics is not finite (an overflow,
 // a NaN in the input), which `nonfinite` (where given) counts.
@@ -516,10 +535,7 @@ void update_running(const at::Tensor& running_mean,
                     const at::Tensor& running_var, const at::Tensor& count,
                     const OptTensor& nonfinite, double momentum, const T* bn_m,
                     const T* bn_v, int64_t channels) {
-  bool finite = true;
-  for (int64_t c = 0; c < channels; ++c)
-    finite = finite && std::isfinite(bn_m[c]) && std::isfinite(bn_v[c]);
-  if (!finite) {
+  if (!all_finite(bn_m, channels) || !all_finite(bn_v, channels)) {
     if (nonfinite.has_value() && nonfinite->defined())
       nonfinite->data_ptr<int64_t>()[0] += 1;
     return;
@@ -608,6 +624,50 @@ MomentsArgs<T> moments_args(const Forward& f, const Stats<T>& s) {
   return a;
 }
 
+// LN's statistics of a range of channels, combined by Chan's formula for
+// the M2 sums of two parts (in double).
+struct LnPart {
+  double count = 0, mean = 0, m2 = 0;
+};
+
+LnPart combined(const LnPart& a, const LnPart& b) {
+  if (a.count == 0) return b;
+  if (b.count == 0) return a;
+  const double count = a.count + b.count, d = b.mean - a.mean;
+  return {count, a.mean + d * b.count / count,
+          a.m2 + b.m2 + d * d * a.count * b.count / count};
+}
+
+// One sample (batch-1 inference, a one-image training step): its IN
+// moments and LN statistics in one parallel pass, each task taking its
+// channels' LN part while their moments are in its cache, where otherwise
+// one thread reads every channel's after the pass (docs/performance.md,
+// special paths: one_sample).
+template <typename T>
+void one_sample_moments(const MomentsArgs<T>& margs, const Stats<T>& s,
+                        int64_t channels, int64_t spatial) {
+  const LnPart ln = at::parallel_reduce(
+      0, channels, grain(spatial), LnPart{},
+      [&](int64_t begin, int64_t end, LnPart) {
+        run(margs, begin, end);
+        T mean, var;
+        double both[2];
+        LnStatsArgs<T> part{s.mean_in + begin,
+                            s.var_in + begin,
+                            end - begin,
+                            &mean,
+                            &var,
+                            nullptr};
+        part.ln_double = both;
+        run(part, 0, 1);
+        const double count = end - begin;
+        return LnPart{count, both[0], both[1] * count};
+      },
+      combined);
+  s.ln_mean[0] = static_cast<T>(ln.mean);
+  s.ln_var[0] = static_cast<T>(ln.m2 / ln.count);
+}
+
 // IN's moments, then LN's and the BN statistics in use: the batch's (one
 // sample's are its IN statistics, read where they are), else fixed_bn's.
 // Returns where the BN mean and variance are.
@@ -621,7 +681,9 @@ std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
       run_stats.using_bn && run_stats.training && samples > 0;
   const bool one_sample = bn_batch && samples == 1;
   const bool bn_sums = bn_batch && !one_sample;
-  if (f.x3.numel()) {
+  if (f.x3.numel() && take(kPathOneSample, samples == 1)) {
+    one_sample_moments(moments_args(f, s), s, channels, spatial);
+  } else if (f.x3.numel()) {
     MomentsArgs<T> margs = moments_args(f, s);
     if (bn_sums) {  // each channel's shift: its first value
       for (int64_t c = 0; c < channels; ++c) s.shift[c] = margs.x[c * spatial];
@@ -630,14 +692,17 @@ std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
       margs.channels = channels;
     }
     run_rows(margs, rows, spatial);
+    reductions_into(s.mean_in, s.var_in, samples, channels, s.ln_mean,
+                    s.ln_var, bn_sums ? s.bn_mean : nullptr,
+                    bn_sums ? s.bn_var : nullptr, s.dmean, s.shift);
   } else {
     std::fill_n(s.mean_in, 2 * rows, T(0));
     std::fill_n(s.dmean, rows, T(0));
     std::fill_n(s.shift, channels, T(0));
+    reductions_into(s.mean_in, s.var_in, samples, channels, s.ln_mean,
+                    s.ln_var, bn_sums ? s.bn_mean : nullptr,
+                    bn_sums ? s.bn_var : nullptr, s.dmean, s.shift);
   }
-  reductions_into(s.mean_in, s.var_in, samples, channels, s.ln_mean, s.ln_var,
-                  bn_sums ? s.bn_mean : nullptr, bn_sums ? s.bn_var : nullptr,
-                  s.dmean, s.shift);
   if (!bn_batch) return fixed_bn(f, s, run_stats, for_backward);
   if (bn_sums)  // bn_var holds the M2 sums until divided by the count
     for (int64_t c = 0; c < channels; ++c)
@@ -785,6 +850,56 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
   return f;
 }
 
+// The (N, C) reductions of one sample's backward in the parallel pass that
+// takes its row sums, each task reducing its channels while their sums are
+// in its cache (docs/performance.md, special paths: one_sample): the
+// per-channel sums go straight to per_c, the sums over c come back from
+// each task in double.
+struct GradPart {
+  double totals[6] = {};  // d_mu_n, d_var_n, four products (GradReduceArgs)
+};
+
+template <typename T>
+void one_sample_grad_sums(const GradSumsArgs<T>& sums,
+                          const GradReduceArgs<T>& reduce, int64_t spatial,
+                          T* const per_c[4], std::vector<double>& dots) {
+  const int64_t channels = reduce.channels,
+                planes = reduce.per_channel ? 8 : 4;
+  static thread_local std::vector<double> scratch;
+  if (static_cast<int64_t>(scratch.size()) < planes * channels)
+    scratch.resize(planes * channels);
+  double* const acc = scratch.data();
+  const GradPart total = at::parallel_reduce(
+      0, channels, grain(spatial), GradPart{},
+      [&](int64_t begin, int64_t end, GradPart) {
+        run(sums, begin, end);
+        for (int64_t p = 0; p < planes; ++p)
+          std::fill(acc + p * channels + begin, acc + p * channels + end, 0.0);
+        GradPart part;
+        GradReduceArgs<T> a = reduce;
+        a.acc = acc;
+        a.c_begin = begin;
+        a.c_end = end;
+        a.totals = part.totals;
+        run(a, 0, 1);
+        for (int i = 0; i < 4; ++i)
+          for (int64_t c = begin; c < end; ++c)
+            per_c[i][c] = static_cast<T>(acc[i * channels + c]);
+        return part;
+      },
+      [](const GradPart& a, const GradPart& b) {
+        GradPart sum;
+        for (int i = 0; i < 6; ++i) sum.totals[i] = a.totals[i] + b.totals[i];
+        return sum;
+      });
+  reduce.d_mu_n[0] = static_cast<T>(total.totals[0]);
+  reduce.d_var_n[0] = static_cast<T>(total.totals[1]);
+  if (reduce.per_channel)
+    dots.assign(acc + 4 * channels, acc + 8 * channels);
+  else
+    dots.assign(total.totals + 2, total.totals + 6);
+}
+
 // Backward's intermediate sums, in this thread's scratch memory: per row
 // the sums of g and g * (x - mean_in), per sample and per channel the sums
 // of the mixed statistics' gradients, zeros, and three dot products.
@@ -909,14 +1024,6 @@ void backward_pass(const at::Tensor& g, const Forward& f,
   const bool bn_grad = f.bn_batch && samples > 0;
   const Ratios& w = f.ratios;
   GradSums<T> gs(samples, channels);
-  if (f.x3.numel()) {
-    GradSumsArgs<T> sargs{
-        g.data_ptr<T>(), f.x3.data_ptr<T>(), s.mean_in, gs.s1, gs.s2, spatial};
-    sargs.short_rows = take(kPathShortRows, spatial < sn_mm_rows::kShortRow);
-    run_rows(sargs, rows, spatial);
-  } else {
-    std::fill_n(gs.s1, 2 * rows, T(0));
-  }
   const GroupRatios<T> cw(w, channels, using_bn);
   T* const per_c[4] = {grad_weight.data_ptr<T>(), grad_bias.data_ptr<T>(),
                        gs.d_mu_c, gs.d_var_c};
@@ -936,7 +1043,20 @@ void backward_pass(const at::Tensor& g, const Forward& f,
                                 gs.d_var_n,
                                 nullptr,
                                 w.groups > 1};
-  grad_reductions_into(rargs, samples, per_c, gs.dots);
+  if (f.x3.numel()) {
+    GradSumsArgs<T> sargs{
+        g.data_ptr<T>(), f.x3.data_ptr<T>(), s.mean_in, gs.s1, gs.s2, spatial};
+    sargs.short_rows = take(kPathShortRows, spatial < sn_mm_rows::kShortRow);
+    if (take(kPathOneSample, samples == 1)) {
+      one_sample_grad_sums(sargs, rargs, spatial, per_c, gs.dots);
+    } else {
+      run_rows(sargs, rows, spatial);
+      grad_reductions_into(rargs, samples, per_c, gs.dots);
+    }
+  } else {
+    std::fill_n(gs.s1, 2 * rows, T(0));
+    grad_reductions_into(rargs, samples, per_c, gs.dots);
+  }
   ratio_grads(gs, bn_var, channels, using_bn, w, d_wm, d_wv);
   through_shared_stats(gs, f, cw, samples, channels, bn_grad);
   if (!f.x3.numel()) return;
