@@ -1,4 +1,4 @@
-"""Compiles the fused Triton SN kernels (sn_mm/ops/triton_fused.py) for
+"""Compiles the fused Triton SN kernels (sn_mm/ops/triton_kernels.py) for
 NVIDIA GPUs without one: Triton lowers them to PTX and ptxas assembles a
 cubin, so type and lowering errors that the interpreter lets through show
 up here. Run as a script without TRITON_INTERPRET set (the tests do);
@@ -10,6 +10,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from sn_mm.ops import triton_fused as tf
+from sn_mm.ops import triton_kernels as tk
 
 FLOATS = ('divisor', 'eps', 'momentum', 'two_over_divisor')
 DATA = ('x_ptr', 'y_ptr', 'g_ptr', 'dx_ptr')
@@ -71,15 +72,15 @@ def main():
         # Group SN: the kernels that take each row's ratios from its group.
         grouped = dict(flags, GROUPED=True)
         cases = [
-            ('_moments_kernel',
+            ('moments_kernel',
              dict(tiles, ONE_STEP=plan['chunk'] == plan['block'])),
-            ('_stats_kernel',
+            ('stats_kernel',
              dict(
                  SPLIT=plan['split'],
                  CB=plan['cb'],
                  NB=plan['nb'],
                  LOCAL=False)),
-            ('_normalize_kernel',
+            ('normalize_kernel',
              dict(
                  tiles,
                  UPDATE=True,
@@ -87,12 +88,12 @@ def main():
                  CUMULATIVE=length == 1,
                  COUNT_BAD=True,
                  **flags)),
-            ('_grad_sums_kernel', tiles),
-            ('_grad_stats_kernel',
+            ('grad_sums_kernel', tiles),
+            ('grad_stats_kernel',
              dict(SPLIT=plan['split'], CB=plan['cb'], NB=plan['nb'], **flags)),
-            ('_input_grad_kernel',
+            ('input_grad_kernel',
              dict(tiles, SYNC=True, **flags, **blocks(c, 1))),
-            ('_normalize_kernel',
+            ('normalize_kernel',
              dict(
                  tiles,
                  UPDATE=True,
@@ -100,17 +101,17 @@ def main():
                  CUMULATIVE=False,
                  COUNT_BAD=True,
                  **grouped)),
-            ('_grad_stats_kernel',
+            ('grad_stats_kernel',
              dict(
                  SPLIT=plan['split'], CB=plan['cb'], NB=plan['nb'],
                  **grouped)),
-            ('_input_grad_kernel',
+            ('input_grad_kernel',
              dict(tiles, SYNC=False, **grouped, **blocks(c, groups))),
         ]
         for name, constexprs in cases:
             for data_type in ('fp32', 'bf16'):
                 compiled = compile_kernel(
-                    getattr(tf, name), constexprs, data_type, 90)
+                    getattr(tk, name), constexprs, data_type, 90)
                 print(
                     f'{name} {n}x{c}x{length} {data_type} '
                     f'grouped={constexprs.get("GROUPED", False)} sm_90 '

@@ -3,8 +3,10 @@
 ``operator.py`` holds the one entry point (:func:`switchable_norm`), the
 ``torch.library`` operator ``sn_mm::switchable_norm`` and the one place
 that picks an implementation; ``reference.py`` is SN in PyTorch ops;
-``csrc/sn_kernels.cpp`` the C++ CPU kernels; ``triton_fused.py`` the fused
-Triton GPU kernels; ``ratios.py`` the rule from logits to ratio vectors.
+``csrc/`` the C++ CPU kernels (``row_kernels_impl.h`` the row kernels,
+``sn_kernels.cpp`` their host side and the autograd Function);
+``triton_kernels.py`` the fused Triton GPU kernels and ``triton_fused.py``
+their host side; ``ratios.py`` the rule from logits to ratio vectors.
 """
 from .operator import (KERNEL_CHOICES, KERNELS_ENV, check_kernels, cpu_isa,
                        cpu_isas, cpu_path_counts, default_kernels,

@@ -12,17 +12,17 @@ from ..models import SwitchableNorm
 # FPN's levels (stride, channels) and a mask head's RoI features.
 LEVELS = ((4, 64), (8, 64), (16, 128), (32, 256), (64, 256))
 ROI_CHANNELS, ROI_SIZE = 256, 14
-KERNELS = ('_moments_kernel', '_stats_kernel', '_normalize_kernel',
-           '_grad_sums_kernel', '_grad_stats_kernel', '_input_grad_kernel')
+KERNELS = ('moments_kernel', 'stats_kernel', 'normalize_kernel',
+           'grad_sums_kernel', 'grad_stats_kernel', 'input_grad_kernel')
 
 
 def triton_compilations() -> int:
     """Specialisations Triton holds compiled for SN's fused kernels (0 in
     Triton's interpreter, which compiles nothing)."""
-    from ..ops import triton_fused
+    from ..ops import triton_kernels
     total = 0
     for name in KERNELS:
-        caches = getattr(getattr(triton_fused, name), 'device_caches', None)
+        caches = getattr(getattr(triton_kernels, name), 'device_caches', None)
         for entry in (caches or {}).values():
             total += len(entry[0])
     return total

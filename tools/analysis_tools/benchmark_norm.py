@@ -431,10 +431,10 @@ PROFILE_SHAPES = [(2, 1024, 50, 76), (8, 256, 56, 56), (512, 256, 7, 7)]
 # Bytes each of SN's Triton kernels must move, in input-sized arrays: what
 # its achieved bandwidth is counted from.
 SN_KERNEL_ARRAYS = {
-    '_moments_kernel': 1,
-    '_normalize_kernel': 2,
-    '_grad_sums_kernel': 2,
-    '_input_grad_kernel': 3
+    'moments_kernel': 1,
+    'normalize_kernel': 2,
+    'grad_sums_kernel': 2,
+    'input_grad_kernel': 3
 }
 
 
