@@ -266,6 +266,20 @@ def test_the_default_takes_the_fused_kernels():
         'triton', 'the fused kernels failed their self-check (see the warning)'
 
 
+@pytest.mark.skipif(not ON_GPU, reason='launches compiled kernels')
+def test_repeated_calls_launch_the_compiled_kernels_directly():
+    """After a shape's first call compiles its kernels, later calls skip
+    Triton's launch path (the direct launcher, _compat.launch_directly)."""
+    from sn_mm.ops import triton_fused
+    sn = layer(8, kernels='triton')
+    x = torch.randn(2, 8, 5, 5, device='cuda', requires_grad=True)
+    sn(x).sum().backward()
+    before = triton_fused.path_counts()['direct_launch']
+    sn(x).sum().backward()
+    # three kernels forward, three backward
+    assert triton_fused.path_counts()['direct_launch'] - before == 6
+
+
 @pytest.mark.parametrize('kernels', kernel_paths())
 def test_float32_precision_at_large_offsets(kernels):
     """As tests/test_numerics.py's, on the device: SN's float32 outputs

@@ -92,6 +92,28 @@ def test_fused_kernels_equal_pytorch_kernels(case):
 
 
 @needs_interpreter_or_gpu
+@pytest.mark.parametrize(
+    'path,shape,channels_last',
+    [
+        # rows of 2000 values in two chunks (three tiles, four programs)
+        ('split_rows', (2, 3, 40, 50), False),
+        ('channels_last_tiles', (2, 8, 5, 6), True)
+    ],
+    ids=['split_rows', 'channels_last_tiles'])
+def test_each_plan_path_runs_and_agrees(path, shape, channels_last):
+    """The plan's special layouts: the call takes the path and computes
+    what the reference computes."""
+    before = triton_fused.path_counts()[path]
+    assert agreement.compare_case(DEVICE, shape, channels_last, True, True,
+                                  torch.float32, {}) < 3e-2
+    assert triton_fused.path_counts()[path] > before
+    before = triton_fused.path_counts()[path]
+    agreement.compare_case(DEVICE, (2, 3, 4, 5), False, True, True,
+                           torch.float32, {})
+    assert triton_fused.path_counts()[path] == before  # not at other shapes
+
+
+@needs_interpreter_or_gpu
 def test_the_comparison_can_fail(monkeypatch):
     # A wrong factor in the input gradient's variance term must be caught.
     mutated = []

@@ -83,6 +83,18 @@ def _target_programs(device: torch.device) -> int:
     return 4 * _SM_COUNT[index]
 
 
+# The forward calls whose plan split rows across programs or took tiles
+# across channels (channels_last), and the launches that skipped Triton's
+# launch path: for the tests, which assert that theirs ran.
+_PATHS = dict(split_rows=0, channels_last_tiles=0, direct_launch=0)
+
+
+def path_counts() -> dict:
+    """How many calls took each of the Triton host side's special paths
+    since the process began."""
+    return dict(_PATHS)
+
+
 def _plan(n: int, c: int, length: int, stride_c: int, stride_l: int,
           device: torch.device):
     """Tile shape, chunks per row and launch grids for one shape and
@@ -92,7 +104,8 @@ def _plan(n: int, c: int, length: int, stride_c: int, stride_l: int,
     if plan is not None:
         return plan
     rows_total = n * c
-    if stride_c == 1 and stride_l != 1 and c > 1:
+    channels_last = stride_c == 1 and stride_l != 1 and c > 1
+    if channels_last:
         # channels_last: a tile spans channels, whose values are adjacent.
         rows = min(_pow2(c), 64)
         block = max(min(_TILE // rows, _pow2(length)), 1)
@@ -116,6 +129,7 @@ def _plan(n: int, c: int, length: int, stride_c: int, stride_l: int,
         cb=cb,
         nb=nb,
         grid=(tiles, split),
+        channels_last=channels_last,
         ws=kernels.ws_size.fn(rows_total, c, split),
         bws=kernels.bws_size.fn(rows_total, c, split))
     _PLANS[key] = plan
@@ -150,6 +164,7 @@ def _launch(kernel, key, grid, args, device_index):
     if compiled is not None:
         try:
             _compat.launch_directly(compiled, grid, device_index, args)
+            _PATHS['direct_launch'] += 1
             return
         except TypeError as err:  # another Triton's launcher: its own path
             _DIRECT['on'] = False
@@ -201,6 +216,8 @@ def _forward(x3,
     plan = _plan(n, c, length, sxc, sxl, x3.device)
     split, chunk, grid = plan['split'], plan['chunk'], plan['grid']
     rows, block = plan['rows'], plan['block']
+    _PATHS['split_rows'] += split > 1
+    _PATHS['channels_last_tiles'] += plan['channels_last']
     has_in = length > 1
     divisor = float(max(length - (1 if unbiased and has_in else 0), 1))
     using_bn = running_mean is not None
