@@ -116,3 +116,24 @@ def test_path_benchmark_times_each_path_on_and_off():
                                               }, result.stdout
     # the path ran with it on, never with it off
     assert all(int(on) > 0 and int(off) == 0 for _, _, on, off in rows)
+
+
+def test_path_benchmark_times_the_triton_plans_in_the_interpreter():
+    pytest.importorskip('triton')
+    result = run_python([
+        tool('analysis_tools', 'benchmark_paths.py'), '--triton', '--toy',
+        '--rounds', '1'
+    ],
+                        cwd=ROOT,
+                        env={'TRITON_INTERPRET': '1'},
+                        timeout=300)
+    rows = re.findall(
+        r'\| (\w+) \| triton \| [\dx]+ \| (\w+) \| [\d.]+ \| '
+        r'[\d.]+ \| [\d.]+ \| (\d+), (\d+) \|', result.stdout)
+    assert {(path, mode)
+            for path, mode, _, _ in rows} == {('split_rows', 'eval'),
+                                              ('split_rows', 'train'),
+                                              ('channels_last_tiles', 'eval'),
+                                              ('channels_last_tiles', 'train')
+                                              }, result.stdout
+    assert all(int(on) > 0 and int(off) == 0 for _, _, on, off in rows)

@@ -102,15 +102,23 @@ def test_fused_kernels_equal_pytorch_kernels(case):
     ids=['split_rows', 'channels_last_tiles'])
 def test_each_plan_path_runs_and_agrees(path, shape, channels_last):
     """The plan's special layouts: the call takes the path and computes
-    what the reference computes."""
-    before = triton_fused.path_counts()[path]
-    assert agreement.compare_case(DEVICE, shape, channels_last, True, True,
-                                  torch.float32, {}) < 3e-2
-    assert triton_fused.path_counts()[path] > before
+    what the reference computes; switched off, the general layout computes
+    the same."""
+    for on in (True, False):
+        triton_fused.set_path(path, on)
+        try:
+            before = triton_fused.path_counts()[path]
+            assert agreement.compare_case(DEVICE, shape, channels_last, True,
+                                          True, torch.float32, {}) < 3e-2
+            assert (triton_fused.path_counts()[path] > before) == on
+        finally:
+            triton_fused.set_path(path, True)
     before = triton_fused.path_counts()[path]
     agreement.compare_case(DEVICE, (2, 3, 4, 5), False, True, True,
                            torch.float32, {})
     assert triton_fused.path_counts()[path] == before  # not at other shapes
+    with pytest.raises(ValueError, match="unknown Triton path 'tiles'"):
+        triton_fused.set_path('tiles', False)
 
 
 @needs_interpreter_or_gpu

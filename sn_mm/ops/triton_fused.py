@@ -85,14 +85,30 @@ def _target_programs(device: torch.device) -> int:
 
 # The forward calls whose plan split rows across programs or took tiles
 # across channels (channels_last), and the launches that skipped Triton's
-# launch path: for the tests, which assert that theirs ran.
+# launch path: for the tests, which assert that theirs ran. The two plan
+# layouts can be switched off, for A/B timings
+# (tools/analysis_tools/benchmark_paths.py --device cuda) and tests.
 _PATHS = dict(split_rows=0, channels_last_tiles=0, direct_launch=0)
+_PLAN_PATHS_ON = dict(split_rows=True, channels_last_tiles=True)
 
 
 def path_counts() -> dict:
     """How many calls took each of the Triton host side's special paths
     since the process began."""
     return dict(_PATHS)
+
+
+def set_path(name: str, enabled: bool) -> None:
+    """Let plans take layout ``name`` ('split_rows', 'channels_last_tiles')
+    where it applies (the default), or never: one program per row chunk
+    of a whole row, tiles along the rows, which compute the same."""
+    if name not in _PLAN_PATHS_ON:
+        raise ValueError(f'unknown Triton path {name!r} (expected one of '
+                         f'{", ".join(map(repr, _PLAN_PATHS_ON))})')
+    if _PLAN_PATHS_ON[name] != enabled:
+        _PLAN_PATHS_ON[name] = enabled
+        _PLANS.clear()  # plans (and the launches keyed on them) change
+        _COMPILED.clear()
 
 
 def _plan(n: int, c: int, length: int, stride_c: int, stride_l: int,
@@ -104,7 +120,8 @@ def _plan(n: int, c: int, length: int, stride_c: int, stride_l: int,
     if plan is not None:
         return plan
     rows_total = n * c
-    channels_last = stride_c == 1 and stride_l != 1 and c > 1
+    channels_last = (_PLAN_PATHS_ON['channels_last_tiles'] and stride_c == 1
+                     and stride_l != 1 and c > 1)
     if channels_last:
         # channels_last: a tile spans channels, whose values are adjacent.
         rows = min(_pow2(c), 64)
@@ -114,7 +131,8 @@ def _plan(n: int, c: int, length: int, stride_c: int, stride_l: int,
         rows = max(1, _TILE // block)
     tiles = triton.cdiv(rows_total, rows)
     split, target = 1, _target_programs(device)
-    limit = min(triton.cdiv(length, block), _MAX_SPLIT)
+    limit = min(triton.cdiv(length, block),
+                _MAX_SPLIT if _PLAN_PATHS_ON['split_rows'] else 1)
     while split * 2 <= limit and tiles * split < target:
         split *= 2
     chunk = triton.cdiv(triton.cdiv(length, split), block) * block

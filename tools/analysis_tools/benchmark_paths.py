@@ -1,19 +1,27 @@
 #!/usr/bin/env python
-"""A/B of the C++ kernels' special paths, per instruction set.
+"""A/B of SN's special paths: the C++ kernels' per instruction set, or
+the Triton plans' on a GPU.
 
-Each special path (``sn_mm.ops.cpu_path_counts``: short rows taken several
-at a time, eval by sample, one sample's reductions inside its passes) is
-timed on and off at the detector shapes where it applies, SN's eval forward
-and (where the path applies there) training forward+backward, in alternating
-rounds (each round starting one candidate further along), under every
-instruction set this CPU runs (or those given). Prints one table: the median
-times, the ratio off/on (above 1: the path pays) and the calls that took the
-path, which must be more than zero with it on and zero with it off.
+Each special path of the C++ kernels (``sn_mm.ops.cpu_path_counts``: short
+rows taken several at a time, eval by sample, one sample's reductions
+inside its passes) is timed on and off at the detector shapes where it
+applies, SN's eval forward and (where the path applies there) training
+forward+backward, in alternating rounds (each round starting one candidate
+further along), under every instruction set this CPU runs (or those given).
+With ``--triton``, instead the Triton plans' layouts
+(``sn_mm.ops.triton_fused.path_counts``: rows split across programs, tiles
+across channels for channels_last inputs) on the GPU, at the detector shapes
+where this GPU's plan takes them (in Triton's interpreter on a CPU with
+``TRITON_INTERPRET=1 --toy``, to test the tool). Prints one table: the
+median times, the ratio off/on (above 1: the path pays) and the calls that
+took the path, which must be more than zero with it on and zero with it
+off.
 
 Example::
 
     python tools/analysis_tools/benchmark_paths.py --rounds 5
     python tools/analysis_tools/benchmark_paths.py --isa avx2 --path by_sample
+    python tools/analysis_tools/benchmark_paths.py --triton --rounds 5
 """
 import argparse
 import json
@@ -34,6 +42,19 @@ PATH_SHAPES = {
     'by_sample': [(1024, 256, 14, 14), (512, 256, 7, 7)],
     'one_sample': [(1, 2048, 7, 7), (1, 512, 28, 28), (1, 256, 7, 7),
                    (1, 64, 8, 8)],
+}
+# The Triton plans' layouts: split rows where the GPU's plan splits them
+# (decided per shape at run time), channels_last tiles on channels_last
+# inputs.
+TRITON_PATH_SHAPES = {
+    'split_rows': [(2, 256, 200, 304), (2, 512, 100, 152), (2, 1024, 50, 76),
+                   (8, 256, 56, 56), (1, 64, 8, 8), (1, 512, 28, 28),
+                   (2, 256, 25, 38)],
+    'channels_last_tiles': [(8, 256, 56, 56), (512, 256, 7, 7), (1, 64, 8, 8)],
+}
+TRITON_TOY_SHAPES = {
+    'split_rows': [(2, 3, 40, 50)],
+    'channels_last_tiles': [(2, 8, 5, 6)]
 }
 # by_sample applies where there are no batch BN statistics: eval.
 MODES = {
@@ -64,9 +85,13 @@ def parse_args(argv=None):
     parser.add_argument(
         '--path',
         nargs='*',
-        choices=list(PATH_SHAPES),
+        choices=list(PATH_SHAPES) + list(TRITON_PATH_SHAPES),
         default=None,
-        help='paths (default: all)')
+        help='paths (default: all of the side timed)')
+    parser.add_argument(
+        '--triton',
+        action='store_true',
+        help='the Triton plans\' layouts on the GPU (float32) instead')
     parser.add_argument('--threads', type=int, default=None)
     parser.add_argument(
         '--toy', action='store_true', help='small shapes (to test the tool)')
@@ -74,12 +99,15 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def calls(shape, mode):
+def calls(shape, mode, device='cpu', channels_last=False, kernels=None):
     """A call of SN at ``shape`` in ``mode`` ('eval' or 'train')."""
     torch.manual_seed(0)
-    layer = SwitchableNorm(shape[1]).train(mode == 'train')
-    x = torch.randn(shape, requires_grad=mode == 'train')
-    grad = torch.randn(shape)
+    layer = SwitchableNorm(
+        shape[1], kernels=kernels).train(mode == 'train').to(device)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(shape, device=device).to(memory_format=fmt)
+    x.requires_grad_(mode == 'train')
+    grad = torch.randn(shape, device=device).to(memory_format=fmt)
     if mode == 'eval':
 
         def call():
@@ -94,10 +122,30 @@ def calls(shape, mode):
     return call
 
 
-def ab(path, shape, mode, rounds):
+class CppPaths:
+    """The C++ kernels' special paths: switch and counts."""
+    switch = staticmethod(set_cpu_path)
+    counts = staticmethod(cpu_path_counts)
+
+
+class TritonPaths:
+    """The Triton plans' layouts: switch and counts."""
+
+    @staticmethod
+    def switch(path, on):
+        from sn_mm.ops import triton_fused
+        triton_fused.set_path(path, on)
+
+    @staticmethod
+    def counts():
+        from sn_mm.ops import triton_fused
+        return triton_fused.path_counts()
+
+
+def ab(path, shape, mode, rounds, side=CppPaths, **call_args):
     """Median seconds with the path on and off, and the calls that took it
     in each."""
-    call = calls(shape, mode)
+    call = calls(shape, mode, **call_args)
     call()  # warm-up
     # Calls under a millisecond are timed over as many as fill one (as in
     # benchmark_norm.py): one 20-microsecond call's time is mostly noise.
@@ -107,11 +155,11 @@ def ab(path, shape, mode, rounds):
     def variant(on):
 
         def run():
-            set_cpu_path(path, on)
-            before = cpu_path_counts()[path]
+            side.switch(path, on)
+            before = side.counts()[path]
             for _ in range(repeat):
                 call()
-            taken[on] = taken.get(on, 0) + cpu_path_counts()[path] - before
+            taken[on] = taken.get(on, 0) + side.counts()[path] - before
 
         return run
 
@@ -119,28 +167,116 @@ def ab(path, shape, mode, rounds):
     for fn in fns.values():
         fn()  # warm-up
     times = median_times(fns, rounds)
-    set_cpu_path(path, True)
+    side.switch(path, True)
     return (times['on'] / repeat, times['off'] / repeat, taken.get(True, 0),
             taken.get(False, 0))
 
 
+def triton_device() -> str:
+    if torch.cuda.is_available():
+        return 'cuda'
+    if os.environ.get('TRITON_INTERPRET') != '1':
+        sys.exit('benchmark_paths --triton: needs a GPU (or '
+                 'TRITON_INTERPRET=1, to test the tool)')
+    return 'cpu'
+
+
+def applies(path, shape, device) -> bool:
+    """Whether this device's plan for ``shape`` (channels_last for the
+    tiles) takes Triton path ``path``."""
+    from sn_mm.ops import triton_fused
+    n, c = shape[:2]
+    length = 1
+    for d in shape[2:]:
+        length *= d
+    if path == 'channels_last_tiles':
+        return c > 1 and length > 1
+    return triton_fused._plan(n, c, length, length, 1,
+                              torch.device(device))['split'] > 1
+
+
+def triton_rows(args):
+    """The Triton plans' A/B rows."""
+    device = triton_device()
+    paths = [
+        p for p in args.path or TRITON_PATH_SHAPES if p in TRITON_PATH_SHAPES
+    ]
+    shapes = TRITON_TOY_SHAPES if args.toy else TRITON_PATH_SHAPES
+    name = torch.cuda.get_device_name() if device == 'cuda' else \
+        "Triton's interpreter"
+    print(f'torch {torch.__version__}, {name}, float32; medians of '
+          f'{args.rounds} alternating rounds\n')
+    print_header()
+    rows = []
+    for path in paths:
+        for shape in shapes[path]:
+            if not applies(path, shape, device):
+                continue
+            for mode in ('eval', 'train'):
+                on, off, n_on, n_off = ab(
+                    path,
+                    shape,
+                    mode,
+                    args.rounds,
+                    side=TritonPaths,
+                    device=device,
+                    channels_last=path == 'channels_last_tiles',
+                    kernels='triton')
+                rows.append(
+                    print_row(path, 'triton', shape, mode, on, off, n_on,
+                              n_off))
+    return rows
+
+
+def print_header():
+    print('| path | instruction set | shape | mode | on ms | off ms | '
+          'off / on | calls on path (on, off) |')
+    print('|---|---|---|---|---|---|---|---|')
+
+
+def print_row(path, isa, shape, mode, on, off, n_on, n_off) -> dict:
+    row = dict(
+        path=path,
+        isa=isa,
+        shape='x'.join(map(str, shape)),
+        mode=mode,
+        on_ms=on * 1e3,
+        off_ms=off * 1e3,
+        gain=off / on,
+        taken_on=n_on,
+        taken_off=n_off)
+    print(
+        f'| {path} | {isa} | {row["shape"]} | {mode} '
+        f'| {row["on_ms"]:.3f} | {row["off_ms"]:.3f} '
+        f'| {row["gain"]:.2f} | {n_on}, {n_off} |',
+        flush=True)
+    return row
+
+
 def main(argv=None):
     args = parse_args(argv)
+    rows = triton_rows(args) if args.triton else cpu_rows(args)
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(rows, f, indent=1)
+    return rows
+
+
+def cpu_rows(args):
+    """The C++ kernels' A/B rows."""
     if not native_available():
         sys.exit('benchmark_paths: the C++ kernels were not built')
     if args.threads:
         torch.set_num_threads(args.threads)
     isas = args.isa or cpu_isas()
-    paths = args.path or list(PATH_SHAPES)
+    paths = [p for p in args.path or PATH_SHAPES if p in PATH_SHAPES]
     shapes = TOY_SHAPES if args.toy else PATH_SHAPES
     before = cpu_isa()
     print(f'torch {torch.__version__}, {torch.get_num_threads()} threads, '
           f'{os.cpu_count()} CPUs; instruction sets this CPU runs: '
           f'{", ".join(cpu_isas())}; medians of {args.rounds} alternating '
           'rounds\n')
-    print('| path | instruction set | shape | mode | on ms | off ms | '
-          'off / on | calls on path (on, off) |')
-    print('|---|---|---|---|---|---|---|---|')
+    print_header()
     rows = []
     try:
         for isa in isas:
@@ -150,27 +286,11 @@ def main(argv=None):
                     for mode in MODES[path]:
                         on, off, n_on, n_off = ab(path, shape, mode,
                                                   args.rounds)
-                        row = dict(
-                            path=path,
-                            isa=isa,
-                            shape='x'.join(map(str, shape)),
-                            mode=mode,
-                            on_ms=on * 1e3,
-                            off_ms=off * 1e3,
-                            gain=off / on,
-                            taken_on=n_on,
-                            taken_off=n_off)
-                        rows.append(row)
-                        print(
-                            f'| {path} | {isa} | {row["shape"]} | {mode} '
-                            f'| {row["on_ms"]:.3f} | {row["off_ms"]:.3f} '
-                            f'| {row["gain"]:.2f} | {n_on}, {n_off} |',
-                            flush=True)
+                        rows.append(
+                            print_row(path, isa, shape, mode, on, off, n_on,
+                                      n_off))
     finally:
         set_cpu_isa(before)
-    if args.json:
-        with open(args.json, 'w') as f:
-            json.dump(rows, f, indent=1)
     return rows
 
 

@@ -18,7 +18,10 @@ a GPU SN runs on Triton or PyTorch ops) and then
    at the detector shapes in float32 and bf16 with the bandwidth column and
    its two-read ceiling, the host cost per call, the kernels per call, and
    a ResNet-50 training step; then ``--group-sn``: group SN (2 and 32
-   ratio groups) against SN at every shape.
+   ratio groups) against SN at every shape;
+4. runs ``tools/analysis_tools/benchmark_paths.py --triton``: each of the
+   Triton plans' layouts (split rows, channels_last tiles) on and off
+   where it applies.
 
 It prints one summary, writes every result to a JSON file (after each
 phase, so that a run stopped at its time limit keeps what it measured) and
@@ -196,6 +199,36 @@ def varying_sizes(report, cuda):
         seconds=round(time.perf_counter() - begin, 1))
 
 
+def triton_paths(report, env, cuda):
+    """The Triton plans' A/B (benchmark_paths.py --triton) in a process of
+    its own; in Triton's interpreter at toy sizes without a GPU."""
+    table = osp.join(tempfile.mkdtemp(prefix='sn_mm_paths_'), 'paths.json')
+    flags = ['--triton', '--rounds', '3' if cuda else '1', '--json', table]
+    if not cuda:
+        flags.append('--toy')
+    print(
+        f'\nTriton plans (benchmark_paths.py {" ".join(flags[:-2])})',
+        flush=True)
+    begin = time.perf_counter()
+    result = subprocess.run(
+        [
+            sys.executable,
+            osp.join(ROOT, 'tools', 'analysis_tools', 'benchmark_paths.py'),
+            *flags
+        ],
+        cwd=ROOT,
+        env=env if cuda else dict(env, TRITON_INTERPRET='1'))
+    ok = result.returncode == 0 and osp.exists(table)
+    if ok:
+        with open(table) as f:
+            report['triton_paths'] = json.load(f)
+    return dict(
+        check='Triton plans timed on and off',
+        ok=ok,
+        detail='' if ok else f'exit {result.returncode}',
+        seconds=round(time.perf_counter() - begin, 1))
+
+
 def main(argv=None):
     args = parse_args(argv)
     start = time.perf_counter()
@@ -254,6 +287,8 @@ def main(argv=None):
                     ok=False,
                     detail=repr(err)[:300],
                     seconds=0))
+        save()
+        report['checks'].append(triton_paths(report, env, cuda))
     save()
     failed = [c['check'] for c in report['checks'] if not c['ok']]
     print(f'\n{len(report["checks"]) - len(failed)} of '
