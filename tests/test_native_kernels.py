@@ -73,6 +73,10 @@ def test_auto_picks_native_on_this_cpu_machine(monkeypatch):
     # Inputs the C++ kernels do not take: the reference.
     assert ops.implementation(None, x.half(), w, None) == 'torch'
     assert ops.implementation(None, x, w.double(), None) == 'torch'
+    # The route says what switchable_norm calls: the operator, through the
+    # dispatcher, or the reference; nothing after it decides again.
+    assert ops.route(None, x, w, None).call.__name__ == '_call_operator'
+    assert ops.route('torch', x, w, None).call.__name__ == '_call_reference'
 
 
 def test_dispatch_table():

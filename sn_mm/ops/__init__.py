@@ -10,7 +10,7 @@ their host side; ``ratios.py`` the rule from logits to ratio vectors.
 """
 from .operator import (KERNEL_CHOICES, KERNELS_ENV, check_kernels, cpu_isa,
                        cpu_isas, cpu_path_counts, default_kernels,
-                       implementation, native_available, set_cpu_isa,
+                       implementation, native_available, route, set_cpu_isa,
                        set_cpu_path, set_default_kernels, switchable_norm)
 from .ratios import (RATIO_FNS, TERMS, layer_ratios, mixing_ratio,
                      ratio_without_in)
@@ -19,7 +19,7 @@ from .sparsestmax import sparsemax, sparsestmax
 __all__ = [
     'KERNEL_CHOICES', 'KERNELS_ENV', 'check_kernels', 'cpu_isa', 'cpu_isas',
     'cpu_path_counts', 'default_kernels', 'set_cpu_isa', 'set_cpu_path',
-    'implementation', 'native_available', 'set_default_kernels',
+    'implementation', 'route', 'native_available', 'set_default_kernels',
     'switchable_norm', 'RATIO_FNS', 'TERMS', 'layer_ratios', 'mixing_ratio',
     'ratio_without_in', 'sparsemax', 'sparsestmax'
 ]

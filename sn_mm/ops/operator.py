@@ -20,8 +20,8 @@ A double backward (``create_graph=True``) differentiates a recomputed
 forward of ``sn_mm::switchable_norm_reference``, the PyTorch-op reference
 (:mod:`sn_mm.ops.reference`), so that every higher derivative is exact.
 
-Which implementation computes a call is decided in one place,
-:func:`implementation`, from the layer's ``kernels`` setting:
+Which implementation computes a call, and how it is called, is decided in
+one place, :func:`route`, from the layer's ``kernels`` setting:
 
 * ``'auto'`` (default): the operator where its device kernel takes the
   input (float32/float64 CPU tensors with the C++ extension built;
@@ -43,7 +43,7 @@ Triton kernels split at their collective boundary, elsewhere on the
 reference with one all-gather forward and one all-reduce backward.
 """
 import math
-from typing import List, Optional
+from typing import Callable, List, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -256,15 +256,44 @@ def is_tracing() -> bool:
 _NATIVE_DTYPES = (torch.float32, torch.float64)
 
 
+class Route(NamedTuple):
+    """What computes a call (``kind``: ``'native'``, ``'triton'`` or
+    ``'torch'``) and the function that :func:`switchable_norm` calls for
+    it (``call``: through the dispatcher, to the Triton module, or to the
+    reference)."""
+    kind: str
+    call: Callable
+
+
+def route(kernels: Optional[str],
+          x: Tensor,
+          weight: Tensor,
+          running_mean: Optional[Tensor],
+          group=None) -> Route:
+    """The one place that decides how SN computes ``x`` for a layer's
+    ``kernels`` setting (None: the global default) and process ``group``.
+    Unknown settings, and settings that cannot run on ``x``, raise a
+    ValueError or RuntimeError naming the problem."""
+    kind = _kind(kernels, x, weight, running_mean, group)
+    if kind == 'native' or (kind == 'triton' and x.is_cuda and group is None
+                            and CUDA_ROUTE['via'] == 'operator'):
+        return Route(kind, _call_operator)
+    return Route(kind, _call_triton if kind == 'triton' else _call_reference)
+
+
 def implementation(kernels: Optional[str],
                    x: Tensor,
                    weight: Tensor,
                    running_mean: Optional[Tensor],
                    group=None) -> str:
     """``'native'``, ``'triton'`` or ``'torch'``: what computes SN on ``x``
-    for a layer's ``kernels`` setting (None: the global default). Unknown
-    settings, and settings that cannot run on ``x``, raise a ValueError or
-    RuntimeError naming the problem."""
+    (:func:`route`'s ``kind``)."""
+    return route(kernels, x, weight, running_mean, group).kind
+
+
+def _kind(kernels, x, weight, running_mean, group) -> str:
+    """Route's kind: the setting, the input's device and dtype, tracing and
+    the process group decide."""
     choice = kernels or default_kernels()
     if choice == 'torch' or is_tracing():
         check_kernels(choice)
@@ -356,7 +385,7 @@ def switchable_norm(x: Tensor,
     ``ratio_fn='sparsestmax'``: Sparse SN, the ratios are SparsestMax of the
     logits at ``radius`` (:func:`sn_mm.ops.ratios.sparsest_ratios`)."""
     check_input(x, weight.shape[0], layer)
-    impl = implementation(kernels, x, weight, running_mean, group)
+    call = route(kernels, x, weight, running_mean, group).call
     ratios_given = ratio_fn != 'softmax'
     if ratios_given:
         if ratio_fn not in RATIO_FNS:
@@ -370,21 +399,10 @@ def switchable_norm(x: Tensor,
                                                   radius, ratio_fixed,
                                                   fixed_ratios, training,
                                                   math.prod(x.shape[2:]) > 1)
-    return _CALLS[_route(impl, x, group)](
-        x, weight, bias, mean_weight, var_weight, running_mean, running_var,
-        num_batches_tracked, ratio_fixed, fixed_ratios, training, momentum,
-        eps, unbiased, ratios_given, group, nonfinite_batches)
-
-
-def _route(impl: str, x: Tensor, group) -> str:
-    """How a call of implementation ``impl`` is made: through the
-    dispatcher ('operator': the C++ kernels; on CUDA with CUDA_ROUTE
-    'operator'), to the Triton module directly ('triton': a GPU call, a
-    process group, Triton's interpreter) or to the reference."""
-    if impl == 'native' or (impl == 'triton' and x.is_cuda and group is None
-                            and CUDA_ROUTE['via'] == 'operator'):
-        return 'operator'
-    return impl
+    return call(x, weight, bias, mean_weight, var_weight, running_mean,
+                running_var, num_batches_tracked, ratio_fixed, fixed_ratios,
+                training, momentum, eps, unbiased, ratios_given, group,
+                nonfinite_batches)
 
 
 def _call_operator(x, weight, bias, mean_weight, var_weight, running_mean,
@@ -420,10 +438,3 @@ def _call_reference(x, weight, bias, mean_weight, var_weight, running_mean,
         with torch.autocast(x.device.type, enabled=False):
             return switchable_norm_reference(x, *args)
     return switchable_norm_reference(x, *args)
-
-
-_CALLS = {
-    'operator': _call_operator,
-    'triton': _call_triton,
-    'torch': _call_reference
-}
