@@ -120,8 +120,9 @@ def _plan(n: int, c: int, length: int, stride_c: int, stride_l: int,
     if plan is not None:
         return plan
     rows_total = n * c
-    channels_last = (_PLAN_PATHS_ON['channels_last_tiles'] and stride_c == 1
-                     and stride_l != 1 and c > 1)
+    channels_last = (
+        _PLAN_PATHS_ON['channels_last_tiles'] and stride_c == 1
+        and stride_l != 1 and c > 1)
     if channels_last:
         # channels_last: a tile spans channels, whose values are adjacent.
         rows = min(_pow2(c), 64)
@@ -131,8 +132,9 @@ def _plan(n: int, c: int, length: int, stride_c: int, stride_l: int,
         rows = max(1, _TILE // block)
     tiles = triton.cdiv(rows_total, rows)
     split, target = 1, _target_programs(device)
-    limit = min(triton.cdiv(length, block),
-                _MAX_SPLIT if _PLAN_PATHS_ON['split_rows'] else 1)
+    limit = min(
+        triton.cdiv(length, block),
+        _MAX_SPLIT if _PLAN_PATHS_ON['split_rows'] else 1)
     while split * 2 <= limit and tiles * split < target:
         split *= 2
     chunk = triton.cdiv(triton.cdiv(length, split), block) * block
