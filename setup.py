@@ -23,7 +23,10 @@ def extensions():
     from torch.utils.cpp_extension import BuildExtension, CppExtension
     ext = CppExtension(
         'sn_mm._ext',
-        ['sn_mm/ops/csrc/sn_kernels.cpp'] + [
+        [
+            f'sn_mm/ops/csrc/{name}.cpp'
+            for name in ('sn_operator', 'sn_passes', 'cpu_isa')
+        ] + [
             f'sn_mm/ops/csrc/row_kernels_{isa}.cpp'
             for isa in ('avx512', 'avx2', 'baseline')
         ],

@@ -31,11 +31,12 @@ def torch_includes():
 
 
 @needs_cross
-def test_the_operator_compiles_for_arm():
+@pytest.mark.parametrize('name', ['sn_operator', 'sn_passes', 'cpu_isa'])
+def test_the_host_side_compiles_for_arm(name):
     result = subprocess.run([
         CROSS, '-fsyntax-only', '-std=c++20', '-fopenmp', '-Wno-psabi',
         '-DTORCH_EXTENSION_NAME=_ext', *torch_includes(),
-        osp.join(CSRC, 'sn_kernels.cpp')
+        osp.join(CSRC, f'{name}.cpp')
     ],
                             capture_output=True,
                             text=True)

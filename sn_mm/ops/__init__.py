@@ -4,7 +4,9 @@
 ``torch.library`` operator ``sn_mm::switchable_norm`` and the one place
 that picks an implementation; ``reference.py`` is SN in PyTorch ops;
 ``csrc/`` the C++ CPU kernels (``row_kernels_impl.h`` the row kernels,
-``sn_kernels.cpp`` their host side and the autograd Function);
+``sn_passes.cpp`` the passes that run them, ``sn_operator.cpp`` the
+operator's autograd and registration, ``cpu_isa.cpp`` the instruction
+set);
 ``triton_kernels.py`` the fused Triton GPU kernels and ``triton_fused.py``
 their host side; ``ratios.py`` the rule from logits to ratio vectors.
 """

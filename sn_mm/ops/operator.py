@@ -6,7 +6,7 @@ The operator, registered with ``torch.library``:
 =================  ==========================================================
 dispatch key       implementation
 =================  ==========================================================
-CPU, AutogradCPU   the C++ kernels (``csrc/sn_kernels.cpp``, built as
+CPU, AutogradCPU   the C++ kernels (``csrc/sn_operator.cpp``, built as
                    ``sn_mm._ext``), forward and backward in one call each
 CUDA, AutogradCUDA the fused Triton kernels (:mod:`sn_mm.ops.triton_fused`)
 Meta (fake)        the output's shape, for tracers and ``meta`` tensors

@@ -1,10 +1,10 @@
 // What SN's CPU row kernels (row_kernels_impl.h) and the operator's host
-// side (sn_kernels.cpp) share: each kernel's arguments as one plain struct,
+// side (sn_passes.cpp) share: each kernel's arguments as one plain struct,
 // and the table of one instruction set's kernels. The kernels are compiled
 // once per instruction set (row_kernels_<isa>.cpp); the host side picks a
-// table at run time (sn_kernels.cpp, "instruction sets"). Nothing here
-// holds code, so that no function compiled for one instruction set can be
-// shared with code that runs on another.
+// table at run time (cpu_isa.cpp). Nothing here holds code, so that no
+// function compiled for one instruction set can be shared with code that
+// runs on another.
 #pragma once
 
 #include <cstdint>

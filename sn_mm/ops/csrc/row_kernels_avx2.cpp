@@ -1,5 +1,5 @@
 // SN's CPU row kernels for AVX2 and FMA. The host side
-// (sn_kernels.cpp) runs them only where the CPU has these instructions.
+// (cpu_isa.cpp) runs them only where the CPU has these instructions.
 // Other compilers and CPUs get no such table (nullptr).
 #include "row_kernels.h"
 

@@ -556,7 +556,7 @@ SN_INLINE void bn_dev_kernel(const BnDevArgs<T>& a, int64_t begin,
   }
 }
 
-// Per sample, from the row sums (grad_reductions_into, sn_kernels.cpp): the
+// Per sample, from the row sums (grad_reductions_into, sn_passes.cpp): the
 // sums over c of d_mu and d_var weighted by each channel's LN ratio (a
 // group's sums, then times its ratio), and into acc the per-channel sums.
 template <typename T>
