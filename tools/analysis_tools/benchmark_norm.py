@@ -176,8 +176,7 @@ def bench_shape(makers, shape, repeats, device, dtype='float32', queued=False):
         calls = {}
         for name, layer in layers.items():  # warm-up
             layer(x).backward(grad)
-            once = timed(lambda: layer(x).backward(grad))
-            calls[name] = 1 if device != 'cpu' else calls_filling(once)
+            calls[name] = _calls_per_timing(layer, x, grad, device)
         for _ in range(repeats):
             for name, layer in layers.items():
                 _time_layer(layer, x, grad, times[name], queued, calls[name])
@@ -193,13 +192,34 @@ def bench_shape(makers, shape, repeats, device, dtype='float32', queued=False):
         }
 
 
-def _time_layer(layer, x, grad, t, queued, calls=1):
+def _calls_per_timing(layer, x, grad, device):
+    """How many calls in a row each of a layer's timings takes: on the CPU
+    as many as fill a millisecond, counted for each kind of call (an eval
+    forward is several times shorter than a training step); one on a
+    GPU."""
+    if device != 'cpu':
+        return dict(fwd=1, eval=1, both=1)
+
+    def eval_fwd():
+        with torch.no_grad():
+            layer.eval()
+            layer(x)
+            layer.train()
+
+    timed(eval_fwd)
+    return dict(
+        fwd=calls_filling(timed(lambda: layer(x))),
+        eval=calls_filling(timed(eval_fwd)),
+        both=calls_filling(timed(lambda: layer(x).backward(grad))))
+
+
+def _time_layer(layer, x, grad, t, queued, calls):
     x.grad = None
     # Eval right after train forward: the same state of the caches.
-    t['fwd'].append(per_call(lambda: layer(x), calls))
+    t['fwd'].append(per_call(lambda: layer(x), calls['fwd']))
     with torch.no_grad():
         layer.eval()
-        t['eval'].append(per_call(lambda: layer(x), calls))
+        t['eval'].append(per_call(lambda: layer(x), calls['eval']))
         if queued:
             t['eval_x10'].append(per_call(lambda: layer(x), 10))
     layer.train()
@@ -210,7 +230,7 @@ def _time_layer(layer, x, grad, t, queued, calls=1):
         x.grad = None  # no accumulation into x.grad's previous value
         layer(x).backward(grad)
 
-    t['both'].append(per_call(both, calls))
+    t['both'].append(per_call(both, calls['both']))
     if queued:
         t['both_x10'].append(per_call(both, 10))
 
