@@ -93,47 +93,37 @@ def test_benchmark_names_the_instruction_set():
     assert f"SN's C++ kernels: {isa} (this CPU: " in result.stdout
 
 
-def test_path_benchmark_times_each_path_on_and_off():
-    from sn_mm.ops import cpu_isas, native_available
-    if not native_available():
-        pytest.skip('extension not built')
-    result = run_python([
-        tool('analysis_tools', 'benchmark_paths.py'), '--toy', '--rounds', '1',
-        '--threads', '1', '--isa',
-        cpu_isas()[0]
-    ],
+def check_path_table(args, env, expected):
+    """benchmark_paths.py with ``args`` prints a row for each (path, mode)
+    of ``expected``, and each path ran with it on, never with it off."""
+    result = run_python([tool('analysis_tools', 'benchmark_paths.py'), *args],
                         cwd=ROOT,
+                        env=env,
                         timeout=300)
     rows = re.findall(
         r'\| (\w+) \| \w+ \| [\dx]+ \| (\w+) \| [\d.]+ \| '
         r'[\d.]+ \| [\d.]+ \| (\d+), (\d+) \|', result.stdout)
-    assert {(path, mode)
-            for path, mode, _, _ in rows} == {('short_rows', 'eval'),
-                                              ('short_rows', 'train'),
-                                              ('by_sample', 'eval'),
-                                              ('one_sample', 'eval'),
-                                              ('one_sample', 'train')
-                                              }, result.stdout
-    # the path ran with it on, never with it off
+    assert {(path, mode) for path, mode, _, _ in rows} == expected, \
+        result.stdout
     assert all(int(on) > 0 and int(off) == 0 for _, _, on, off in rows)
+
+
+def test_path_benchmark_times_each_path_on_and_off():
+    from sn_mm.ops import cpu_isas, native_available
+    if not native_available():
+        pytest.skip('extension not built')
+    expected = {('short_rows', 'eval'), ('short_rows', 'train'),
+                ('by_sample', 'eval'), ('one_sample', 'eval'),
+                ('one_sample', 'train')}
+    check_path_table(
+        ['--toy', '--rounds', '1', '--threads', '1', '--isa',
+         cpu_isas()[0]], None, expected)
 
 
 def test_path_benchmark_times_the_triton_plans_in_the_interpreter():
     pytest.importorskip('triton')
-    result = run_python([
-        tool('analysis_tools', 'benchmark_paths.py'), '--triton', '--toy',
-        '--rounds', '1'
-    ],
-                        cwd=ROOT,
-                        env={'TRITON_INTERPRET': '1'},
-                        timeout=300)
-    rows = re.findall(
-        r'\| (\w+) \| triton \| [\dx]+ \| (\w+) \| [\d.]+ \| '
-        r'[\d.]+ \| [\d.]+ \| (\d+), (\d+) \|', result.stdout)
-    assert {(path, mode)
-            for path, mode, _, _ in rows} == {('split_rows', 'eval'),
-                                              ('split_rows', 'train'),
-                                              ('channels_last_tiles', 'eval'),
-                                              ('channels_last_tiles', 'train')
-                                              }, result.stdout
-    assert all(int(on) > 0 and int(off) == 0 for _, _, on, off in rows)
+    expected = {(p, m)
+                for p in ('split_rows', 'channels_last_tiles')
+                for m in ('eval', 'train')}
+    check_path_table(['--triton', '--toy', '--rounds', '1'],
+                     {'TRITON_INTERPRET': '1'}, expected)
