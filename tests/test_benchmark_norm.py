@@ -118,12 +118,3 @@ def test_path_benchmark_times_each_path_on_and_off():
     check_path_table(
         ['--toy', '--rounds', '1', '--threads', '1', '--isa',
          cpu_isas()[0]], None, expected)
-
-
-def test_path_benchmark_times_the_triton_plans_in_the_interpreter():
-    pytest.importorskip('triton')
-    expected = {(p, m)
-                for p in ('split_rows', 'channels_last_tiles')
-                for m in ('eval', 'train')}
-    check_path_table(['--triton', '--toy', '--rounds', '1'],
-                     {'TRITON_INTERPRET': '1'}, expected)

@@ -84,10 +84,14 @@ def test_gpu_check_runs_its_cpu_parts(tmp_path):
     assert '| ResNet-50 train step' in result.stdout
     groups = {r['layer'] for r in report['group_sn']['group_sn']}
     assert groups == {'SN', 'SN G=2', 'SN G=32'}
+    # The Triton plans' A/B (benchmark_paths.py --triton, in the
+    # interpreter): each layout ran with it on, never with it off.
     plans = {(r['path'], r['mode']) for r in report['triton_paths']}
     assert plans == {(p, m)
                      for p in ('split_rows', 'channels_last_tiles')
                      for m in ('eval', 'train')}
+    assert all(r['taken_on'] > 0 and r['taken_off'] == 0
+               for r in report['triton_paths'])
     assert 'checks passed' in result.stdout
 
 
