@@ -251,8 +251,9 @@ def test_host_caches_keep_the_most_recently_used(monkeypatch):
         # the first size stays in use, as a layer seen every batch does
         assert triton_fused._plan(2, 8, 1, 1, 8, cpu) is first
     assert len(triton_fused._PLANS) == 64
-    assert (2, 8, 2, 1, 8, cpu) not in triton_fused._PLANS
-    assert (2, 8, 499, 1, 8, cpu) in triton_fused._PLANS
+    sizes = {key[:6] for key in triton_fused._PLANS}  # (then the switches)
+    assert (2, 8, 2, 1, 8, cpu) not in sizes
+    assert (2, 8, 499, 1, 8, cpu) in sizes
 
 
 def test_layers_over_changing_sizes_settle():

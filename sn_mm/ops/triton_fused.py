@@ -105,17 +105,16 @@ def set_path(name: str, enabled: bool) -> None:
     if name not in _PLAN_PATHS_ON:
         raise ValueError(f'unknown Triton path {name!r} (expected one of '
                          f'{", ".join(map(repr, _PLAN_PATHS_ON))})')
-    if _PLAN_PATHS_ON[name] != enabled:
-        _PLAN_PATHS_ON[name] = enabled
-        _PLANS.clear()  # plans (and the launches keyed on them) change
-        _COMPILED.clear()
+    # The plans' keys hold the switches: switching back and forth (an A/B)
+    # finds each side's plans and direct launches where it left them.
+    _PLAN_PATHS_ON[name] = enabled
 
 
 def _plan(n: int, c: int, length: int, stride_c: int, stride_l: int,
           device: torch.device):
     """Tile shape, chunks per row and launch grids for one shape and
     layout; cached."""
-    key = (n, c, length, stride_c, stride_l, device)
+    key = (n, c, length, stride_c, stride_l, device, *_PLAN_PATHS_ON.values())
     plan = _PLANS.get(key)
     if plan is not None:
         return plan
