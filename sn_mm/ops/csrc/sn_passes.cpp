@@ -557,22 +557,22 @@ std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
   const bool bn_sums = bn_batch && !one_sample;
   if (f.x3.numel() && take(kPathOneSample, samples == 1)) {
     one_sample_moments(moments_args(f, s), s, channels, spatial);
-  } else if (f.x3.numel()) {
-    MomentsArgs<T> margs = moments_args(f, s);
-    if (bn_sums) {  // each channel's shift: its first value
-      for (int64_t c = 0; c < channels; ++c) s.shift[c] = margs.x[c * spatial];
-      margs.shift = s.shift;
-      margs.dmean = s.dmean;
-      margs.channels = channels;
-    }
-    run_rows(margs, rows, spatial);
-    reductions_into(s.mean_in, s.var_in, samples, channels, s.ln_mean,
-                    s.ln_var, bn_sums ? s.bn_mean : nullptr,
-                    bn_sums ? s.bn_var : nullptr, s.dmean, s.shift);
   } else {
-    std::fill_n(s.mean_in, 2 * rows, T(0));
-    std::fill_n(s.dmean, rows, T(0));
-    std::fill_n(s.shift, channels, T(0));
+    if (f.x3.numel()) {
+      MomentsArgs<T> margs = moments_args(f, s);
+      if (bn_sums) {  // each channel's shift: its first value
+        for (int64_t c = 0; c < channels; ++c)
+          s.shift[c] = margs.x[c * spatial];
+        margs.shift = s.shift;
+        margs.dmean = s.dmean;
+        margs.channels = channels;
+      }
+      run_rows(margs, rows, spatial);
+    } else {
+      std::fill_n(s.mean_in, 2 * rows, T(0));
+      std::fill_n(s.dmean, rows, T(0));
+      std::fill_n(s.shift, channels, T(0));
+    }
     reductions_into(s.mean_in, s.var_in, samples, channels, s.ln_mean,
                     s.ln_var, bn_sums ? s.bn_mean : nullptr,
                     bn_sums ? s.bn_var : nullptr, s.dmean, s.shift);
@@ -917,20 +917,20 @@ void backward_pass(const at::Tensor& g, const Forward& f,
                                 gs.d_var_n,
                                 nullptr,
                                 w.groups > 1};
+  bool reduced = false;  // by one_sample_grad_sums, inside the sums' pass
   if (f.x3.numel()) {
     GradSumsArgs<T> sargs{
         g.data_ptr<T>(), f.x3.data_ptr<T>(), s.mean_in, gs.s1, gs.s2, spatial};
     sargs.short_rows = take(kPathShortRows, spatial < sn_mm_rows::kShortRow);
-    if (take(kPathOneSample, samples == 1)) {
+    reduced = take(kPathOneSample, samples == 1);
+    if (reduced)
       one_sample_grad_sums(sargs, rargs, spatial, per_c, gs.dots);
-    } else {
+    else
       run_rows(sargs, rows, spatial);
-      grad_reductions_into(rargs, samples, per_c, gs.dots);
-    }
   } else {
     std::fill_n(gs.s1, 2 * rows, T(0));
-    grad_reductions_into(rargs, samples, per_c, gs.dots);
   }
+  if (!reduced) grad_reductions_into(rargs, samples, per_c, gs.dots);
   ratio_grads(gs, bn_var, channels, using_bn, w, d_wm, d_wv);
   through_shared_stats(gs, f, cw, samples, channels, bn_grad);
   if (!f.x3.numel()) return;
