@@ -96,18 +96,24 @@ def test_gpu_check_runs_its_cpu_parts(tmp_path):
 
 
 def test_gpu_check_reports_a_failing_test(tmp_path):
-    """A failing GPU test makes the check fail and names it."""
+    """A failing GPU test makes the check fail and names it; --select
+    runs only the tests it matches."""
     out = tmp_path / 'gpu_check.json'
-    result = run_python(
-        [tool('misc', 'gpu_check.py'), '--skip-bench', '--out', out],
-        cwd=tmp_path,
-        ok=False,
-        env={'SN_MM_KERNELS': 'no-such-kernels'},
-        timeout=900)
+    result = run_python([
+        tool('misc', 'gpu_check.py'), '--skip-bench', '--out', out, '--select',
+        'test_autocast'
+    ],
+                        cwd=tmp_path,
+                        ok=False,
+                        env={'SN_MM_KERNELS': 'no-such-kernels'},
+                        timeout=900)
     assert result.returncode == 1
     report = json.loads(out.read_text())
-    assert any(not c['ok'] for c in report['checks'])
-    assert 'FAILED: ' in result.stdout
+    tests = [c for c in report['checks'] if c['check'].startswith('test_')]
+    assert tests and all(c['check'].startswith('test_autocast[')
+                         for c in tests), tests
+    assert any(not c['ok'] for c in tests)
+    assert 'FAILED: test_autocast[' in result.stdout
 
 
 def test_gpu_check_help():

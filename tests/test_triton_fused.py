@@ -261,9 +261,9 @@ def test_layers_over_changing_sizes_settle():
     (what the GPU check runs for 200 steps): the caches stay within their
     bounds and the summary says so."""
     from sn_mm.testing import varying_sizes
-    rows = varying_sizes.run('cpu', steps=3, toy=True, kernels='triton')
+    rows = varying_sizes.run('cpu', steps=2, toy=True, kernels='triton')
     assert len({r['size'] for r in rows}) > 1
     assert rows[-1]['plans'] > rows[0]['plans'] > 0  # the plans were used
     summary = varying_sizes.summary(rows)
-    assert summary['stopped'] and summary['steps'] == 3
+    assert summary['stopped'] and summary['steps'] == 2
     assert summary['plans'] <= summary['plan_bound']

@@ -76,6 +76,11 @@ def main(argv=None):
         '--backend',
         default='inductor',
         help='torch.compile backend (default: inductor)')
+    parser.add_argument(
+        '--model',
+        choices=['all', 'deeplabv3', 'mask-rcnn'],
+        default='all',
+        help='which toy model to time (default: both)')
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     print(f'torch {torch.__version__}, {torch.get_num_threads()} threads, '
@@ -83,18 +88,20 @@ def main(argv=None):
     print('| model | input | train step eager ms | compiled ms | ratio | '
           'eval eager ms | compiled ms | ratio | first compiled step s |')
     print('|---|---|---|---|---|---|---|---|---|')
-    seg = build('deeplabv3_r18-sn-d8_toy-seg.py', 'mmseg')
-    x = torch.randn(4, 3, args.size or 96, args.size or 96)
-    side = (args.size or 96) // 8
-    target = torch.randint(0, 5, (4, side, side))
-    measure('DeepLabV3 R18-D8 (toy)', seg, lambda x: seg(x, mode='tensor'),
-            lambda out: F.cross_entropy(out, target), x, args.repeats,
-            args.backend)
-    det = build('mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py', 'mmdet')
-    x = torch.randn(4, 3, args.size or 128, args.size or 128)
-    measure('Mask R-CNN R18-FPN backbone+neck (toy)', det, det.extract_feat,
-            lambda out: sum(
-                (o * o).mean() for o in out), x, args.repeats, args.backend)
+    if args.model in ('all', 'deeplabv3'):
+        seg = build('deeplabv3_r18-sn-d8_toy-seg.py', 'mmseg')
+        x = torch.randn(4, 3, args.size or 96, args.size or 96)
+        side = (args.size or 96) // 8
+        target = torch.randint(0, 5, (4, side, side))
+        measure('DeepLabV3 R18-D8 (toy)', seg, lambda x: seg(x, mode='tensor'),
+                lambda out: F.cross_entropy(out, target), x, args.repeats,
+                args.backend)
+    if args.model in ('all', 'mask-rcnn'):
+        det = build('mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py', 'mmdet')
+        x = torch.randn(4, 3, args.size or 128, args.size or 128)
+        measure('Mask R-CNN R18-FPN backbone+neck (toy)', det,
+                det.extract_feat, lambda out: sum((o * o).mean() for o in out),
+                x, args.repeats, args.backend)
 
 
 if __name__ == '__main__':

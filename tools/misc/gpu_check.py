@@ -67,6 +67,11 @@ def parse_args(argv=None):
         'on a GPU, 1 on the CPU)')
     parser.add_argument(
         '--skip-bench', action='store_true', help='the tests only')
+    parser.add_argument(
+        '--select',
+        default=None,
+        help='run only the GPU tests whose names match this pytest -k '
+        'expression (a rerun of the ones that failed)')
     return parser.parse_args(argv)
 
 
@@ -86,13 +91,14 @@ def install_wheels(folder):
     return target, [osp.basename(w) for w in wheels]
 
 
-def run_tests(env):
-    """``pytest -m cuda`` on TEST_FILES in a process of its own; each
-    test case as a check (name, ok, detail, seconds)."""
+def run_tests(env, select=None):
+    """``pytest -m cuda`` on TEST_FILES in a process of its own (only the
+    tests matching the ``-k`` expression ``select`` where given); each test
+    case as a check (name, ok, detail, seconds)."""
     junit = osp.join(tempfile.mkdtemp(prefix='sn_mm_gpu_tests_'), 'j.xml')
     subprocess.run([
         sys.executable, '-m', 'pytest', '-q', '-m', 'cuda', '-rfEs',
-        f'--junitxml={junit}',
+        f'--junitxml={junit}', *(['-k', select] if select else []),
         *[osp.join(ROOT, 'tests', f) for f in TEST_FILES]
     ],
                    cwd=ROOT,
@@ -253,7 +259,7 @@ def main(argv=None):
             json.dump(report, f, indent=1)
 
     print(f'\nTests ({", ".join(TEST_FILES)})', flush=True)
-    report['checks'] = run_tests(env)
+    report['checks'] = run_tests(env, args.select)
     save()
     report['checks'].append(varying_sizes(report, cuda))
     save()
