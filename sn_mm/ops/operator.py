@@ -277,8 +277,8 @@ def route(kernels: Optional[str],
     kind = _kind(kernels, x, weight, running_mean, group)
     if kind == 'native' or (kind == 'triton' and x.is_cuda and group is None
                             and CUDA_ROUTE['via'] == 'operator'):
-        return Route(kind, _call_operator)
-    return Route(kind, _call_triton if kind == 'triton' else _call_reference)
+        return _ROUTES['operator'][kind]
+    return _ROUTES[kind][kind]
 
 
 def implementation(kernels: Optional[str],
@@ -293,21 +293,20 @@ def implementation(kernels: Optional[str],
 
 def _kind(kernels, x, weight, running_mean, group) -> str:
     """Route's kind: the setting, the input's device and dtype, tracing and
-    the process group decide."""
+    the process group decide. (Each test is made once: at small shapes this
+    function's cost is a visible part of a call.)"""
     choice = kernels or default_kernels()
     if choice == 'torch' or is_tracing():
         check_kernels(choice)
         return 'torch'
-    if choice == 'triton' or (x.is_cuda and choice == 'auto'):
-        return _triton_implementation(choice, x, weight, running_mean)
-    if choice not in ('auto', 'native'):
-        check_kernels(choice)
-    if x.is_cpu and NATIVE and x.dtype is weight.dtype \
-            and x.dtype in _NATIVE_DTYPES:
+    if (choice == 'auto' or choice == 'native') and x.is_cpu and NATIVE \
+            and x.dtype is weight.dtype and x.dtype in _NATIVE_DTYPES:
         # SyncSN across processes on the CPU: the reference, whose BN
         # statistics are gathered between its passes.
         return 'native' if group is None else 'torch'
-    if choice == 'native':
+    if choice == 'triton' or (x.is_cuda and choice == 'auto'):
+        return _triton_implementation(choice, x, weight, running_mean)
+    if check_kernels(choice) == 'native':
         if not NATIVE:
             raise RuntimeError('kernels=\'native\': the native extension '
                                'was not built (SN_MM_NO_EXT=1?)')
@@ -438,3 +437,18 @@ def _call_reference(x, weight, bias, mean_weight, var_weight, running_mean,
         with torch.autocast(x.device.type, enabled=False):
             return switchable_norm_reference(x, *args)
     return switchable_norm_reference(x, *args)
+
+
+# route()'s answers, made once: (how it calls) -> (kind) -> Route.
+_ROUTES = {
+    'operator': {
+        k: Route(k, _call_operator)
+        for k in ('native', 'triton')
+    },
+    'triton': {
+        'triton': Route('triton', _call_triton)
+    },
+    'torch': {
+        'torch': Route('torch', _call_reference)
+    },
+}
