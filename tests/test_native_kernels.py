@@ -193,10 +193,11 @@ def test_samples_normalised_one_by_one(case):
     ],
     ids=['train', 'eval', 'group_sn', 'train_without_bn'])
 def test_one_sample_reduced_inside_its_passes(case):
-    """One sample's LN statistics and backward reductions are taken per
-    channel range inside the passes over its rows and combined: output,
-    running statistics and every gradient against the reference on one
-    thread and on two (two ranges)."""
+    """One sample's forward in one parallel region (moments and LN's parts
+    per channel range, combined, then normalising) and its backward's
+    reductions inside the passes over its rows: output, running statistics
+    and every gradient against the reference on one thread and on two (two
+    ranges)."""
     check_path_against_reference('one_sample', case)
 
 

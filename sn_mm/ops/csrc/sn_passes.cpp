@@ -21,6 +21,10 @@
 #include <type_traits>
 #include <vector>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "cpu_isa.h"
 #include "row_kernels.h"
 
@@ -512,36 +516,6 @@ LnPart combined(const LnPart& a, const LnPart& b) {
           a.m2 + b.m2 + d * d * a.count * b.count / count};
 }
 
-// One sample (batch-1 inference, a one-image training step): its IN
-// moments and LN statistics in one parallel pass, each task taking its
-// channels' LN part while their moments are in its cache, where otherwise
-// one thread reads every channel's after the pass (docs/performance.md,
-// special paths: one_sample).
-template <typename T>
-void one_sample_moments(const MomentsArgs<T>& margs, const Stats<T>& s,
-                        int64_t channels, int64_t spatial) {
-  const LnPart ln = at::parallel_reduce(
-      0, channels, grain(spatial), LnPart{},
-      [&](int64_t begin, int64_t end, LnPart) {
-        run(margs, begin, end);
-        T mean, var;
-        double both[2];
-        LnStatsArgs<T> part{s.mean_in + begin,
-                            s.var_in + begin,
-                            end - begin,
-                            &mean,
-                            &var,
-                            nullptr};
-        part.ln_double = both;
-        run(part, 0, 1);
-        const double count = end - begin;
-        return LnPart{count, both[0], both[1] * count};
-      },
-      combined);
-  s.ln_mean[0] = static_cast<T>(ln.mean);
-  s.ln_var[0] = static_cast<T>(ln.m2 / ln.count);
-}
-
 // IN's moments, then LN's and the BN statistics in use: the batch's (one
 // sample's are its IN statistics, read where they are), else fixed_bn's.
 // Returns where the BN mean and variance are.
@@ -555,28 +529,23 @@ std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
       run_stats.using_bn && run_stats.training && samples > 0;
   const bool one_sample = bn_batch && samples == 1;
   const bool bn_sums = bn_batch && !one_sample;
-  if (f.x3.numel() && take(kPathOneSample, samples == 1)) {
-    one_sample_moments(moments_args(f, s), s, channels, spatial);
-  } else {
-    if (f.x3.numel()) {
-      MomentsArgs<T> margs = moments_args(f, s);
-      if (bn_sums) {  // each channel's shift: its first value
-        for (int64_t c = 0; c < channels; ++c)
-          s.shift[c] = margs.x[c * spatial];
-        margs.shift = s.shift;
-        margs.dmean = s.dmean;
-        margs.channels = channels;
-      }
-      run_rows(margs, rows, spatial);
-    } else {
-      std::fill_n(s.mean_in, 2 * rows, T(0));
-      std::fill_n(s.dmean, rows, T(0));
-      std::fill_n(s.shift, channels, T(0));
+  if (f.x3.numel()) {
+    MomentsArgs<T> margs = moments_args(f, s);
+    if (bn_sums) {  // each channel's shift: its first value
+      for (int64_t c = 0; c < channels; ++c) s.shift[c] = margs.x[c * spatial];
+      margs.shift = s.shift;
+      margs.dmean = s.dmean;
+      margs.channels = channels;
     }
-    reductions_into(s.mean_in, s.var_in, samples, channels, s.ln_mean,
-                    s.ln_var, bn_sums ? s.bn_mean : nullptr,
-                    bn_sums ? s.bn_var : nullptr, s.dmean, s.shift);
+    run_rows(margs, rows, spatial);
+  } else {
+    std::fill_n(s.mean_in, 2 * rows, T(0));
+    std::fill_n(s.dmean, rows, T(0));
+    std::fill_n(s.shift, channels, T(0));
   }
+  reductions_into(s.mean_in, s.var_in, samples, channels, s.ln_mean, s.ln_var,
+                  bn_sums ? s.bn_mean : nullptr, bn_sums ? s.bn_var : nullptr,
+                  s.dmean, s.shift);
   if (!bn_batch) return fixed_bn(f, s, run_stats, for_backward);
   if (bn_sums)  // bn_var holds the M2 sums until divided by the count
     for (int64_t c = 0; c < channels; ++c)
@@ -663,6 +632,102 @@ void forward_by_sample(Forward& f, at::Tensor& y, const at::Tensor& weight,
   });
 }
 
+// One sample (batch-1 inference, a one-image training step) in one
+// parallel region: each thread takes its channels' IN moments and their
+// part of LN's statistics, the threads meet once to combine the parts
+// (Chan's formula, in double, in thread order, so that every thread gets
+// the same), and each normalises its channels while they are in its cache.
+// The general way forks twice and reads every channel's statistics on one
+// thread between the passes (docs/performance.md, special paths:
+// one_sample). It needs OpenMP's barrier, which ATen's parallel_for lacks.
+#ifdef _OPENMP
+constexpr bool kOneSampleRegion = true;
+#else
+constexpr bool kOneSampleRegion = false;
+#endif
+
+template <typename T>
+void one_sample_region(const MomentsArgs<T>& margs,
+                       const NormalizeArgs<T>& args, const Stats<T>& s,
+                       int64_t channels, int64_t spatial) {
+  const int64_t tasks =
+      at::in_parallel_region()
+          ? 1
+          : std::min<int64_t>(
+                at::get_num_threads(),
+                (channels + grain(spatial) - 1) / grain(spatial));
+  std::vector<LnPart> parts(tasks);
+  // Thread t of nt: its channels' moments and LN part.
+  auto channels_of = [&](int64_t t, int64_t nt) {
+    const int64_t chunk = (channels + nt - 1) / nt;
+    const int64_t begin = std::min(channels, t * chunk);
+    return std::make_pair(begin, std::min(channels, begin + chunk));
+  };
+  auto moments = [&](int64_t t, int64_t nt) {
+    const auto [begin, end] = channels_of(t, nt);
+    if (begin == end) return;
+    run(margs, begin, end);
+    T mean, var;
+    double both[2];
+    LnStatsArgs<T> part{s.mean_in + begin,
+                        s.var_in + begin,
+                        end - begin,
+                        &mean,
+                        &var,
+                        nullptr};
+    part.ln_double = both;
+    run(part, 0, 1);
+    parts[t] = LnPart{double(end - begin), both[0], both[1] * (end - begin)};
+  };
+  auto normalize = [&](int64_t t, int64_t nt) {
+    LnPart ln;
+    for (int64_t i = 0; i < nt; ++i) ln = combined(ln, parts[i]);
+    T mean = static_cast<T>(ln.mean), var = static_cast<T>(ln.m2 / ln.count);
+    if (t == 0) {  // for backward; the others read their own copies
+      s.ln_mean[0] = mean;
+      s.ln_var[0] = var;
+    }
+    const auto [begin, end] = channels_of(t, nt);
+    NormalizeArgs<T> mine = args;
+    mine.mu_n = &mean;
+    mine.var_n = &var;
+    if (begin < end) run(mine, begin, end);
+  };
+  if (tasks == 1) {
+    moments(0, 1);
+    normalize(0, 1);
+    return;
+  }
+#ifdef _OPENMP
+#pragma omp parallel num_threads(tasks)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    moments(t, nt);
+#pragma omp barrier
+    normalize(t, nt);
+  }
+#endif
+}
+
+template <typename T>
+void forward_one_sample(Forward& f, at::Tensor& y, const at::Tensor& weight,
+                        const at::Tensor& bias, const Running& run_stats,
+                        double eps, const Stats<T>& s, bool for_backward) {
+  const int64_t channels = f.x3.size(1);
+  // One sample's BN statistics are its IN statistics.
+  const bool bn_batch = run_stats.using_bn && run_stats.training;
+  const auto bn = bn_batch ? std::pair<const T*, const T*>{s.mean_in, s.var_in}
+                           : fixed_bn(f, s, run_stats, for_backward);
+  const GroupRatios<T> w(f.ratios, channels, run_stats.using_bn);
+  one_sample_region(moments_args(f, s),
+                    normalize_args(f, s, bn, w, weight, bias, eps, y), s,
+                    channels, f.x3.size(2));
+  if (bn_batch)
+    update_running(*run_stats.mean, *run_stats.var, *run_stats.count,
+                   run_stats.nonfinite, run_stats.momentum, s.mean_in,
+                   s.var_in, channels);
+}
+
 template <typename T>
 void forward_pass(Forward& f, at::Tensor& y, const at::Tensor& weight,
                   const at::Tensor& bias, const Running& run_stats, double eps,
@@ -673,6 +738,10 @@ void forward_pass(Forward& f, at::Tensor& y, const at::Tensor& weight,
   if (const int64_t block = by_sample_block<T>(f, run_stats)) {
     forward_by_sample(f, y, weight, bias, run_stats, eps, s, for_backward,
                       block);
+    return;
+  }
+  if (f.x3.numel() && take(kPathOneSample, kOneSampleRegion && samples == 1)) {
+    forward_one_sample(f, y, weight, bias, run_stats, eps, s, for_backward);
     return;
   }
   const auto bn = statistics<T>(f, s, run_stats, for_backward);
