@@ -32,7 +32,7 @@ def test_isort():
 
 
 def test_yapf():
-    result = run('yapf', '--diff', '--recursive', *PYTHON_DIRS)
+    result = run('yapf', '--diff', '--recursive', '--parallel', *PYTHON_DIRS)
     assert result.returncode == 0 and not result.stdout, \
         result.stdout[-3000:]
 

@@ -324,23 +324,25 @@ def test_the_environment_picks_the_instruction_set(isa):
     if isa != ops.cpu_isas()[0]:
         pytest.skip('a fresh process per set would repeat this')
     code = 'from sn_mm.ops import cpu_isa; print(cpu_isa())'
-    for wanted in ops.cpu_isas():
-        out = subprocess.run([sys.executable, '-c', code],
-                             check=True,
-                             capture_output=True,
-                             text=True,
-                             env={
-                                 **os.environ, 'SN_MM_CPU_ISA': wanted
-                             })
-        assert out.stdout.split()[-1] == wanted
-    bad = subprocess.run([sys.executable, '-c', code],
-                         capture_output=True,
+    # A process per setting, started together (each import takes seconds).
+    settings = ops.cpu_isas() + ['x87']
+    runs = [
+        subprocess.Popen([sys.executable, '-c', code],
+                         stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE,
                          text=True,
                          env={
-                             **os.environ, 'SN_MM_CPU_ISA': 'x87'
-                         })
+                             **os.environ, 'SN_MM_CPU_ISA': wanted
+                         }) for wanted in settings
+    ]
+    outputs = [run.communicate(timeout=300) for run in runs]
+    for wanted, run, (stdout, stderr) in zip(settings[:-1], runs, outputs):
+        assert run.returncode == 0, stderr[-2000:]
+        assert stdout.split()[-1] == wanted
+    bad = runs[-1]
     assert bad.returncode != 0
-    assert "unknown instruction set 'x87'" in bad.stderr
+    stderr = outputs[-1][1]
+    assert "unknown instruction set 'x87'" in stderr
 
 
 @pytest.mark.skipif(not native_available(), reason='extension not built')
