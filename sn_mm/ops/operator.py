@@ -277,8 +277,8 @@ def route(kernels: Optional[str],
     kind = _kind(kernels, x, weight, running_mean, group)
     if kind == 'native' or (kind == 'triton' and x.is_cuda and group is None
                             and CUDA_ROUTE['via'] == 'operator'):
-        return _ROUTES['operator'][kind]
-    return _ROUTES[kind][kind]
+        return _VIA_OPERATOR[kind]
+    return _DIRECT[kind]
 
 
 def implementation(kernels: Optional[str],
@@ -439,16 +439,9 @@ def _call_reference(x, weight, bias, mean_weight, var_weight, running_mean,
     return switchable_norm_reference(x, *args)
 
 
-# route()'s answers, made once: (how it calls) -> (kind) -> Route.
-_ROUTES = {
-    'operator': {
-        k: Route(k, _call_operator)
-        for k in ('native', 'triton')
-    },
-    'triton': {
-        'triton': Route('triton', _call_triton)
-    },
-    'torch': {
-        'torch': Route('torch', _call_reference)
-    },
+# route()'s answers, made once: through the dispatcher, or called directly.
+_VIA_OPERATOR = {k: Route(k, _call_operator) for k in ('native', 'triton')}
+_DIRECT = {
+    'triton': Route('triton', _call_triton),
+    'torch': Route('torch', _call_reference)
 }
