@@ -36,13 +36,12 @@ HOST_FILES = ('sn_operator', 'sn_passes', 'cpu_isa')
 @pytest.fixture(scope='module')
 def arm_host_checks():
     """The host files' Arm syntax checks, started together (the suite's
-    time: sn_operator.cpp alone takes about 15 s); each test waits for
-    its own."""
+    time: each takes several seconds); each test waits for its own."""
     checks = {
         name:
         subprocess.Popen([
             CROSS, '-fsyntax-only', '-std=c++20', '-fopenmp', '-Wno-psabi',
-            '-DTORCH_EXTENSION_NAME=_ext', *torch_includes(),
+            *torch_includes(),
             osp.join(CSRC, f'{name}.cpp')
         ],
                          stdout=subprocess.PIPE,

@@ -107,14 +107,14 @@ def _switchable_norm_fake(x, weight, bias, mean_logits, var_logits,
     return torch.empty_like(x)
 
 
-try:  # registers the CPU and AutogradCPU kernels
-    from .. import _ext
+try:  # registers the CPU and AutogradCPU kernels and the settings below
+    from .. import _ext  # noqa: F401
     NATIVE = True
 except ImportError:  # not built (SN_MM_NO_EXT=1): the reference on CPUs
-    _ext = None
     NATIVE = False
 if NATIVE:
-    _ext.cpu_isa()  # a bad $SN_MM_CPU_ISA fails here, naming itself
+    # a bad $SN_MM_CPU_ISA fails here, naming itself
+    torch.ops.sn_mm.cpu_isa()
 
 
 def cpu_path_counts() -> dict:
@@ -122,7 +122,9 @@ def cpu_path_counts() -> dict:
     ('short_rows', 'by_sample', 'one_sample'; see
     docs/performance.md#special-paths-on-the-cpu) since the process began;
     empty without the extension."""
-    return dict(_ext.path_counts()) if NATIVE else {}
+    if not NATIVE:
+        return {}
+    return dict(zip(*torch.ops.sn_mm.cpu_path_counts()))
 
 
 def set_cpu_path(name: str, enabled: bool) -> None:
@@ -132,20 +134,20 @@ def set_cpu_path(name: str, enabled: bool) -> None:
     if not NATIVE:
         raise RuntimeError('set_cpu_path: the native extension was not '
                            'built')
-    _ext.set_path(name, enabled)
+    torch.ops.sn_mm.set_cpu_path(name, enabled)
 
 
 def cpu_isa() -> Optional[str]:
     """The instruction set the C++ kernels run with ('avx512', 'avx2' or
     'baseline'): the best this CPU has unless ``$SN_MM_CPU_ISA`` or
     :func:`set_cpu_isa` chose another; None without the extension."""
-    return _ext.cpu_isa() if NATIVE else None
+    return torch.ops.sn_mm.cpu_isa() if NATIVE else None
 
 
 def cpu_isas() -> List[str]:
     """The instruction sets the C++ kernels are built for and this CPU
     runs, best first (empty without the extension)."""
-    return list(_ext.cpu_isas()) if NATIVE else []
+    return torch.ops.sn_mm.cpu_isas() if NATIVE else []
 
 
 def set_cpu_isa(name: str) -> None:
@@ -153,7 +155,7 @@ def set_cpu_isa(name: str) -> None:
     :func:`cpu_isas`), e.g. to test or time AVX2 on a CPU with AVX-512."""
     if not NATIVE:
         raise RuntimeError('set_cpu_isa: the native extension was not built')
-    _ext.set_cpu_isa(name)
+    torch.ops.sn_mm.set_cpu_isa(name)
 
 
 _OP = torch.ops.sn_mm.switchable_norm

@@ -4,11 +4,17 @@
 // (sn_passes.cpp), with its autograd here in C++; and the module sn_mm._ext
 // whose import registers them. The CPU kernel is the forward without
 // autograd (eval, no_grad); the AutogradCPU kernel saves what the backward
-// needs, and the backward is one call too.
-#include <torch/extension.h>
+// needs, and the backward is one call too. The settings the tests and
+// benchmarks use (instruction set, special paths) are operators as well, so
+// that the module needs no binding library: torch's autograd and library
+// headers compile in half the time of torch/extension.h.
+#include <Python.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cpu_isa.h"
@@ -233,18 +239,29 @@ TORCH_LIBRARY_IMPL(sn_mm, AutogradCPU, m) {
   m.impl("switchable_norm", &switchable_norm_autograd);
 }
 
-// Importing the module (sn_mm._ext) is what registers the kernels above.
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "SN's CPU kernels, registered as sn_mm::switchable_norm";
-  m.def(
-      "cpu_isa", []() { return std::string(kernels().isa); },
-      "The instruction set SN's CPU kernels run with.");
-  m.def("cpu_isas", &cpu_isas,
-        "The instruction sets this build has and this CPU runs, best first.");
-  m.def("set_cpu_isa", &set_cpu_isa,
-        "Run SN's CPU kernels with another "
-        "instruction set (one of cpu_isas()).");
-  m.def("path_counts", &path_counts,
-        "(path, calls that took it) for each special path.");
-  m.def("set_path", &set_path, "Switch a special path on or off.");
+// The settings, for tests and benchmarks (sn_mm.ops.cpu_isa and its
+// neighbours in operator.py call them).
+TORCH_LIBRARY_FRAGMENT(sn_mm, m) {
+  m.def("cpu_isa() -> str", []() { return std::string(kernels().isa); });
+  m.def("cpu_isas() -> str[]", &cpu_isas);
+  m.def("set_cpu_isa(str name) -> ()",
+        [](std::string name) { set_cpu_isa(name); });
+  m.def("cpu_path_counts() -> (str[], int[])", []() {
+    std::tuple<std::vector<std::string>, std::vector<int64_t>> counts;
+    for (const auto& [path, calls] : path_counts()) {
+      std::get<0>(counts).push_back(path);
+      std::get<1>(counts).push_back(calls);
+    }
+    return counts;
+  });
+  m.def("set_cpu_path(str name, bool enabled) -> ()",
+        [](std::string name, bool enabled) { set_path(name, enabled); });
+}
+
+// Importing the module (sn_mm._ext) is what registers the operators above.
+PyMODINIT_FUNC PyInit__ext() {
+  static PyModuleDef module = {
+      PyModuleDef_HEAD_INIT, "_ext",
+      "SN's CPU kernels, registered as sn_mm::switchable_norm", -1, nullptr};
+  return PyModule_Create(&module);
 }
