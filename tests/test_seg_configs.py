@@ -1,5 +1,6 @@
 """Every segmentation config builds; each distinct model takes a train step
-and a multi-scale (test-time augmentation) prediction."""
+and a multi-scale (test-time augmentation) prediction on one of its two
+datasets."""
 import glob
 import os.path as osp
 import re
@@ -48,12 +49,17 @@ def row(path):
 
 
 def distinct_models(paths):
-    # R50 (8,4), (8,32) and from-BN rows differ from (8,2) only in the
-    # checkpoint.
+    """One config per model, backbone and normalizer. R50 (8,4), (8,32) and
+    from-BN rows differ from (8,2) only in the checkpoint; a row's ADE20K
+    and Cityscapes configs differ in the classes and the TTA scales, which
+    the rows kept cover on both datasets for every model and backbone: SN,
+    Sparse SN and group SN on ADE20K, SyncSN, SyncBN and GN on Cityscapes."""
+    on_ade20k = ('sn', 'ssn', 'gsn2')
     return [
         p for p in paths
         if not (backbone_and_row(p)[0] == 'r50' and row(p).endswith(
-            ('8x4', '8x32', 'from-bn')))
+            ('8x4', '8x32', 'from-bn'))) and ('ade20k' in p) == (
+                row(p).split('-')[0] in on_ade20k)
     ]
 
 
