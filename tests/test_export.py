@@ -40,6 +40,9 @@ def small_net():
 
 
 def det_backbone_and_neck():
+    """A detector's ResNet and FPN with SN, two stages deep: every kind of
+    SN layer they hold (stem, blocks, downsampling, lateral and output
+    convolutions) at a size that compiles in seconds."""
     with DefaultScope.overwrite_default_scope('mmdet'):
         import mmdet.models  # noqa: F401
         norm = dict(type='SN')
@@ -47,6 +50,10 @@ def det_backbone_and_neck():
             dict(
                 type='mmdet.ResNet',
                 depth=18,
+                num_stages=2,
+                strides=(1, 2),
+                dilations=(1, 1),
+                out_indices=(0, 1),
                 norm_cfg=norm,
                 norm_eval=False,
                 frozen_stages=-1,
@@ -54,9 +61,9 @@ def det_backbone_and_neck():
         neck = MODELS.build(
             dict(
                 type='mmdet.FPN',
-                in_channels=[64, 128, 256, 512],
+                in_channels=[64, 128],
                 out_channels=32,
-                num_outs=5,
+                num_outs=3,
                 norm_cfg=norm))
     return randomise(nn.Sequential(backbone, neck))
 

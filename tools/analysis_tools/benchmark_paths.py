@@ -53,7 +53,7 @@ TRITON_PATH_SHAPES = {
     'channels_last_tiles': [(8, 256, 56, 56), (512, 256, 7, 7), (1, 64, 8, 8)],
 }
 TRITON_TOY_SHAPES = {
-    'split_rows': [(2, 3, 40, 50)],
+    'split_rows': [(1, 2, 32, 33)],  # two rows of 1056: split in two
     'channels_last_tiles': [(2, 8, 5, 6)]
 }
 # by_sample applies where there are no batch BN statistics: eval.
