@@ -1,7 +1,7 @@
 """tools/misc/check_config.py: what a config reads, found or missing, in a
 real process, before and after the files are there."""
 import torch
-from tool_runner import ROOT, run_python, tool
+from tool_runner import ROOT, run_python, run_python_together, tool
 
 TOY = f'{ROOT}/configs/toy/mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py'
 FROM_BN = (f'{ROOT}/configs/mask_rcnn/'
@@ -42,9 +42,13 @@ def test_checkpoints_by_file_and_by_hub_name(tmp_path):
     cache = tmp_path / 'torch_home' / 'hub' / 'checkpoints'
     cache.mkdir(parents=True)
     torch.save({}, cache / 'resnet50-0676ba61.pth')
-    result = check(FROM_BN, tmp_path, env)
-    assert 'found   torchvision://resnet50' in result.stdout
-    result = check(FROM_BN, tmp_path, env, '--cfg-options',
-                   'model.backbone.init_cfg.checkpoint=mine.pth')
+    found, mine = run_python_together([[
+        tool('misc', 'check_config.py'), FROM_BN, *options
+    ] for options in (
+        [], ['--cfg-options', 'model.backbone.init_cfg.checkpoint=mine.pth'])],
+                                      tmp_path,
+                                      ok=False,
+                                      env=env)
+    assert 'found   torchvision://resnet50' in found.stdout
     assert 'MISSING mine.pth  (model.backbone.init_cfg.checkpoint)' in (
-        result.stdout), result.stdout
+        mine.stdout), mine.stdout

@@ -10,7 +10,7 @@ import torch.nn as nn
 from helpers import make_sn, random_input
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
-from tool_runner import ROOT, run_python, tool
+from tool_runner import ROOT, run_python, run_python_together, tool
 
 from sn_mm import SwitchableNorm, fuse_conv_sn
 from sn_mm.models import SelectedNorm, SNAffine
@@ -154,12 +154,10 @@ def test_test_tool_fuses_a_hardened_checkpoint(toy_seg_workspace):
         [tool('model_converters', 'harden_sn.py'), 'soft.pth', 'hard.pth'],
         cwd=cwd)
     logs = [
-        run_python([
+        r.stdout for r in run_python_together([[
             tool('test.py'), config, 'hard.pth', '--work-dir', f'fuse_test{i}',
             *flags
-        ],
-                   cwd=cwd).stdout
-        for i, flags in enumerate(([], ['--fuse-conv-sn']))
+        ] for i, flags in enumerate(([], ['--fuse-conv-sn']))], cwd)
     ]
     assert 'fuse_conv_sn:' in logs[1] and 'fuse_conv_sn:' not in logs[0]
     miou = [re.search(r'mIoU: ([\d.]+)', log).group(1) for log in logs]
