@@ -16,7 +16,7 @@
 #    setuptools~=60.2 and requests~=2.28, which would undo step 4;
 #    mmaction2's opencv-contrib-python would write a second cv2 over the
 #    opencv-python that mmcv brings;
-# 6. sn_mm itself, editable, compiling its native CPU kernels (~1 minute).
+# 6. sn_mm itself, editable, compiling its native CPU kernels (about 30 s).
 PY        ?= python3
 VENV      := .venv
 VPY       := $(VENV)/bin/python
