@@ -15,8 +15,8 @@ if not torch.cuda.is_available():
 def _read_metafiles_once():
     """mmengine resolves each 'mmseg::' or 'mmdet::' base of a config by
     reading every metafile of the package (53 YAML files for mmseg, about
-    0.3 s) and keeps nothing; the suite parses about 150 configs with four
-    such bases each. The files do not change while it runs, so each is
+    0.3 s) and keeps nothing; the suite parses about 150 configs with
+    several such bases each. The files do not change while it runs, so each is
     read once; mmengine's lookup runs as it is."""
     load = mmengine.config.utils.load
     cached = functools.lru_cache(maxsize=None)(load)

@@ -327,14 +327,14 @@ def test_unfixed_ssn_layers_are_refused_unless_allowed(tmp_path, released_ssn):
     refused, dst = tmp_path / 'refused.pth', tmp_path / 'ssn_mm.pth'
     save_released(model, src)
     sn2mm = tool('model_converters', 'sn2mm.py')
-    result, allowed = run_python_together(
+    refusal, allowed = run_python_together(
         [[sn2mm, src, refused], [sn2mm, src, dst, '--allow-unfixed']],
         ROOT,
         ok=False)
-    assert result.returncode == 1 and not refused.exists()
-    assert 'are not fixed yet' in result.stderr
-    assert 'layer2.1.sn2 (mean)' in result.stderr
-    assert '--allow-unfixed' in result.stderr
+    assert refusal.returncode == 1 and not refused.exists()
+    assert 'are not fixed yet' in refusal.stderr
+    assert 'layer2.1.sn2 (mean)' in refusal.stderr
+    assert '--allow-unfixed' in refusal.stderr
     assert allowed.returncode == 0, allowed.stderr[-3000:]
     assert '4 ratio vectors were not fixed' in allowed.stdout
     state = torch.load(dst, weights_only=True)['state_dict']
