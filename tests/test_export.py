@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 from mmengine.registry import MODELS, DefaultScope
-from tool_runner import ROOT, run_python, tool
+from tool_runner import ROOT, run_python_together, tool
 
 import sn_mm  # noqa: F401
 from sn_mm import SwitchableNorm
@@ -175,39 +175,41 @@ def test_onnx_export_uses_standard_ops(tmp_path, dynamo):
 
 # Each model and each exporter once (the segmentor under dynamo repeated
 # what these two cover; test_torch_compile_segmentor_eval traces it).
-@pytest.mark.parametrize('config,exporter', [
-    ('deeplabv3_r18-sn-d8_toy-seg.py', 'torchscript'),
-    ('mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py', 'dynamo'),
-])
-def test_pytorch2onnx_tool(tmp_path, config, exporter):
+def test_pytorch2onnx_tool(tmp_path):
+    """The tool's three runs, started together: an export of each model,
+    each under one exporter and compared with PyTorch in onnxruntime, and a
+    refusal of a checkpoint that does not fit."""
     pytest.importorskip('onnxruntime')
-    out = tmp_path / 'model.onnx'
-    result = run_python([
-        tool('deployment', 'pytorch2onnx.py'),
-        osp.join(ROOT, 'configs', 'toy', config), 'none', '--out', out,
-        '--shape', '64', '64', '--exporter', exporter
-    ],
-                        cwd=tmp_path)
-    assert out.stat().st_size > 0
-    errors = [
-        float(line.split('relative ')[1].rstrip(')'))
-        for line in result.stdout.splitlines() if 'max abs error' in line
-    ]
-    assert errors and max(errors) <= 1e-4
-    kind = 'segmentor' if 'seg' in config else 'detector'
-    assert f'Exported the {kind}' in result.stdout
-
-
-def test_pytorch2onnx_refuses_a_checkpoint_that_does_not_fit(tmp_path):
     ckpt = tmp_path / 'bn.pth'
     torch.save(dict(state_dict=nn.BatchNorm2d(3).state_dict()), ckpt)
-    result = run_python([
+    runs = {
+        'deeplabv3_r18-sn-d8_toy-seg.py': ('none', 'torchscript'),
+        'mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py': ('none', 'dynamo'),
+        'refused': (ckpt, 'dynamo')
+    }
+    results = run_python_together([[
         tool('deployment', 'pytorch2onnx.py'),
-        osp.join(ROOT, 'configs', 'toy', 'deeplabv3_r18-sn-d8_toy-seg.py'),
-        ckpt, '--out', tmp_path / 'x.onnx', '--shape', '64', '64'
-    ],
-                        cwd=tmp_path,
-                        ok=False)
-    assert result.returncode != 0
-    assert 'does not fit' in result.stderr
-    assert not (tmp_path / 'x.onnx').exists()
+        osp.join(
+            ROOT, 'configs', 'toy',
+            'deeplabv3_r18-sn-d8_toy-seg.py' if name == 'refused' else name),
+        checkpoint, '--out', tmp_path / f'{i}.onnx', '--shape', '64', '64',
+        '--exporter', exporter
+    ] for i, (name, (checkpoint, exporter)) in enumerate(runs.items())],
+                                  tmp_path,
+                                  ok=False)
+    for i, (name, result) in enumerate(zip(runs, results)):
+        out = tmp_path / f'{i}.onnx'
+        if name == 'refused':
+            assert result.returncode != 0
+            assert 'does not fit' in result.stderr
+            assert not out.exists()
+            continue
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert out.stat().st_size > 0
+        errors = [
+            float(line.split('relative ')[1].rstrip(')'))
+            for line in result.stdout.splitlines() if 'max abs error' in line
+        ]
+        assert errors and max(errors) <= 1e-4, name
+        kind = 'segmentor' if 'seg' in name else 'detector'
+        assert f'Exported the {kind}' in result.stdout
