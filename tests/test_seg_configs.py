@@ -115,7 +115,10 @@ def test_the_stronger_backbones_are_all_there():
 def test_config_builds(path):
     cfg = Config.fromfile(path)
     assert 'sn_mm' in cfg.custom_imports.imports
-    model = build(cfg)
+    # On the meta device: every constructor runs, no weight is filled in
+    # (the train steps below build real ones).
+    with torch.device('meta'):
+        model = build(cfg)
     # The plain-stem ResNet of the released SN checkpoints, not ResNetV1c.
     assert hasattr(model.backbone,
                    'conv1') and not hasattr(model.backbone, 'stem')
