@@ -70,6 +70,7 @@ def test_config_builds(path):
     assert cfg.optim_wrapper.constructor == 'SNOptimWrapperConstructor'
     assert cfg.optim_wrapper.paramwise_cfg.norm_decay_mult == 0
     from mmdet.registry import MODELS
+
     # On the meta device: every constructor runs, no weight is filled in
     # (the train steps below build real ones).
     with DefaultScope.overwrite_default_scope('mmdet'), torch.device('meta'):
