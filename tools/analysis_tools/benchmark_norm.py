@@ -626,14 +626,13 @@ def torchvision_detector_step(device, repeats, toy):
                 boxes=boxes.to(device),
                 labels=torch.randint(1, 91, (4, ), generator=gen).to(device),
                 masks=masks.to(device)))
-    # (name, norm layer, how SN's CUDA calls reach the Triton kernels; the
-    # route is a CUDA matter)
+    # (name, norm layer, how SN's CUDA calls reach the Triton kernels: the
+    # route differs on CUDA only)
     norms = [('GN(32)', lambda c: nn.GroupNorm(32, c), 'direct'),
-             ('SN', SwitchableNorm, 'direct'),
-             ('SN through the dispatcher', SwitchableNorm, 'operator'),
-             ('SyncSN, one-rank group', SyncSwitchableNorm, 'direct')]
-    if device != 'cuda':
-        del norms[2]
+             ('SN', SwitchableNorm, 'direct')]
+    if device == 'cuda':
+        norms.append(('SN through the dispatcher', SwitchableNorm, 'operator'))
+    norms.append(('SyncSN, one-rank group', SyncSwitchableNorm, 'direct'))
     steps = {}
     for name, norm, via in norms:
         torch.manual_seed(0)
