@@ -5,6 +5,7 @@ import os
 import pytest
 import torch
 from helpers import make_sn, random_input, reference_of, run_layer
+from tool_runner import ROOT, run_python_together
 
 from sn_mm import SwitchableNorm, ops
 from sn_mm.ops import native_available
@@ -319,30 +320,24 @@ def test_instruction_sets(isa):
 
 @pytest.mark.skipif(not native_available(), reason='extension not built')
 def test_the_environment_picks_the_instruction_set(isa):
-    import subprocess
-    import sys
     if isa != ops.cpu_isas()[0]:
         pytest.skip('a fresh process per set would repeat this')
     code = 'from sn_mm.ops import cpu_isa; print(cpu_isa())'
-    # A process per setting, started together (each import takes seconds).
     settings = ops.cpu_isas() + ['x87']
-    runs = [
-        subprocess.Popen([sys.executable, '-c', code],
-                         stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE,
-                         text=True,
-                         env={
-                             **os.environ, 'SN_MM_CPU_ISA': wanted
-                         }) for wanted in settings
-    ]
-    outputs = [run.communicate(timeout=300) for run in runs]
-    for wanted, run, (stdout, stderr) in zip(settings[:-1], runs, outputs):
-        assert run.returncode == 0, stderr[-2000:]
-        assert stdout.split()[-1] == wanted
+    runs = run_python_together(
+        [['-c', code]] * len(settings),
+        ROOT,
+        ok=False,
+        timeout=300,
+        envs=[{
+            'SN_MM_CPU_ISA': wanted
+        } for wanted in settings])
+    for wanted, run in zip(settings[:-1], runs):
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert run.stdout.split()[-1] == wanted
     bad = runs[-1]
     assert bad.returncode != 0
-    stderr = outputs[-1][1]
-    assert "unknown instruction set 'x87'" in stderr
+    assert "unknown instruction set 'x87'" in bad.stderr
 
 
 @pytest.mark.skipif(not native_available(), reason='extension not built')

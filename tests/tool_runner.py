@@ -24,18 +24,24 @@ def run_python(args, cwd, ok=True, env=None, timeout=900, base_env=None):
     return result
 
 
-def run_python_together(arg_lists, cwd, ok=True, env=None, timeout=900):
+def run_python_together(arg_lists,
+                        cwd,
+                        ok=True,
+                        env=None,
+                        timeout=900,
+                        envs=None):
     """Independent ``python ARGS`` runs in ``cwd``, started together (the
     suite's time: most of each is importing), as :func:`run_python` runs
-    one. Their results, in order."""
+    one; ``envs``: one more update of the environment per run. Their
+    results, in order."""
     processes = [
         subprocess.Popen([sys.executable, *map(str, args)],
                          stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE,
                          text=True,
                          cwd=cwd,
-                         env=dict(os.environ, **(env or {})))
-        for args in arg_lists
+                         env=dict(os.environ, **(env or {}), **own))
+        for args, own in zip(arg_lists, envs or [{}] * len(arg_lists))
     ]
     try:
         results = []
