@@ -1,4 +1,5 @@
-"""SyncSN in real gloo processes against SN on the whole batch."""
+"""SyncSN in real gloo processes against SN on the whole batch, on the C++
+kernels split at their collectives and on the reference."""
 
 import pytest
 import torch
@@ -6,22 +7,27 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import free_port
 
-from sn_mm import (SwitchableNorm, SyncSwitchableNorm, convert_sync_sn,
+from sn_mm import (SwitchableNorm, SyncSwitchableNorm, convert_sync_sn, ops,
                    revert_sync_sn)
 
 WORLD = 2
 # (name, input shape of the whole batch, samples on rank 0, on rank 1,
-# ratio groups)
+# the layer's other arguments)
 CASES = [
-    ('4d_3+1', (4, 5, 3, 4), [3, 1], 1),
-    ('4d_4+0', (4, 5, 3, 4), [4, 0], 1),
-    ('2d_1+3', (4, 5), [1, 3], 1),
-    ('one_position_2+2', (4, 5, 1, 1), [2, 2], 1),
-    ('group_sn_3+1', (4, 6, 3, 4), [3, 1], 3),
-    ('video_3+1', (4, 5, 3, 4, 2), [3, 1], 1),
-    ('video_group_sn_2+2', (4, 6, 2, 3, 4), [2, 2], 2),
+    ('4d_3+1', (4, 5, 3, 4), [3, 1], {}),
+    ('4d_4+0', (4, 5, 3, 4), [4, 0], {}),
+    ('2d_1+3', (4, 5), [1, 3], {}),
+    ('one_position_2+2', (4, 5, 1, 1), [2, 2], {}),
+    ('group_sn_3+1', (4, 6, 3, 4), [3, 1], dict(ratio_groups=3)),
+    ('video_3+1', (4, 5, 3, 4, 2), [3, 1], {}),
+    ('video_group_sn_2+2', (4, 6, 2, 3, 4), [2, 2], dict(ratio_groups=2)),
+    ('sparse_sn_1+3', (4, 5, 3, 4), [1, 3], dict(ratio_fn='sparsestmax')),
+    ('fixed_mean_ratio_2+2', (4, 5, 3, 4), [2,
+                                            2], dict(fix_mean=[.2, .3, .5])),
 ]
 PARAMS = ('weight', 'bias', 'mean_weight', 'var_weight')
+# The SyncSN route each kernel setting takes across processes.
+KERNELS = {'auto': '_call_native_sync', 'torch': '_call_reference'}
 
 
 def case_data(shape, seed):
@@ -29,6 +35,15 @@ def case_data(shape, seed):
     x = torch.randn(shape, generator=gen, dtype=torch.float64) * 2 + 1
     grad_out = torch.randn(shape, generator=gen, dtype=torch.float64)
     return x, grad_out
+
+
+def make_layer(cls, channels, options, seed, **kwargs):
+    options = dict(options)
+    fix_mean = options.pop('fix_mean', None)
+    layer = init_layer(cls(channels, **options, **kwargs).double(), seed)
+    if fix_mean is not None:
+        layer.fix_ratios(mean=fix_mean)
+    return layer
 
 
 def init_layer(layer, seed):
@@ -65,14 +80,22 @@ def worker(rank, port, result_file):
         rank=rank,
         world_size=WORLD)
     results = {}
-    for i, (name, shape, split, groups) in enumerate(CASES):
-        x, grad_out = case_data(shape, seed=i)
-        start = sum(split[:rank])
-        sl = slice(start, start + split[rank])
-        layer = init_layer(
-            SyncSwitchableNorm(shape[1], ratio_groups=groups).double(),
-            seed=100 + i)
-        results[name] = run_layer(layer, x[sl], grad_out[sl])
+    for kernels in KERNELS:
+        for i, (name, shape, split, options) in enumerate(CASES):
+            x, grad_out = case_data(shape, seed=i)
+            start = sum(split[:rank])
+            sl = slice(start, start + split[rank])
+            layer = make_layer(
+                SyncSwitchableNorm,
+                shape[1],
+                options,
+                100 + i,
+                kernels=kernels)
+            result = run_layer(layer, x[sl], grad_out[sl])
+            result['route'] = ops.route(kernels, x[sl], layer.weight,
+                                        layer.running_mean,
+                                        dist.group.WORLD).call.__name__
+            results[kernels, name] = result
     torch.save(results, f'{result_file}.{rank}')
     dist.destroy_process_group()
 
@@ -84,15 +107,15 @@ def sync_results(tmp_path_factory):
     return [torch.load(f'{result_file}.{r}') for r in range(WORLD)]
 
 
+@pytest.mark.parametrize('kernels', list(KERNELS))
 @pytest.mark.parametrize('case', range(len(CASES)), ids=[c[0] for c in CASES])
-def test_sync_matches_sn_on_whole_batch(sync_results, case):
-    name, shape, split, groups = CASES[case]
+def test_sync_matches_sn_on_whole_batch(sync_results, case, kernels):
+    name, shape, split, options = CASES[case]
     x, grad_out = case_data(shape, seed=case)
     expected = run_layer(
-        init_layer(
-            SwitchableNorm(shape[1], ratio_groups=groups).double(),
-            seed=100 + case), x, grad_out)
-    per_rank = [r[name] for r in sync_results]
+        make_layer(SwitchableNorm, shape[1], options, 100 + case), x, grad_out)
+    per_rank = [r[kernels, name] for r in sync_results]
+    assert [r.pop('route') for r in per_rank] == [KERNELS[kernels]] * WORLD
     # Outputs and input gradients: each rank holds its own slice.
     for key in ('out', 'x_grad'):
         torch.testing.assert_close(

@@ -38,9 +38,10 @@ ratios from its group, and the ratio gradients are summed per group.
 
 Under ``torch.compile``, ``torch.export``, ``torch.jit.trace`` and ONNX
 export every call takes the reference, which those tools trace like any
-other layer. SyncSN across processes (a ``group``) runs on the GPU on the
-Triton kernels split at their collective boundary, elsewhere on the
-reference with one all-gather forward and one all-reduce backward.
+other layer. SyncSN across processes (a ``group``, in training with a BN
+term) runs on the same kernels split at their collectives, one all-gather
+forward and one all-reduce backward (:mod:`sn_mm.ops.native_sync` on the
+CPU), and on the reference where that runs.
 """
 import math
 from typing import Callable, List, NamedTuple, Optional
@@ -48,7 +49,7 @@ from typing import Callable, List, NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from . import _compat
+from . import _compat, native_sync
 from .ratios import RATIO_FNS, sparsest_ratios
 from .reference import reference_forward, switchable_norm_reference
 
@@ -276,9 +277,11 @@ def route(kernels: Optional[str],
     ``kernels`` setting (None: the global default) and process ``group``.
     Unknown settings, and settings that cannot run on ``x``, raise a
     ValueError or RuntimeError naming the problem."""
-    kind = _kind(kernels, x, weight, running_mean, group)
-    if kind == 'native' or (kind == 'triton' and x.is_cuda and group is None
-                            and CUDA_ROUTE['via'] == 'operator'):
+    kind = _kind(kernels, x, weight, running_mean)
+    if kind == 'native':
+        return _VIA_OPERATOR[kind] if group is None else _NATIVE_SYNC
+    if (kind == 'triton' and x.is_cuda and group is None
+            and CUDA_ROUTE['via'] == 'operator'):
         return _VIA_OPERATOR[kind]
     return _DIRECT[kind]
 
@@ -293,9 +296,9 @@ def implementation(kernels: Optional[str],
     return route(kernels, x, weight, running_mean, group).kind
 
 
-def _kind(kernels, x, weight, running_mean, group) -> str:
-    """Route's kind: the setting, the input's device and dtype, tracing and
-    the process group decide. (Each test is made once: at small shapes this
+def _kind(kernels, x, weight, running_mean) -> str:
+    """Route's kind: the setting, the input's device and dtype and tracing
+    decide. (Each test is made once: at small shapes this
     function's cost is a visible part of a call.)"""
     choice = kernels or default_kernels()
     if choice == 'torch' or is_tracing():
@@ -303,9 +306,7 @@ def _kind(kernels, x, weight, running_mean, group) -> str:
         return 'torch'
     if (choice == 'auto' or choice == 'native') and x.is_cpu and NATIVE \
             and x.dtype is weight.dtype and x.dtype in _NATIVE_DTYPES:
-        # SyncSN across processes on the CPU: the reference, whose BN
-        # statistics are gathered between its passes.
-        return 'native' if group is None else 'torch'
+        return 'native'
     if choice == 'triton' or (x.is_cuda and choice == 'auto'):
         return _triton_implementation(choice, x, weight, running_mean)
     if check_kernels(choice) == 'native':
@@ -386,6 +387,8 @@ def switchable_norm(x: Tensor,
     ``ratio_fn='sparsestmax'``: Sparse SN, the ratios are SparsestMax of the
     logits at ``radius`` (:func:`sn_mm.ops.ratios.sparsest_ratios`)."""
     check_input(x, weight.shape[0], layer)
+    if not training or running_mean is None:
+        group = None  # only the batch's BN statistics are shared
     call = route(kernels, x, weight, running_mean, group).call
     ratios_given = ratio_fn != 'softmax'
     if ratios_given:
@@ -427,6 +430,17 @@ def _call_triton(x, weight, bias, mean_weight, var_weight, running_mean,
         eps, unbiased, ratios_given, group, nonfinite_batches)
 
 
+def _call_native_sync(x, weight, bias, mean_weight, var_weight, running_mean,
+                      running_var, num_batches_tracked, ratio_fixed,
+                      fixed_ratios, training, momentum, eps, unbiased,
+                      ratios_given, group, nonfinite_batches):
+    return native_sync.switchable_norm(x, weight, bias, mean_weight,
+                                       var_weight, running_mean, running_var,
+                                       num_batches_tracked, ratio_fixed,
+                                       fixed_ratios, momentum, eps, unbiased,
+                                       ratios_given, group, nonfinite_batches)
+
+
 def _call_reference(x, weight, bias, mean_weight, var_weight, running_mean,
                     running_var, num_batches_tracked, ratio_fixed,
                     fixed_ratios, training, momentum, eps, unbiased,
@@ -443,6 +457,7 @@ def _call_reference(x, weight, bias, mean_weight, var_weight, running_mean,
 
 # route()'s answers, made once: through the dispatcher, or called directly.
 _VIA_OPERATOR = {k: Route(k, _call_operator) for k in ('native', 'triton')}
+_NATIVE_SYNC = Route('native', _call_native_sync)
 _DIRECT = {
     'triton': Route('triton', _call_triton),
     'torch': Route('torch', _call_reference)

@@ -4,7 +4,8 @@ It runs on any device and dtype. It is what ``kernels='torch'`` runs, what
 ``torch.compile``, ``torch.export``, ``torch.jit.trace`` and ONNX export
 trace, what an exact double backward differentiates (the C++ and Triton
 operators recompute their forward through it when a graph of the gradient
-is wanted), and what SyncSN runs across processes on the CPU. The C++ and
+is wanted), and what SyncSN runs across processes where no kernel takes
+the input (its all-gather is the kernels' too). The C++ and
 Triton kernels are tested against it.
 
 Statistics (Eq. 5 of the paper): IN's per-row moments, then LN's and BN's

@@ -355,8 +355,7 @@ struct Stats {
   }
 };
 
-void check_params(const at::Tensor& x, const at::Tensor& weight,
-                  const at::Tensor& bias) {
+void check_input(const at::Tensor& x) {
   TORCH_CHECK(x.dim() >= 2, "switchable_norm: expected (N, C, *), got ",
               x.sizes());
   const auto dtype = x.scalar_type();
@@ -364,6 +363,12 @@ void check_params(const at::Tensor& x, const at::Tensor& weight,
       x.device().is_cpu() && (dtype == at::kFloat || dtype == at::kDouble),
       "switchable_norm: float32/float64 CPU tensors only, got ", dtype, " on ",
       x.device());
+}
+
+void check_params(const at::Tensor& x, const at::Tensor& weight,
+                  const at::Tensor& bias) {
+  check_input(x);
+  const auto dtype = x.scalar_type();
   for (const auto* t : {&weight, &bias})
     TORCH_CHECK(t->scalar_type() == dtype && t->numel() == x.size(1) &&
                     t->device().is_cpu(),
@@ -516,19 +521,13 @@ LnPart combined(const LnPart& a, const LnPart& b) {
           a.m2 + b.m2 + d * d * a.count * b.count / count};
 }
 
-// IN's moments, then LN's and the BN statistics in use: the batch's (one
-// sample's are its IN statistics, read where they are), else fixed_bn's.
-// Returns where the BN mean and variance are.
+// IN's moments and LN's statistics; with bn_sums, also the batch's BN
+// channel means and M2 sums (into bn_mean and bn_var).
 template <typename T>
-std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
-                                         const Running& run_stats,
-                                         bool for_backward) {
+void moments_and_reductions(const Forward& f, const Stats<T>& s,
+                            bool bn_sums) {
   const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
                 spatial = f.x3.size(2), rows = samples * channels;
-  const bool bn_batch =
-      run_stats.using_bn && run_stats.training && samples > 0;
-  const bool one_sample = bn_batch && samples == 1;
-  const bool bn_sums = bn_batch && !one_sample;
   if (f.x3.numel()) {
     MomentsArgs<T> margs = moments_args(f, s);
     if (bn_sums) {  // each channel's shift: its first value
@@ -546,6 +545,21 @@ std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
   reductions_into(s.mean_in, s.var_in, samples, channels, s.ln_mean, s.ln_var,
                   bn_sums ? s.bn_mean : nullptr, bn_sums ? s.bn_var : nullptr,
                   s.dmean, s.shift);
+}
+
+// IN's moments, then LN's and the BN statistics in use: the batch's (one
+// sample's are its IN statistics, read where they are), else fixed_bn's.
+// Returns where the BN mean and variance are.
+template <typename T>
+std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
+                                         const Running& run_stats,
+                                         bool for_backward) {
+  const int64_t samples = f.x3.size(0), channels = f.x3.size(1);
+  const bool bn_batch =
+      run_stats.using_bn && run_stats.training && samples > 0;
+  const bool one_sample = bn_batch && samples == 1;
+  const bool bn_sums = bn_batch && !one_sample;
+  moments_and_reductions(f, s, bn_sums);
   if (!bn_batch) return fixed_bn(f, s, run_stats, for_backward);
   if (bn_sums)  // bn_var holds the M2 sums until divided by the count
     for (int64_t c = 0; c < channels; ++c)
@@ -750,6 +764,26 @@ void forward_pass(Forward& f, at::Tensor& y, const at::Tensor& weight,
   run_rows(args, samples * channels, spatial);
 }
 
+// A call's input as (N, C, L) rows, checked, and the ratios it mixes with.
+Forward prepared(const at::Tensor& x, const at::Tensor& mean_logits,
+                 const at::Tensor& var_logits, const OptTensor& fixed,
+                 const OptTensor& fixed_ratios, bool unbiased,
+                 bool ratios_given) {
+  check_input(x);
+  Forward f;
+  f.x3 = rows_of(x);
+  const bool has_in = f.x3.size(2) > 1;
+  f.correction = (unbiased && has_in) ? 1 : 0;
+  const int64_t groups = ratio_groups(mean_logits);
+  TORCH_CHECK(groups >= 1 && x.size(1) % groups == 0 &&
+                  var_logits.sizes() == mean_logits.sizes(),
+              "switchable_norm: ", groups, " ratio groups do not divide ",
+              x.size(1), " channels (or the logits' shapes differ)");
+  f.ratios = mixing_ratios(mean_logits, var_logits, read_fixed(fixed, groups),
+                           fixed_ratios, has_in, ratios_given);
+  return f;
+}
+
 // The forward pass; with BN in training it also updates the running
 // statistics (momentum < 0: the cumulative average) unless the batch is
 // empty.
@@ -764,17 +798,8 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
                      double momentum, double eps, bool unbiased,
                      bool ratios_given, bool for_backward) {
   check_params(x, weight, bias);
-  Forward f;
-  f.x3 = rows_of(x);
-  const bool has_in = f.x3.size(2) > 1;
-  f.correction = (unbiased && has_in) ? 1 : 0;
-  const int64_t groups = ratio_groups(mean_logits);
-  TORCH_CHECK(groups >= 1 && x.size(1) % groups == 0 &&
-                  var_logits.sizes() == mean_logits.sizes(),
-              "switchable_norm: ", groups, " ratio groups do not divide ",
-              x.size(1), " channels (or the logits' shapes differ)");
-  f.ratios = mixing_ratios(mean_logits, var_logits, read_fixed(fixed, groups),
-                           fixed_ratios, has_in, ratios_given);
+  Forward f = prepared(x, mean_logits, var_logits, fixed, fixed_ratios,
+                       unbiased, ratios_given);
   const bool using_bn = defined(running_mean);
   f.bn_batch = using_bn && training;
   if (using_bn) check_running(*running_mean, *running_var, x.size(1));
@@ -791,6 +816,58 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
   });
   f.y = y.view(x.sizes());
   return f;
+}
+
+// SyncSN's forward, before its all-gather: this process's statistics, the
+// BN channel means and M2 sums also returned on their own (one sample's
+// and none's too: the ranks combine them).
+std::vector<at::Tensor> sync_statistics(const at::Tensor& x, bool unbiased) {
+  check_input(x);
+  Forward f;
+  f.x3 = rows_of(x);
+  f.correction = (unbiased && f.x3.size(2) > 1) ? 1 : 0;
+  const int64_t samples = f.x3.size(0), channels = f.x3.size(1);
+  f.ws = at::empty({Stats<float>::size(samples, channels)}, f.x3.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "sync_statistics", [&] {
+    moments_and_reductions(
+        f, Stats<scalar_t>(f.ws.data_ptr<scalar_t>(), samples, channels),
+        true);
+  });
+  const int64_t at = bn_offset(samples, channels);
+  return {f.ws, f.ws.narrow(0, at, channels).clone(),
+          f.ws.narrow(0, at + channels, channels).clone()};
+}
+
+// SyncSN's forward after its all-gather: all ranks' BN statistics into ws,
+// then the normalisation.
+at::Tensor sync_normalize(const at::Tensor& x, const at::Tensor& ws,
+                          const at::Tensor& bn_mean, const at::Tensor& bn_var,
+                          const at::Tensor& weight, const at::Tensor& bias,
+                          const at::Tensor& mean_logits,
+                          const at::Tensor& var_logits, const OptTensor& fixed,
+                          const OptTensor& fixed_ratios, double eps,
+                          bool unbiased, bool ratios_given) {
+  check_params(x, weight, bias);
+  Forward f = prepared(x, mean_logits, var_logits, fixed, fixed_ratios,
+                       unbiased, ratios_given);
+  const int64_t samples = f.x3.size(0), channels = f.x3.size(1);
+  TORCH_CHECK(ws.numel() == Stats<float>::size(samples, channels) &&
+                  ws.scalar_type() == x.scalar_type() &&
+                  bn_mean.numel() == channels && bn_var.numel() == channels,
+              "sync_normalize: statistics that do not fit the input");
+  const int64_t at = bn_offset(samples, channels);
+  ws.narrow(0, at, channels).copy_(bn_mean.reshape(-1));
+  ws.narrow(0, at + channels, channels).copy_(bn_var.reshape(-1));
+  auto y = at::empty_like(f.x3);
+  const auto w_c = weight.contiguous(), b_c = bias.contiguous();
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "sync_normalize", [&] {
+    const Stats<scalar_t> s(ws.data_ptr<scalar_t>(), samples, channels);
+    const GroupRatios<scalar_t> w(f.ratios, channels, true);
+    const auto args =
+        normalize_args(f, s, {s.bn_mean, s.bn_var}, w, w_c, b_c, eps, y);
+    run_rows(args, samples * channels, f.x3.size(2));
+  });
+  return y.view(x.sizes());
 }
 
 // The (N, C) reductions of one sample's backward in the parallel pass that
@@ -843,28 +920,30 @@ void one_sample_grad_sums(const GradSumsArgs<T>& sums,
     dots.assign(total.totals + 2, total.totals + 6);
 }
 
-// Backward's intermediate sums, in this thread's scratch memory: per row
-// the sums of g and g * (x - mean_in), per sample and per channel the sums
-// of the mixed statistics' gradients, zeros, and three dot products.
+// Backward's intermediate sums: per row the sums of g and g * (x - mean_in),
+// per sample the sums of the mixed statistics' gradients, zeros, and apart
+// (in `bn`, 2 x C: what SyncSN all-reduces) per channel those of the BN
+// statistics'.
 template <typename T>
 struct GradSums {
-  T *s1, *s2, *d_mu_n, *d_var_n, *d_mu_c, *d_var_c, *zeros_c;
+  T *s1, *s2, *d_mu_n, *d_var_n, *zeros_c, *d_mu_c, *d_var_c;
   // The ratio gradients' products: per channel, or for one ratio group
   // summed over the channels (grad_reductions_into).
   std::vector<double> dots;
-  GradSums(int64_t samples, int64_t channels) {
-    static thread_local std::vector<T> scratch;
+  GradSums(T* sums, T* bn, int64_t samples, int64_t channels) {
     const int64_t rows = samples * channels;
-    const int64_t need = 2 * rows + 2 * samples + 3 * channels;
-    if (static_cast<int64_t>(scratch.size()) < need) scratch.resize(need);
-    s1 = scratch.data();
+    s1 = sums;
     s2 = s1 + rows;
     d_mu_n = s2 + rows;
     d_var_n = d_mu_n + samples;
-    d_mu_c = d_var_n + samples;
-    d_var_c = d_mu_c + channels;
-    zeros_c = d_var_c + channels;
+    zeros_c = d_var_n + samples;
     std::fill_n(zeros_c, channels, T(0));
+    d_mu_c = bn;
+    d_var_c = bn + channels;
+  }
+  // The values at `sums`.
+  static int64_t size(int64_t samples, int64_t channels) {
+    return 2 * samples * channels + 2 * samples + channels;
   }
 };
 
@@ -925,20 +1004,20 @@ void ratio_grads(const GradSums<T>& gs, const T* bn_var, int64_t channels,
   }
 }
 
-// Back through the LN (N, 1) and BN (C,) statistics to each row's IN mean
-// and variance (Eq. 5 reversed), in place; a batch without samples sends
-// nothing to BN's.
+// Back through the LN (N, 1) and BN (C,) statistics, the latter over
+// bn_count samples (0: none, no BN gradient), to each row's IN mean and
+// variance (Eq. 5 reversed), in place.
 // (The LN sums come weighted by each channel's LN ratio.)
 template <typename T>
-void through_shared_stats(const GradSums<T>& gs, const Forward& f,
-                          const GroupRatios<T>& w, int64_t samples,
-                          int64_t channels, bool bn_grad) {
+void through_shared_stats(const GradSums<T>& gs, const GroupRatios<T>& w,
+                          int64_t samples, int64_t channels,
+                          int64_t bn_count) {
   const double s_n = 1.0 / channels;
   for (int64_t n = 0; n < samples; ++n) {
     gs.d_var_n[n] = static_cast<T>(gs.d_var_n[n] * s_n);
     gs.d_mu_n[n] = static_cast<T>(gs.d_mu_n[n] * s_n);
   }
-  const double s_c = bn_grad ? 1.0 / samples : 0.0;
+  const double s_c = bn_count > 0 ? 1.0 / bn_count : 0.0;
   for (int64_t c0 = 0; c0 < channels; c0 += w.group_channels) {
     const T* r = w.of_channel(c0);
     const double m = r[sn_mm_rows::kWmBn] * s_c,
@@ -950,23 +1029,28 @@ void through_shared_stats(const GradSums<T>& gs, const Forward& f,
   }
 }
 
-// The gradients of an SN forward: of x, weight and bias into the given
-// tensors, of the ratios into d_wm and d_wv.
+// The BN statistics a forward normalised with: one sample's are its IN
+// ones (see statistics()), except where all ranks' were shared.
 template <typename T>
-void backward_pass(const at::Tensor& g, const Forward& f,
-                   const at::Tensor& weight, bool using_bn, at::Tensor& grad_x,
-                   at::Tensor& grad_weight, at::Tensor& grad_bias,
-                   std::vector<double>& d_wm, std::vector<double>& d_wv) {
+std::pair<const T*, const T*> bn_used(const Forward& f, const Stats<T>& s) {
+  if (f.bn_batch && f.x3.size(0) == 1 && !f.bn_shared)
+    return {s.mean_in, s.var_in};
+  return {s.bn_mean, s.bn_var};
+}
+
+// A backward's first half: the row sums, the gradients of weight and bias
+// into the given tensors, of the ratios into d_wm and d_wv, and of the
+// mixed and the BN statistics into gs.
+template <typename T>
+void grad_sums_pass(const at::Tensor& g, const Forward& f,
+                    const at::Tensor& weight, bool using_bn, GradSums<T>& gs,
+                    at::Tensor& grad_weight, at::Tensor& grad_bias,
+                    std::vector<double>& d_wm, std::vector<double>& d_wv) {
   const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
                 spatial = f.x3.size(2), rows = samples * channels;
   const Stats<T> s(f.ws.data_ptr<T>(), samples, channels);
-  // One sample's batch statistics are its IN ones (see statistics()).
-  const bool one_sample = f.bn_batch && samples == 1;
-  const T* bn_mean = one_sample ? s.mean_in : s.bn_mean;
-  const T* bn_var = one_sample ? s.var_in : s.bn_var;
-  const bool bn_grad = f.bn_batch && samples > 0;
+  const auto bn = bn_used(f, s);
   const Ratios& w = f.ratios;
-  GradSums<T> gs(samples, channels);
   const GroupRatios<T> cw(w, channels, using_bn);
   T* const per_c[4] = {grad_weight.data_ptr<T>(), grad_bias.data_ptr<T>(),
                        gs.d_mu_c, gs.d_var_c};
@@ -979,7 +1063,7 @@ void backward_pass(const at::Tensor& g, const Forward& f,
                                 s.var_in,
                                 s.ln_mean,
                                 s.ln_var,
-                                using_bn ? bn_mean : gs.zeros_c,
+                                using_bn ? bn.first : gs.zeros_c,
                                 cw.args(),
                                 channels,
                                 gs.d_mu_n,
@@ -1000,8 +1084,21 @@ void backward_pass(const at::Tensor& g, const Forward& f,
     std::fill_n(gs.s1, 2 * rows, T(0));
   }
   if (!reduced) grad_reductions_into(rargs, samples, per_c, gs.dots);
-  ratio_grads(gs, bn_var, channels, using_bn, w, d_wm, d_wv);
-  through_shared_stats(gs, f, cw, samples, channels, bn_grad);
+  ratio_grads(gs, bn.second, channels, using_bn, w, d_wm, d_wv);
+}
+
+// A backward's second half: back through the shared statistics (BN's over
+// bn_count samples) to the input's gradient.
+template <typename T>
+void input_grad_pass(const at::Tensor& g, const Forward& f,
+                     const at::Tensor& weight, bool using_bn,
+                     const GradSums<T>& gs, int64_t bn_count,
+                     at::Tensor& grad_x) {
+  const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
+                spatial = f.x3.size(2);
+  const Stats<T> s(f.ws.data_ptr<T>(), samples, channels);
+  const GroupRatios<T> cw(f.ratios, channels, using_bn);
+  through_shared_stats(gs, cw, samples, channels, bn_count);
   if (!f.x3.numel()) return;
   InputGradArgs<T> iargs{
       g.data_ptr<T>(),
@@ -1017,13 +1114,33 @@ void backward_pass(const at::Tensor& g, const Forward& f,
       s.ln_mean,
       gs.d_var_c,
       gs.d_mu_c,
-      bn_grad ? bn_mean : gs.zeros_c,
+      bn_count > 0 ? bn_used(f, s).first : gs.zeros_c,
       cw.args(),
       static_cast<T>(2.0 / std::max<int64_t>(spatial - f.correction, 1)),
       grad_x.data_ptr<T>(),
       channels,
       spatial};
-  run_rows(iargs, rows, spatial);
+  run_rows(iargs, samples * channels, spatial);
+}
+
+// The gradients of an SN forward: of x, weight and bias into the given
+// tensors, of the ratios into d_wm and d_wv; the sums in this thread's
+// scratch memory (no allocation).
+template <typename T>
+void backward_pass(const at::Tensor& g, const Forward& f,
+                   const at::Tensor& weight, bool using_bn, at::Tensor& grad_x,
+                   at::Tensor& grad_weight, at::Tensor& grad_bias,
+                   std::vector<double>& d_wm, std::vector<double>& d_wv) {
+  const int64_t samples = f.x3.size(0), channels = f.x3.size(1);
+  const int64_t need = GradSums<T>::size(samples, channels) + 2 * channels;
+  static thread_local std::vector<T> scratch;
+  if (static_cast<int64_t>(scratch.size()) < need) scratch.resize(need);
+  GradSums<T> gs(scratch.data(), scratch.data() + need - 2 * channels, samples,
+                 channels);
+  grad_sums_pass(g, f, weight, using_bn, gs, grad_weight, grad_bias, d_wm,
+                 d_wv);
+  input_grad_pass(g, f, weight, using_bn, gs,
+                  f.bn_batch ? samples : int64_t(0), grad_x);
 }
 
 // From d loss / d ratio to the logits' gradient (through the softmax; as it
@@ -1053,6 +1170,26 @@ at::Tensor logit_grad(const std::vector<double>& r,
   return out;
 }
 
+// grad_y as the forward's (N, C, L) contiguous rows in its dtype.
+at::Tensor grad_rows(const at::Tensor& grad_y, const Forward& f) {
+  auto g = grad_y.reshape(f.x3.sizes());
+  if (g.scalar_type() != f.x3.scalar_type()) g = g.to(f.x3.scalar_type());
+  return g.is_contiguous() ? g : g.contiguous();
+}
+
+// The gradients of the mean's and the variance's logits (or given ratios).
+std::vector<at::Tensor> logit_grads(const Ratios& w,
+                                    const std::vector<double>& d_wm,
+                                    const std::vector<double>& d_wv,
+                                    const at::Tensor& mean_logits,
+                                    const std::vector<bool>& is_fixed,
+                                    bool ratios_given) {
+  return {logit_grad(w.mean, d_wm, mean_logits, is_fixed, 0, w.groups,
+                     w.has_in, ratios_given),
+          logit_grad(w.var, d_wv, mean_logits, is_fixed, 1, w.groups, w.has_in,
+                     ratios_given)};
+}
+
 // The backward pass: gradients of x, weight, bias and the two logit (or,
 // with ratios_given, ratio) tensors.
 std::vector<at::Tensor> backward_impl(const at::Tensor& grad_y,
@@ -1061,25 +1198,96 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& grad_y,
                                       const at::Tensor& mean_logits,
                                       const std::vector<bool>& is_fixed,
                                       bool using_bn, bool ratios_given) {
-  const auto dtype = f.x3.scalar_type();
-  auto g = grad_y.reshape(f.x3.sizes());
-  if (g.scalar_type() != dtype) g = g.to(dtype);
-  if (!g.is_contiguous()) g = g.contiguous();
+  const auto g = grad_rows(grad_y, f);
   const auto w_c = weight.contiguous();
   auto grad_x = at::empty_like(f.x3);
   auto grad_weight = at::empty({f.x3.size(1)}, f.x3.options());
   auto grad_bias = at::empty_like(grad_weight);
   std::vector<double> d_wm, d_wv;
-  AT_DISPATCH_FLOATING_TYPES(dtype, "switchable_norm_backward", [&] {
-    backward_pass<scalar_t>(g, f, w_c, using_bn, grad_x, grad_weight,
-                            grad_bias, d_wm, d_wv);
+  AT_DISPATCH_FLOATING_TYPES(
+      f.x3.scalar_type(), "switchable_norm_backward", [&] {
+        backward_pass<scalar_t>(g, f, w_c, using_bn, grad_x, grad_weight,
+                                grad_bias, d_wm, d_wv);
+      });
+  auto logits =
+      logit_grads(f.ratios, d_wm, d_wv, mean_logits, is_fixed, ratios_given);
+  return {grad_x.view(grad_y.sizes()), grad_weight, grad_bias, logits[0],
+          logits[1]};
+}
+
+// SyncSN's forward state, as sync_normalize left it.
+Forward synced(const at::Tensor& x, const at::Tensor& ws,
+               const at::Tensor& mean_logits, const at::Tensor& var_logits,
+               const OptTensor& fixed, const OptTensor& fixed_ratios,
+               bool unbiased, bool ratios_given) {
+  Forward f = prepared(x, mean_logits, var_logits, fixed, fixed_ratios,
+                       unbiased, ratios_given);
+  TORCH_CHECK(ws.numel() == Stats<float>::size(f.x3.size(0), f.x3.size(1)) &&
+                  ws.scalar_type() == x.scalar_type(),
+              "switchable_norm: statistics that do not fit the input");
+  f.ws = ws;
+  f.bn_batch = f.bn_shared = true;
+  return f;
+}
+
+// SyncSN's backward before its all-reduce.
+std::vector<at::Tensor> sync_grad_sums(
+    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& ws,
+    const at::Tensor& weight, const at::Tensor& mean_logits,
+    const at::Tensor& var_logits, const OptTensor& fixed,
+    const OptTensor& fixed_ratios, bool unbiased, bool ratios_given) {
+  const Forward f = synced(x, ws, mean_logits, var_logits, fixed, fixed_ratios,
+                           unbiased, ratios_given);
+  const int64_t samples = f.x3.size(0), channels = f.x3.size(1);
+  const auto g = grad_rows(grad_y, f);
+  const auto w_c = weight.contiguous();
+  auto sums =
+      at::empty({GradSums<float>::size(samples, channels)}, f.x3.options());
+  auto bn_grads = at::empty({2 * channels}, f.x3.options());
+  auto grad_weight = at::empty({channels}, f.x3.options());
+  auto grad_bias = at::empty_like(grad_weight);
+  std::vector<double> d_wm, d_wv;
+  AT_DISPATCH_FLOATING_TYPES(f.x3.scalar_type(), "sync_grad_sums", [&] {
+    GradSums<scalar_t> gs(sums.data_ptr<scalar_t>(),
+                          bn_grads.data_ptr<scalar_t>(), samples, channels);
+    grad_sums_pass(g, f, w_c, true, gs, grad_weight, grad_bias, d_wm, d_wv);
   });
-  const Ratios& w = f.ratios;
-  return {grad_x.view(grad_y.sizes()), grad_weight, grad_bias,
-          logit_grad(w.mean, d_wm, mean_logits, is_fixed, 0, w.groups,
-                     w.has_in, ratios_given),
-          logit_grad(w.var, d_wv, mean_logits, is_fixed, 1, w.groups, w.has_in,
-                     ratios_given)};
+  auto logits = logit_grads(f.ratios, d_wm, d_wv, mean_logits,
+                            read_fixed(fixed, f.ratios.groups), ratios_given);
+  return {sums, bn_grads, grad_weight, grad_bias, logits[0], logits[1]};
+}
+
+// SyncSN's backward after its all-reduce: the input's gradient (the sums
+// are scaled in place).
+at::Tensor sync_input_grad(const at::Tensor& grad_y, const at::Tensor& x,
+                           const at::Tensor& ws, const at::Tensor& sums,
+                           const at::Tensor& bn_grads,
+                           const at::Tensor& weight,
+                           const at::Tensor& mean_logits,
+                           const at::Tensor& var_logits,
+                           const OptTensor& fixed,
+                           const OptTensor& fixed_ratios, int64_t total,
+                           bool unbiased, bool ratios_given) {
+  const Forward f = synced(x, ws, mean_logits, var_logits, fixed, fixed_ratios,
+                           unbiased, ratios_given);
+  const int64_t samples = f.x3.size(0), channels = f.x3.size(1);
+  TORCH_CHECK(sums.numel() == GradSums<float>::size(samples, channels) &&
+                  bn_grads.numel() == 2 * channels &&
+                  sums.scalar_type() == x.scalar_type() &&
+                  bn_grads.scalar_type() == x.scalar_type() &&
+                  total >= samples,
+              "sync_input_grad: sums that do not fit the input");
+  const auto g = grad_rows(grad_y, f);
+  const auto w_c = weight.contiguous();
+  auto grad_x = at::empty_like(f.x3);
+  AT_DISPATCH_FLOATING_TYPES(f.x3.scalar_type(), "sync_input_grad", [&] {
+    // (input_grad_pass scales the sums in place.)
+    const GradSums<scalar_t> gs(sums.data_ptr<scalar_t>(),
+                                bn_grads.data_ptr<scalar_t>(), samples,
+                                channels);
+    input_grad_pass(g, f, w_c, true, gs, total, grad_x);
+  });
+  return grad_x.view(grad_y.sizes());
 }
 
 int64_t bn_offset(int64_t samples, int64_t channels) {
