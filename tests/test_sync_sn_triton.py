@@ -1,8 +1,8 @@
 """SyncSN on the fused Triton kernels (sn_mm/ops/triton_fused.py) in real
 gloo processes, against SN on the whole batch: the fused path's all-gather
-in forward and all-reduce in backward are the chain's, so a rank on either
-path (an empty batch takes the chain) interoperates. Without a GPU the
-kernels run in Triton's interpreter."""
+in forward and all-reduce in backward are the reference's, so a rank on
+either path (an empty batch takes the reference) interoperates. Without a
+GPU the kernels run in Triton's interpreter."""
 import os
 
 import pytest
@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import free_port
-from test_sync_switchable_norm import (CASES, PARAMS, case_data, init_layer,
+from test_sync_switchable_norm import (CASES, PARAMS, case_data, make_layer,
                                        run_layer)
 
 from sn_mm import SwitchableNorm, SyncSwitchableNorm
@@ -41,14 +41,17 @@ def worker(rank, port, result_file):
     real = triton_fused._combine_over_group
     triton_fused._combine_over_group = lambda *a: calls.append(1) or real(*a)
     results = {}
-    for i, (name, shape, split, groups) in enumerate(CASES):
+    for i, (name, shape, split, options) in enumerate(CASES):
         x, grad_out = case_data(shape, seed=i)
         start = sum(split[:rank])
         sl = slice(start, start + split[rank])
-        layer = init_layer(
-            SyncSwitchableNorm(
-                shape[1], kernels='triton', ratio_groups=groups),
-            seed=100 + i).to(DEVICE)
+        layer = make_layer(
+            SyncSwitchableNorm,
+            shape[1],
+            options,
+            100 + i,
+            dtype=torch.float32,
+            kernels='triton').to(DEVICE)
         results[name] = {
             k: v.cpu()
             for k, v in run_layer(layer, x[sl].float().to(DEVICE),
@@ -75,12 +78,16 @@ def test_the_fused_path_ran(sync_results):
 
 @pytest.mark.parametrize('case', range(len(CASES)), ids=[c[0] for c in CASES])
 def test_fused_sync_matches_sn_on_whole_batch(sync_results, case):
-    name, shape, split, groups = CASES[case]
+    name, shape, split, options = CASES[case]
     x, grad_out = case_data(shape, seed=case)
     expected = run_layer(
-        init_layer(
-            SwitchableNorm(shape[1], kernels='torch', ratio_groups=groups),
-            seed=100 + case), x.float(), grad_out.float())
+        make_layer(
+            SwitchableNorm,
+            shape[1],
+            options,
+            100 + case,
+            dtype=torch.float32,
+            kernels='torch'), x.float(), grad_out.float())
     per_rank = [r[name] for r in sync_results]
     tol = dict(rtol=1e-4, atol=1e-4)
     for key in ('out', 'x_grad'):

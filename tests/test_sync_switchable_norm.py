@@ -37,10 +37,10 @@ def case_data(shape, seed):
     return x, grad_out
 
 
-def make_layer(cls, channels, options, seed, **kwargs):
+def make_layer(cls, channels, options, seed, dtype=torch.float64, **kwargs):
     options = dict(options)
     fix_mean = options.pop('fix_mean', None)
-    layer = init_layer(cls(channels, **options, **kwargs).double(), seed)
+    layer = init_layer(cls(channels, **options, **kwargs).to(dtype), seed)
     if fix_mean is not None:
         layer.fix_ratios(mean=fix_mean)
     return layer
@@ -62,7 +62,8 @@ def run_layer(layer, x, grad_out, steps=2):
     for _ in range(steps):
         layer.zero_grad()
         x = x.detach().requires_grad_()
-        out = layer(x)
+        # (In place on the output, as an inplace ReLU after it is.)
+        out = layer(x).add_(1)
         (out * grad_out).sum().backward()
     return dict(
         out=out.detach(),

@@ -858,7 +858,9 @@ at::Tensor sync_normalize(const at::Tensor& x, const at::Tensor& ws,
   const int64_t at = bn_offset(samples, channels);
   ws.narrow(0, at, channels).copy_(bn_mean.reshape(-1));
   ws.narrow(0, at + channels, channels).copy_(bn_var.reshape(-1));
-  auto y = at::empty_like(f.x3);
+  // In x's shape, not a view: autograd lets a Python Function's output be
+  // modified in place (an inplace ReLU) only where it is no view.
+  auto y = at::empty(x.sizes(), f.x3.options());
   const auto w_c = weight.contiguous(), b_c = bias.contiguous();
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "sync_normalize", [&] {
     const Stats<scalar_t> s(ws.data_ptr<scalar_t>(), samples, channels);
@@ -867,7 +869,7 @@ at::Tensor sync_normalize(const at::Tensor& x, const at::Tensor& ws,
         normalize_args(f, s, {s.bn_mean, s.bn_var}, w, w_c, b_c, eps, y);
     run_rows(args, samples * channels, f.x3.size(2));
   });
-  return y.view(x.sizes());
+  return y;
 }
 
 // The (N, C) reductions of one sample's backward in the parallel pass that
@@ -1279,7 +1281,7 @@ at::Tensor sync_input_grad(const at::Tensor& grad_y, const at::Tensor& x,
               "sync_input_grad: sums that do not fit the input");
   const auto g = grad_rows(grad_y, f);
   const auto w_c = weight.contiguous();
-  auto grad_x = at::empty_like(f.x3);
+  auto grad_x = at::empty(grad_y.sizes(), f.x3.options());
   AT_DISPATCH_FLOATING_TYPES(f.x3.scalar_type(), "sync_input_grad", [&] {
     // (input_grad_pass scales the sums in place.)
     const GradSums<scalar_t> gs(sums.data_ptr<scalar_t>(),
@@ -1287,7 +1289,7 @@ at::Tensor sync_input_grad(const at::Tensor& grad_y, const at::Tensor& x,
                                 channels);
     input_grad_pass(g, f, w_c, true, gs, total, grad_x);
   });
-  return grad_x.view(grad_y.sizes());
+  return grad_x;
 }
 
 int64_t bn_offset(int64_t samples, int64_t channels) {
