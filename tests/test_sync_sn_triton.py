@@ -11,9 +11,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import free_port
 from test_sync_switchable_norm import (CASES, PARAMS, case_data, make_layer,
-                                       run_layer)
+                                       rank_cases, run_layer)
 
-from sn_mm import SwitchableNorm, SyncSwitchableNorm
+from sn_mm import SwitchableNorm
 
 pytest.importorskip('triton')
 # Marked cuda as well: on a GPU the two processes share the one device
@@ -41,21 +41,12 @@ def worker(rank, port, result_file):
     real = triton_fused._combine_over_group
     triton_fused._combine_over_group = lambda *a: calls.append(1) or real(*a)
     results = {}
-    for i, (name, shape, split, options) in enumerate(CASES):
-        x, grad_out = case_data(shape, seed=i)
-        start = sum(split[:rank])
-        sl = slice(start, start + split[rank])
-        layer = make_layer(
-            SyncSwitchableNorm,
-            shape[1],
-            options,
-            100 + i,
-            dtype=torch.float32,
-            kernels='triton').to(DEVICE)
+    for name, x, grad_out, layer in rank_cases(
+            rank, dtype=torch.float32, kernels='triton'):
         results[name] = {
             k: v.cpu()
-            for k, v in run_layer(layer, x[sl].float().to(DEVICE),
-                                  grad_out[sl].float().to(DEVICE)).items()
+            for k, v in run_layer(
+                layer.to(DEVICE), x.to(DEVICE), grad_out.to(DEVICE)).items()
         }
     results['fused_calls'] = len(calls)
     torch.save(results, f'{result_file}.{rank}')

@@ -74,6 +74,24 @@ def run_layer(layer, x, grad_out, steps=2):
            for n in PARAMS})
 
 
+def rank_cases(rank, dtype=torch.float64, **kwargs):
+    """Each case's name, this rank's share of its input and output
+    gradient, and its SyncSN layer (``kwargs``: the layer's further
+    arguments)."""
+    for i, (name, shape, split, options) in enumerate(CASES):
+        x, grad_out = case_data(shape, seed=i)
+        start = sum(split[:rank])
+        share = slice(start, start + split[rank])
+        layer = make_layer(
+            SyncSwitchableNorm,
+            shape[1],
+            options,
+            100 + i,
+            dtype=dtype,
+            **kwargs)
+        yield name, x[share].to(dtype), grad_out[share].to(dtype), layer
+
+
 def worker(rank, port, result_file):
     dist.init_process_group(
         'gloo',
@@ -82,18 +100,9 @@ def worker(rank, port, result_file):
         world_size=WORLD)
     results = {}
     for kernels in KERNELS:
-        for i, (name, shape, split, options) in enumerate(CASES):
-            x, grad_out = case_data(shape, seed=i)
-            start = sum(split[:rank])
-            sl = slice(start, start + split[rank])
-            layer = make_layer(
-                SyncSwitchableNorm,
-                shape[1],
-                options,
-                100 + i,
-                kernels=kernels)
-            result = run_layer(layer, x[sl], grad_out[sl])
-            result['route'] = ops.route(kernels, x[sl], layer.weight,
+        for name, x, grad_out, layer in rank_cases(rank, kernels=kernels):
+            result = run_layer(layer, x, grad_out)
+            result['route'] = ops.route(kernels, x, layer.weight,
                                         layer.running_mean,
                                         dist.group.WORLD).call.__name__
             results[kernels, name] = result
