@@ -2,7 +2,8 @@
 // (sn_operator.cpp): the statistics, the mixing, the running-statistics
 // update and the ratio gradients on raw pointers between the parallel
 // passes of the row kernels (row_kernels_impl.h, in the instruction set
-// cpu_isa.cpp picked), and the special paths some sizes take. Semantics:
+// cpu_isa.cpp picked), the special paths some sizes take, and SyncSN's
+// forward and backward split at their collectives. Semantics:
 // those of the reference, sn_mm/ops/reference.py, which the tests hold
 // this to. The glue between the passes works on raw pointers: at small
 // shapes (batch-1 inference, RoI heads) each ATen call on a (C,) vector
