@@ -41,7 +41,8 @@ export every call takes the reference, which those tools trace like any
 other layer. SyncSN across processes (a ``group``, in training with a BN
 term) runs on the same kernels split at their collectives, one all-gather
 forward and one all-reduce backward (:mod:`sn_mm.ops.native_sync` on the
-CPU), and on the reference where that runs.
+CPU), or on the reference, with the same collectives, where no kernel takes
+the input.
 """
 import math
 from typing import Callable, List, NamedTuple, Optional
@@ -298,8 +299,8 @@ def implementation(kernels: Optional[str],
 
 def _kind(kernels, x, weight, running_mean) -> str:
     """Route's kind: the setting, the input's device and dtype and tracing
-    decide. (Each test is made once: at small shapes this
-    function's cost is a visible part of a call.)"""
+    decide. (Each test is made once: at small shapes this function's cost
+    is a visible part of a call.)"""
     choice = kernels or default_kernels()
     if choice == 'torch' or is_tracing():
         check_kernels(choice)
