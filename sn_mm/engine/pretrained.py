@@ -114,6 +114,7 @@ def sn_state_from(module: nn.Module,
 
 
 def own_keys(layer: SwitchableNorm) -> List[str]:
+    """The state-dict keys of an SN layer's own parameters and buffers."""
     return [k for k, _ in layer.named_parameters()
             ] + [k for k, v in layer.named_buffers() if v is not None]
 

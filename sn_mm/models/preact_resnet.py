@@ -13,6 +13,7 @@ from .switchable_norm import SwitchableNorm
 
 
 def build_norm_layer(cfg, channels, postfix):
+    """mmcv's ``build_norm_layer``: (name, layer) for ``cfg``."""
     # mmcv's, imported when a backbone is built: `import sn_mm` (and SN
     # itself) must not need mmcv, which GPU machines may lack.
     from mmcv.cnn import build_norm_layer as build

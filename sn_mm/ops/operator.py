@@ -229,6 +229,8 @@ def native_available() -> bool:
 
 
 def check_kernels(choice, what: str = 'kernels') -> str:
+    """``choice`` if it is one of :data:`KERNEL_CHOICES`, else a
+    ValueError naming ``what``."""
     if choice not in KERNEL_CHOICES:
         raise ValueError(f'{what}={choice!r}: expected one of ' +
                          ', '.join(repr(c) for c in KERNEL_CHOICES))
@@ -342,6 +344,8 @@ def _triton_implementation(choice, x, weight, running_mean) -> str:
 
 # -- the entry point --------------------------------------------------------
 def check_input(x: Tensor, num_features: int, layer: str) -> None:
+    """A clear error, naming ``layer``, for an input that is not a
+    floating-point (N, C, *) tensor with ``num_features`` channels."""
     if not x.is_floating_point():
         raise TypeError(f'{layer} normalises floating-point inputs, got '
                         f'{x.dtype}')

@@ -84,6 +84,7 @@ def train_digits(model, data, batch, epochs, lr, seed):
 
 @torch.no_grad()
 def digits_accuracy(model, data):
+    """Top-1 accuracy of ``model`` (put in eval mode) on ``data`` (x, y)."""
     model.eval()
     x, y = data
     return (model(x).argmax(1) == y).float().mean().item()

@@ -29,6 +29,7 @@ def triton_compilations() -> int:
 
 
 def host_cache_sizes():
+    """Entries in the Triton module's plan and launch caches."""
     from ..ops import triton_fused
     return len(triton_fused._PLANS), len(triton_fused._COMPILED)
 

@@ -1,0 +1,73 @@
+"""Public classes and functions of sn_mm have docstrings; every tool has a
+module docstring and an argparse parser with a description (its --help)."""
+import ast
+import glob
+import os.path as osp
+
+from tool_runner import ROOT
+
+
+def _is_triton_kernel(node) -> bool:
+    # Triton compiles a kernel's own source; those are documented by the
+    # comment above them.
+    return any('triton' in ast.unparse(d) for d in node.decorator_list)
+
+
+def undocumented(source: str):
+    """Module-level public classes and functions of ``source`` without a
+    docstring."""
+    return [
+        node.name for node in ast.parse(source).body
+        if isinstance(node, (
+            ast.ClassDef, ast.FunctionDef)) and not node.name.startswith('_')
+        and not ast.get_docstring(node) and not _is_triton_kernel(node)
+    ]
+
+
+def tool_problems(source: str):
+    """What a tool's source lacks of a module docstring and a parser with a
+    description."""
+    tree = ast.parse(source)
+    problems = [] if ast.get_docstring(tree) else ['no module docstring']
+    parsers = [
+        node for node in ast.walk(tree) if isinstance(node, ast.Call)
+        and ast.unparse(node.func).endswith('ArgumentParser')
+    ]
+    if not any(kw.arg == 'description' for p in parsers for kw in p.keywords):
+        problems.append('no ArgumentParser(description=...)')
+    return problems
+
+
+def test_public_classes_and_functions_have_docstrings():
+    missing = {}
+    for path in glob.glob(
+            osp.join(ROOT, 'sn_mm', '**', '*.py'), recursive=True):
+        with open(path) as f:
+            names = undocumented(f.read())
+        if names:
+            missing[osp.relpath(path, ROOT)] = names
+    assert not missing, missing
+
+
+def test_every_tool_has_a_docstring_and_help():
+    tools = glob.glob(osp.join(ROOT, 'tools', '**', '*.py'), recursive=True)
+    assert len(tools) > 15
+    problems = {}
+    for path in tools:
+        with open(path) as f:
+            found = tool_problems(f.read())
+        if found:
+            problems[osp.relpath(path, ROOT)] = found
+    assert not problems, problems
+
+
+def test_the_checks_see_what_is_missing():
+    assert undocumented('class A:\n    pass\n\n\ndef f():\n    pass\n') == \
+        ['A', 'f']
+    assert undocumented('def _f():\n    pass\n') == []
+    assert undocumented('@triton.jit\ndef k(x):\n    pass\n') == []
+    assert tool_problems('import argparse\nargparse.ArgumentParser()\n') == \
+        ['no module docstring', 'no ArgumentParser(description=...)']
+    assert tool_problems(
+        '"""A tool."""\nimport argparse\n'
+        'argparse.ArgumentParser(description=__doc__)\n') == []
