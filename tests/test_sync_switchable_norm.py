@@ -23,6 +23,8 @@ CASES = [
     ('video_group_sn_2+2', (4, 6, 2, 3, 4), [2, 2], dict(ratio_groups=2)),
     ('sparse_sn_1+3', (4, 5, 3, 4), [1, 3], dict(ratio_fn='sparsestmax')),
     ('fixed_mean_2+2', (4, 5, 3, 4), [2, 2], dict(fix_mean=[.2, .3, .5])),
+    ('cumulative_biased_3+1', (4, 5, 3, 4), [3, 1],
+     dict(momentum=None, unbiased=False)),
 ]
 PARAMS = ('weight', 'bias', 'mean_weight', 'var_weight')
 # The SyncSN route each kernel setting takes across processes (the C++
