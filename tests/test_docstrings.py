@@ -38,26 +38,28 @@ def tool_problems(source: str):
     return problems
 
 
-def test_public_classes_and_functions_have_docstrings():
-    missing = {}
+def problems_in(folder: str, check):
+    """``check(source)`` of every Python file under ``folder``, where it
+    finds something, by path."""
+    found = {}
     for path in glob.glob(
-            osp.join(ROOT, 'sn_mm', '**', '*.py'), recursive=True):
+            osp.join(ROOT, folder, '**', '*.py'), recursive=True):
         with open(path) as f:
-            names = undocumented(f.read())
-        if names:
-            missing[osp.relpath(path, ROOT)] = names
+            problems = check(f.read())
+        if problems:
+            found[osp.relpath(path, ROOT)] = problems
+    return found
+
+
+def test_public_classes_and_functions_have_docstrings():
+    missing = problems_in('sn_mm', undocumented)
     assert not missing, missing
 
 
 def test_every_tool_has_a_docstring_and_help():
-    tools = glob.glob(osp.join(ROOT, 'tools', '**', '*.py'), recursive=True)
-    assert len(tools) > 15
-    problems = {}
-    for path in tools:
-        with open(path) as f:
-            found = tool_problems(f.read())
-        if found:
-            problems[osp.relpath(path, ROOT)] = found
+    assert len(
+        glob.glob(osp.join(ROOT, 'tools', '**', '*.py'), recursive=True)) > 15
+    problems = problems_in('tools', tool_problems)
     assert not problems, problems
 
 
