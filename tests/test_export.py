@@ -182,22 +182,19 @@ def test_pytorch2onnx_tool(tmp_path):
     pytest.importorskip('onnxruntime')
     ckpt = tmp_path / 'bn.pth'
     torch.save(dict(state_dict=nn.BatchNorm2d(3).state_dict()), ckpt)
-    runs = {
-        'deeplabv3_r18-sn-d8_toy-seg.py': ('none', 'torchscript'),
-        'mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py': ('none', 'dynamo'),
-        'refused': (ckpt, 'dynamo')
-    }
+    seg = 'deeplabv3_r18-sn-d8_toy-seg.py'
+    # (what the tool does, config, checkpoint, exporter)
+    runs = [('segmentor', seg, 'none', 'torchscript'),
+            ('detector', 'mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py', 'none',
+             'dynamo'), ('refused', seg, ckpt, 'dynamo')]
     results = run_python_together([[
         tool('deployment', 'pytorch2onnx.py'),
-        osp.join(
-            ROOT, 'configs', 'toy',
-            'deeplabv3_r18-sn-d8_toy-seg.py' if name == 'refused' else name),
-        checkpoint, '--out', tmp_path / f'{i}.onnx', '--shape', '64', '64',
-        '--exporter', exporter
-    ] for i, (name, (checkpoint, exporter)) in enumerate(runs.items())],
+        osp.join(ROOT, 'configs', 'toy', config), checkpoint, '--out',
+        tmp_path / f'{i}.onnx', '--shape', '64', '64', '--exporter', exporter
+    ] for i, (_, config, checkpoint, exporter) in enumerate(runs)],
                                   tmp_path,
                                   ok=False)
-    for i, (name, result) in enumerate(zip(runs, results)):
+    for i, ((name, *_), result) in enumerate(zip(runs, results)):
         out = tmp_path / f'{i}.onnx'
         if name == 'refused':
             assert result.returncode != 0
@@ -211,5 +208,4 @@ def test_pytorch2onnx_tool(tmp_path):
             for line in result.stdout.splitlines() if 'max abs error' in line
         ]
         assert errors and max(errors) <= 1e-4, name
-        kind = 'segmentor' if 'seg' in name else 'detector'
-        assert f'Exported the {kind}' in result.stdout
+        assert f'Exported the {name}' in result.stdout

@@ -11,17 +11,12 @@ def run_python(args, cwd, ok=True, env=None, timeout=900, base_env=None):
     """``python ARGS`` in ``cwd``, its environment ``base_env`` (default:
     this process's) updated with ``env``; with ``ok``, fail the test
     (showing the output's tail) unless it exits 0."""
-    base = os.environ if base_env is None else base_env
-    result = subprocess.run([sys.executable, *map(str, args)],
-                            capture_output=True,
-                            text=True,
-                            cwd=cwd,
-                            env=dict(base, **(env or {})),
-                            timeout=timeout)
-    if ok:
-        assert result.returncode == 0, (
-            result.stdout[-3000:] + result.stderr[-3000:])
-    return result
+    return run_python_together([args],
+                               cwd,
+                               ok,
+                               env,
+                               timeout,
+                               base_env=base_env)[0]
 
 
 def run_python_together(arg_lists,
@@ -29,18 +24,20 @@ def run_python_together(arg_lists,
                         ok=True,
                         env=None,
                         timeout=900,
-                        envs=None):
+                        envs=None,
+                        base_env=None):
     """Independent ``python ARGS`` runs in ``cwd``, started together (the
     suite's time: most of each is importing), as :func:`run_python` runs
     one; ``envs``: one more update of the environment per run. Their
     results, in order."""
+    base = os.environ if base_env is None else base_env
     processes = [
         subprocess.Popen([sys.executable, *map(str, args)],
                          stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE,
                          text=True,
                          cwd=cwd,
-                         env=dict(os.environ, **(env or {}), **own))
+                         env=dict(base, **(env or {}), **own))
         for args, own in zip(arg_lists, envs or [{}] * len(arg_lists))
     ]
     try:

@@ -765,16 +765,22 @@ void forward_pass(Forward& f, at::Tensor& y, const at::Tensor& weight,
   run_rows(args, samples * channels, spatial);
 }
 
-// A call's input as (N, C, L) rows, checked, and the ratios it mixes with.
+// A call's input as (N, C, L) rows, checked, and the variances' correction.
+Forward rows_for(const at::Tensor& x, bool unbiased) {
+  check_input(x);
+  Forward f;
+  f.x3 = rows_of(x);
+  f.correction = (unbiased && f.x3.size(2) > 1) ? 1 : 0;
+  return f;
+}
+
+// rows_for's, and the ratios the call mixes with.
 Forward prepared(const at::Tensor& x, const at::Tensor& mean_logits,
                  const at::Tensor& var_logits, const OptTensor& fixed,
                  const OptTensor& fixed_ratios, bool unbiased,
                  bool ratios_given) {
-  check_input(x);
-  Forward f;
-  f.x3 = rows_of(x);
+  Forward f = rows_for(x, unbiased);
   const bool has_in = f.x3.size(2) > 1;
-  f.correction = (unbiased && has_in) ? 1 : 0;
   const int64_t groups = ratio_groups(mean_logits);
   TORCH_CHECK(groups >= 1 && x.size(1) % groups == 0 &&
                   var_logits.sizes() == mean_logits.sizes(),
@@ -823,10 +829,7 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
 // BN channel means and M2 sums also returned on their own (one sample's
 // and none's too: the ranks combine them).
 std::vector<at::Tensor> sync_statistics(const at::Tensor& x, bool unbiased) {
-  check_input(x);
-  Forward f;
-  f.x3 = rows_of(x);
-  f.correction = (unbiased && f.x3.size(2) > 1) ? 1 : 0;
+  Forward f = rows_for(x, unbiased);
   const int64_t samples = f.x3.size(0), channels = f.x3.size(1);
   f.ws = at::empty({Stats<float>::size(samples, channels)}, f.x3.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "sync_statistics", [&] {
@@ -1043,10 +1046,11 @@ std::pair<const T*, const T*> bn_used(const Forward& f, const Stats<T>& s) {
 
 // A backward's first half: the row sums, the gradients of weight and bias
 // into the given tensors, of the ratios into d_wm and d_wv, and of the
-// mixed and the BN statistics into gs.
+// mixed and the BN statistics into gs. cw: f's ratios per channel group.
 template <typename T>
 void grad_sums_pass(const at::Tensor& g, const Forward& f,
-                    const at::Tensor& weight, bool using_bn, GradSums<T>& gs,
+                    const at::Tensor& weight, bool using_bn,
+                    const GroupRatios<T>& cw, GradSums<T>& gs,
                     at::Tensor& grad_weight, at::Tensor& grad_bias,
                     std::vector<double>& d_wm, std::vector<double>& d_wv) {
   const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
@@ -1054,7 +1058,6 @@ void grad_sums_pass(const at::Tensor& g, const Forward& f,
   const Stats<T> s(f.ws.data_ptr<T>(), samples, channels);
   const auto bn = bn_used(f, s);
   const Ratios& w = f.ratios;
-  const GroupRatios<T> cw(w, channels, using_bn);
   T* const per_c[4] = {grad_weight.data_ptr<T>(), grad_bias.data_ptr<T>(),
                        gs.d_mu_c, gs.d_var_c};
   const GradReduceArgs<T> rargs{gs.s1,
@@ -1094,13 +1097,12 @@ void grad_sums_pass(const at::Tensor& g, const Forward& f,
 // bn_count samples) to the input's gradient.
 template <typename T>
 void input_grad_pass(const at::Tensor& g, const Forward& f,
-                     const at::Tensor& weight, bool using_bn,
+                     const at::Tensor& weight, const GroupRatios<T>& cw,
                      const GradSums<T>& gs, int64_t bn_count,
                      at::Tensor& grad_x) {
   const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
                 spatial = f.x3.size(2);
   const Stats<T> s(f.ws.data_ptr<T>(), samples, channels);
-  const GroupRatios<T> cw(f.ratios, channels, using_bn);
   through_shared_stats(gs, cw, samples, channels, bn_count);
   if (!f.x3.numel()) return;
   InputGradArgs<T> iargs{
@@ -1140,10 +1142,11 @@ void backward_pass(const at::Tensor& g, const Forward& f,
   if (static_cast<int64_t>(scratch.size()) < need) scratch.resize(need);
   GradSums<T> gs(scratch.data(), scratch.data() + need - 2 * channels, samples,
                  channels);
-  grad_sums_pass(g, f, weight, using_bn, gs, grad_weight, grad_bias, d_wm,
+  const GroupRatios<T> cw(f.ratios, channels, using_bn);
+  grad_sums_pass(g, f, weight, using_bn, cw, gs, grad_weight, grad_bias, d_wm,
                  d_wv);
-  input_grad_pass(g, f, weight, using_bn, gs,
-                  f.bn_batch ? samples : int64_t(0), grad_x);
+  input_grad_pass(g, f, weight, cw, gs, f.bn_batch ? samples : int64_t(0),
+                  grad_x);
 }
 
 // From d loss / d ratio to the logits' gradient (through the softmax; as it
@@ -1253,7 +1256,9 @@ std::vector<at::Tensor> sync_grad_sums(
   AT_DISPATCH_FLOATING_TYPES(f.x3.scalar_type(), "sync_grad_sums", [&] {
     GradSums<scalar_t> gs(sums.data_ptr<scalar_t>(),
                           bn_grads.data_ptr<scalar_t>(), samples, channels);
-    grad_sums_pass(g, f, w_c, true, gs, grad_weight, grad_bias, d_wm, d_wv);
+    const GroupRatios<scalar_t> cw(f.ratios, channels, true);
+    grad_sums_pass(g, f, w_c, true, cw, gs, grad_weight, grad_bias, d_wm,
+                   d_wv);
   });
   auto logits = logit_grads(f.ratios, d_wm, d_wv, mean_logits,
                             read_fixed(fixed, f.ratios.groups), ratios_given);
@@ -1288,7 +1293,8 @@ at::Tensor sync_input_grad(const at::Tensor& grad_y, const at::Tensor& x,
     const GradSums<scalar_t> gs(sums.data_ptr<scalar_t>(),
                                 bn_grads.data_ptr<scalar_t>(), samples,
                                 channels);
-    input_grad_pass(g, f, w_c, true, gs, total, grad_x);
+    const GroupRatios<scalar_t> cw(f.ratios, channels, true);
+    input_grad_pass(g, f, w_c, cw, gs, total, grad_x);
   });
   return grad_x;
 }
