@@ -11,12 +11,15 @@ from sn_mm import SwitchableNorm, ops
 from sn_mm.ops import native_available
 
 # 7x7 (RoI features) and 13x11 rows take the kernels' short- and long-row
-# paths, both with a remainder after the vector lanes.
+# paths, both with a remainder after the vector lanes; rows of 8 and 127
+# values are the short-row path's first and last lengths.
 SHAPES = {
     '2d': (6, 5),
     '4d': (4, 5, 6, 7),
     '5d': (3, 5, 2, 4, 3),
     'roi_7x7': (6, 5, 7, 7),
+    'rows_of_8': (3, 5, 2, 4),
+    'rows_of_127': (2, 6, 127),
     'long_rows': (2, 3, 13, 11),
     'one_position': (4, 5, 1, 1),
     'empty': (0, 5, 3, 3)

@@ -56,6 +56,7 @@ struct NormalizeArgs {
   T eps;
   T *y, *mu, *rstd;
   int64_t channels, length;
+  bool short_rows = false;  // rows in whole vectors, no scalar tail
 };
 template <typename T>
 struct InputGradArgs {
@@ -65,6 +66,7 @@ struct InputGradArgs {
   T two_over_divisor;
   T* dx;
   int64_t channels, length;
+  bool short_rows = false;  // rows in whole vectors, no scalar tail
 };
 template <typename T>
 struct LnStatsArgs {

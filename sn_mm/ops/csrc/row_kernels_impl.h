@@ -377,6 +377,17 @@ SN_INLINE void mixed_stats(const T* __restrict__ mean_in,
   }
 }
 
+// A row of 8 <= n values: (x - mu) * s + b in whole vectors, the last one
+// the row's last 8 values (lanes already written are written again, with
+// the same values), so no scalar tail.
+template <typename T>
+SN_INLINE void normalize_short_row(const T* __restrict__ x, T* __restrict__ y,
+                                   int64_t n, T mu, T s, T b) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) store<8>(y + i, (load<8>(x + i) - mu) * s + b);
+  if (i < n) store<8>(y + n - 8, (load<8>(x + n - 8) - mu) * s + b);
+}
+
 // Per row (n, c): mix the statistics, mu = wm_in * mean_in + wm_n * mu_n +
 // wm_c * mu_c (as mean_in + wm_n * (mu_n - mean_in) + ...) and likewise the
 // variance, then y = (x - mu) * scale + bias with
@@ -398,6 +409,15 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
     r0 = r1;
   }
   int64_t c = begin % a.channels;
+  if (a.short_rows && a.length >= 8) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T mu = a.mu[r], s = a.weight[c] * a.rstd[r], b = a.bias[c];
+      normalize_short_row(a.x + r * a.length, a.y + r * a.length, a.length, mu,
+                          s, b);
+      if (++c == a.channels) c = 0;
+    }
+    return;
+  }
   for (int64_t r = begin; r < end; ++r) {
     const T mu = a.mu[r], s = a.weight[c] * a.rstd[r], b = a.bias[c];
     const T* __restrict__ row = a.x + r * a.length;
@@ -405,6 +425,20 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
     for (int64_t i = 0; i < a.length; ++i) out[i] = (row[i] - mu) * s + b;
     if (++c == a.channels) c = 0;
   }
+}
+
+// input_grad_kernel's row of 8 <= n values, as normalize_short_row's.
+template <typename T>
+SN_INLINE void input_grad_short_row(const T* __restrict__ g,
+                                    const T* __restrict__ x,
+                                    T* __restrict__ dx, int64_t n, T s, T cx,
+                                    T m, T sh) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    store<8>(dx + i, load<8>(g + i) * s + cx * (load<8>(x + i) - m) + sh);
+  if (i < n)
+    store<8>(dx + n - 8,
+             load<8>(g + n - 8) * s + cx * (load<8>(x + n - 8) - m) + sh);
 }
 
 // dx = g * scale + a * (x - mean_in) + b per row, a and b from the gradients
@@ -442,14 +476,22 @@ SN_INLINE void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin,
             shift[j] = d_mean_in * inv_length;
           }
         });
-    for (int64_t j = 0; j < rows; ++j) {
-      const int64_t r = r0 + j;
-      const T s = scale[j], cx = coef_x[j], sh = shift[j], m = a.mean_in[r];
-      const T* __restrict__ xr = a.x + r * a.length;
-      const T* __restrict__ gr = a.g + r * a.length;
-      T* __restrict__ out = a.dx + r * a.length;
-      for (int64_t i = 0; i < a.length; ++i)
-        out[i] = gr[i] * s + cx * (xr[i] - m) + sh;
+    if (a.short_rows && a.length >= 8) {
+      for (int64_t j = 0; j < rows; ++j) {
+        const int64_t r = r0 + j, o = r * a.length;
+        input_grad_short_row(a.g + o, a.x + o, a.dx + o, a.length, scale[j],
+                             coef_x[j], a.mean_in[r], shift[j]);
+      }
+    } else {
+      for (int64_t j = 0; j < rows; ++j) {
+        const int64_t r = r0 + j;
+        const T s = scale[j], cx = coef_x[j], sh = shift[j], m = a.mean_in[r];
+        const T* __restrict__ xr = a.x + r * a.length;
+        const T* __restrict__ gr = a.g + r * a.length;
+        T* __restrict__ out = a.dx + r * a.length;
+        for (int64_t i = 0; i < a.length; ++i)
+          out[i] = gr[i] * s + cx * (xr[i] - m) + sh;
+      }
     }
     r0 = r1;
   }
