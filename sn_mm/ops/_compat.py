@@ -58,6 +58,18 @@ def _onnx_export_flags():
 
 _ONNX_FLAGS = _onnx_export_flags()
 
+# -- jit tracing -----------------------------------------------------------
+# torch.jit.is_tracing() outside TorchScript: the C flag it reads, without
+# its two Python frames.
+_JIT_TRACING = getattr(torch._C, '_is_tracing', None)
+
+
+def jit_is_tracing() -> bool:
+    """``torch.jit.is_tracing()`` (in eager code, not TorchScript)."""
+    if _JIT_TRACING is None:
+        return torch.jit.is_tracing()
+    return _JIT_TRACING()
+
 
 def in_onnx_export() -> bool:
     """``torch.onnx.is_in_onnx_export()``."""

@@ -54,8 +54,10 @@ OptTensor optional_of(const at::Tensor& t) {
   return t.defined() ? OptTensor(t) : c10::nullopt;
 }
 
-// What a backward needs of its forward besides the saved tensors, under
-// its own name each in ctx->saved_data.
+// What a backward needs of its forward besides the saved tensors, in
+// ctx->saved_data as three entries (the flags as bits with the correction,
+// eps, and the mean's then the variance's ratios, as many of each): each
+// entry costs a string hash and an allocation on every training call.
 struct SavedFlags {
   bool training, unbiased, ratios_given, using_bn, bn_batch, has_in;
   double eps;
@@ -70,31 +72,34 @@ struct SavedFlags {
   }
 
   void save(AutogradContext* ctx) const {
+    const bool bits[6] = {training, unbiased, ratios_given,
+                          using_bn, bn_batch, has_in};
+    int64_t packed = correction << 6;
+    for (int i = 0; i < 6; ++i) packed |= int64_t(bits[i]) << i;
+    std::vector<double> ratios(mean_ratios);
+    ratios.insert(ratios.end(), var_ratios.begin(), var_ratios.end());
     auto& d = ctx->saved_data;
-    d["training"] = training;
-    d["unbiased"] = unbiased;
-    d["ratios_given"] = ratios_given;
-    d["using_bn"] = using_bn;
-    d["bn_batch"] = bn_batch;
-    d["has_in"] = has_in;
+    d["flags"] = packed;
     d["eps"] = eps;
-    d["correction"] = correction;
-    d["mean_ratios"] = mean_ratios;
-    d["var_ratios"] = var_ratios;
+    d["ratios"] = std::move(ratios);
   }
 
   static SavedFlags load(AutogradContext* ctx) {
     const auto& d = ctx->saved_data;
-    return {d.at("training").toBool(),
-            d.at("unbiased").toBool(),
-            d.at("ratios_given").toBool(),
-            d.at("using_bn").toBool(),
-            d.at("bn_batch").toBool(),
-            d.at("has_in").toBool(),
+    const int64_t packed = d.at("flags").toInt();
+    const auto bit = [&](int i) { return bool((packed >> i) & 1); };
+    const std::vector<double> ratios = d.at("ratios").toDoubleVector();
+    const auto half = ratios.begin() + ratios.size() / 2;
+    return {bit(0),
+            bit(1),
+            bit(2),
+            bit(3),
+            bit(4),
+            bit(5),
             d.at("eps").toDouble(),
-            d.at("correction").toInt(),
-            d.at("mean_ratios").toDoubleVector(),
-            d.at("var_ratios").toDoubleVector()};
+            packed >> 6,
+            std::vector<double>(ratios.begin(), half),
+            std::vector<double>(half, ratios.end())};
   }
 
   // The forward's state a backward runs from.
