@@ -38,10 +38,44 @@ def test_in_onnx_export(monkeypatch, private, tmp_path):
     assert seen and all(seen)
 
 
+@pytest.mark.parametrize('private', [True, False])
+def test_jit_is_tracing(monkeypatch, private):
+    if not private:
+        monkeypatch.setattr(_compat, '_JIT_TRACING', None)
+    assert _compat.jit_is_tracing() is False
+    seen = []
+
+    def probe(x):
+        seen.append(_compat.jit_is_tracing())
+        return x + 1
+
+    torch.jit.trace(probe, (torch.zeros(2), ), check_trace=False)
+    assert seen == [True]
+
+
+def test_op_function_is_the_overloads_call():
+    overload = torch.ops.aten.add.Tensor
+    call = _compat.op_function(overload)
+    a, b = torch.arange(3.), torch.ones(3)
+    assert torch.equal(call(a, b), overload(a, b))
+    with pytest.raises(RuntimeError, match='add'):
+        call(a)  # the dispatcher's own argument check
+
+    class NoBuiltin:
+
+        def __call__(self, *args):
+            return 'called'
+
+    assert _compat.op_function(NoBuiltin())() == 'called'
+
+
 def test_the_private_flags_are_found_on_this_torch():
     # Where this fails, torch moved them: the fallback still answers.
     assert _compat._ONNX_FLAGS is not None
     assert _compat._ENV_BYTES is not None
+    assert _compat._JIT_TRACING is not None
+    assert _compat.op_function(torch.ops.aten.add.Tensor) is not \
+        torch.ops.aten.add.Tensor
     if torch.cuda.is_available():
         assert _compat._RAW_STREAM is not None
 

@@ -58,6 +58,16 @@ def _onnx_export_flags():
 
 _ONNX_FLAGS = _onnx_export_flags()
 
+
+# -- calling an operator ----------------------------------------------------
+def op_function(overload):
+    """The builtin that ``overload.__call__`` (a torch.ops OpOverload)
+    forwards every call to: the same dispatcher call without a Python
+    frame. ``overload`` itself where torch keeps it elsewhere."""
+    function = getattr(overload, '_op', None)
+    return function if callable(function) else overload
+
+
 # -- jit tracing -----------------------------------------------------------
 # torch.jit.is_tracing() outside TorchScript: the C flag it reads, without
 # its two Python frames.

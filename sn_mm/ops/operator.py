@@ -160,7 +160,9 @@ def set_cpu_isa(name: str) -> None:
     torch.ops.sn_mm.set_cpu_isa(name)
 
 
-_OP = torch.ops.sn_mm.switchable_norm
+# The operator's one overload, called without OpOverload's Python frames
+# (the same dispatcher call).
+_OP = _compat.op_function(torch.ops.sn_mm.switchable_norm.default)
 
 # -- the Triton kernels under the CUDA keys ---------------------------------
 _triton = None
