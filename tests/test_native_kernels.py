@@ -11,14 +11,16 @@ from sn_mm import SwitchableNorm, ops
 from sn_mm.ops import native_available
 
 # 7x7 (RoI features) and 13x11 rows take the kernels' short- and long-row
-# paths, both with a remainder after the vector lanes; rows of 8 and 127
-# values are the short-row path's first and last lengths.
+# paths, both with a remainder after the vector lanes; rows of 8 and 16
+# values fill one register of float32 under AVX2 and AVX-512 exactly, and
+# 127 is the short-row path's last length.
 SHAPES = {
     '2d': (6, 5),
     '4d': (4, 5, 6, 7),
     '5d': (3, 5, 2, 4, 3),
     'roi_7x7': (6, 5, 7, 7),
     'rows_of_8': (3, 5, 2, 4),
+    'rows_of_16': (3, 5, 4, 4),
     'rows_of_127': (2, 6, 127),
     'long_rows': (2, 3, 13, 11),
     'one_position': (4, 5, 1, 1),
@@ -111,10 +113,13 @@ def test_native_equals_pytorch_float64(shape, using_bn, unbiased, training):
 
 
 @pytest.mark.skipif(not native_available(), reason='extension not built')
-def test_native_equals_pytorch_float32():
-    x = random_input((4, 16, 9, 9), dtype=torch.float32)
+@pytest.mark.parametrize(
+    'shape', [(4, 16, 9, 9), SHAPES['roi_7x7'], SHAPES['rows_of_8'],
+              SHAPES['rows_of_16'], SHAPES['rows_of_127']])
+def test_native_equals_pytorch_float32(shape):
+    x = random_input(shape, dtype=torch.float32)
     results = [
-        run_layer(make_sn(16, dtype=torch.float32), x, kernels)
+        run_layer(make_sn(shape[1], dtype=torch.float32), x, kernels)
         for kernels in ('native', 'torch')
     ]
     for key in results[0]:

@@ -119,6 +119,19 @@ SN_INLINE void store(T* p, typename Vec<T, Lanes>::type v) {
   __builtin_memcpy(p, &v, sizeof(v));
 }
 
+// Bytes in one of this instruction set's vector registers. Loops that work
+// a register at a time use this width: a wider vector type, which GCC
+// splits into this set's registers, goes through the stack on the way.
+#if defined(__AVX512F__)
+constexpr int kRegisterBytes = 64;
+#elif defined(__AVX__)
+constexpr int kRegisterBytes = 32;
+#else
+constexpr int kRegisterBytes = 16;
+#endif
+template <typename T>
+constexpr int kLanes = kRegisterBytes / sizeof(T);
+
 // The lane sums of eight 8-lane vectors v[0..7] as one vector: lane i holds
 // the sum of v[i]'s lanes. A transposing tree (three levels of paired
 // shuffles and adds) where folding each vector alone would take three
@@ -377,15 +390,16 @@ SN_INLINE void mixed_stats(const T* __restrict__ mean_in,
   }
 }
 
-// A row of 8 <= n values: (x - mu) * s + b in whole vectors, the last one
-// the row's last 8 values (lanes already written are written again, with
-// the same values), so no scalar tail.
+// A row of n >= kLanes<T> values: (x - mu) * s + b a register at a time,
+// the last register the row's last values (lanes already written are
+// written again, with the same values), so no scalar tail.
 template <typename T>
 SN_INLINE void normalize_short_row(const T* __restrict__ x, T* __restrict__ y,
                                    int64_t n, T mu, T s, T b) {
+  constexpr int L = kLanes<T>;
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) store<8>(y + i, (load<8>(x + i) - mu) * s + b);
-  if (i < n) store<8>(y + n - 8, (load<8>(x + n - 8) - mu) * s + b);
+  for (; i + L <= n; i += L) store<L>(y + i, (load<L>(x + i) - mu) * s + b);
+  if (i < n) store<L>(y + n - L, (load<L>(x + n - L) - mu) * s + b);
 }
 
 // Per row (n, c): mix the statistics, mu = wm_in * mean_in + wm_n * mu_n +
@@ -409,7 +423,7 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
     r0 = r1;
   }
   int64_t c = begin % a.channels;
-  if (a.short_rows && a.length >= 8) {
+  if (a.short_rows && a.length >= kLanes<T>) {
     for (int64_t r = begin; r < end; ++r) {
       const T mu = a.mu[r], s = a.weight[c] * a.rstd[r], b = a.bias[c];
       normalize_short_row(a.x + r * a.length, a.y + r * a.length, a.length, mu,
@@ -427,18 +441,20 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
   }
 }
 
-// input_grad_kernel's row of 8 <= n values, as normalize_short_row's.
+// input_grad_kernel's row of n >= kLanes<T> values, as
+// normalize_short_row's.
 template <typename T>
 SN_INLINE void input_grad_short_row(const T* __restrict__ g,
                                     const T* __restrict__ x,
                                     T* __restrict__ dx, int64_t n, T s, T cx,
                                     T m, T sh) {
+  constexpr int L = kLanes<T>;
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    store<8>(dx + i, load<8>(g + i) * s + cx * (load<8>(x + i) - m) + sh);
+  for (; i + L <= n; i += L)
+    store<L>(dx + i, load<L>(g + i) * s + cx * (load<L>(x + i) - m) + sh);
   if (i < n)
-    store<8>(dx + n - 8,
-             load<8>(g + n - 8) * s + cx * (load<8>(x + n - 8) - m) + sh);
+    store<L>(dx + n - L,
+             load<L>(g + n - L) * s + cx * (load<L>(x + n - L) - m) + sh);
 }
 
 // dx = g * scale + a * (x - mean_in) + b per row, a and b from the gradients
@@ -476,7 +492,7 @@ SN_INLINE void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin,
             shift[j] = d_mean_in * inv_length;
           }
         });
-    if (a.short_rows && a.length >= 8) {
+    if (a.short_rows && a.length >= kLanes<T>) {
       for (int64_t j = 0; j < rows; ++j) {
         const int64_t r = r0 + j, o = r * a.length;
         input_grad_short_row(a.g + o, a.x + o, a.dx + o, a.length, scale[j],
@@ -500,16 +516,8 @@ SN_INLINE void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin,
 // ------------------------------------------------- (N, C) reductions --
 // Per sample, loops over its C statistics, summed in double a register at a
 // time: explicit vectors, as the auto-vectoriser keeps running sums scalar
-// (it may not reorder floating-point additions). A register's worth: a
-// wider vector type, which GCC splits into this set's registers, goes
-// through the stack on the way.
-#if defined(__AVX512F__)
-constexpr int kDL = 8;
-#elif defined(__AVX__)
-constexpr int kDL = 4;
-#else
-constexpr int kDL = 2;
-#endif
+// (it may not reorder floating-point additions).
+constexpr int kDL = kLanes<double>;
 using DV = Vec<double, kDL>::type;
 
 template <typename T>
