@@ -535,18 +535,22 @@ SN_INLINE double lanes_sum(DV v) {
 }
 
 // The sum of term(c), a DV of the kDL values from c, over c = 0, kDL, ...
-// below end (a multiple of kDL), in four running sums: one would wait on
-// each add's latency (at 2048 channels that was most of the LN statistics'
-// time).
+// below end (a multiple of kDL), in kSums running sums. With 4 doubles a
+// register (AVX2, baseline's 2) one sum waits on each add's latency: four
+// sums took 0.95x the time of an eval at 1x2048x7x7 under AVX2; under
+// AVX-512, 8 doubles a register, one sum measured faster (four: 1.09x;
+// docs/performance.md, special paths).
+constexpr int kSums = kDL >= 8 ? 1 : 4;
 template <typename F>
 SN_INLINE DV sum_vectors(int64_t end, const F& term) {
-  DV s[4] = {};
+  DV s[kSums] = {};
   int64_t c = 0;
-  for (; c + 4 * kDL <= end; c += 4 * kDL)
+  for (; c + kSums * kDL <= end; c += kSums * kDL)
 #pragma GCC unroll 4
-    for (int k = 0; k < 4; ++k) s[k] += term(c + k * kDL);
+    for (int k = 0; k < kSums; ++k) s[k] += term(c + k * kDL);
   for (; c < end; c += kDL) s[0] += term(c);
-  return (s[0] + s[1]) + (s[2] + s[3]);
+  for (int k = 1; k < kSums; ++k) s[0] += s[k];
+  return s[0];
 }
 
 // Per sample: LN's mean and its variance in the stable form mean_c(var_in)
