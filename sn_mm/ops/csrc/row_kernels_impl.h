@@ -536,9 +536,10 @@ SN_INLINE double lanes_sum(DV v) {
 
 // The sum of term(c), a DV of the kDL values from c, over c = 0, kDL, ...
 // below end (a multiple of kDL), in kSums running sums. With 4 doubles a
-// register (AVX2, baseline's 2) one sum waits on each add's latency: four
-// sums took 0.95x the time of an eval at 1x2048x7x7 under AVX2; under
-// AVX-512, 8 doubles a register, one sum measured faster (four: 1.09x;
+// register (AVX2) one sum waits on each add's latency: four sums took 0.95x
+// the time of an eval at 1x2048x7x7 under AVX2; baseline's 2-double
+// registers wait the same way (not timed on their own). Under AVX-512, 8
+// doubles a register, one sum measured faster (four: 1.09x;
 // docs/performance.md, special paths).
 constexpr int kSums = kDL >= 8 ? 1 : 4;
 template <typename F>
