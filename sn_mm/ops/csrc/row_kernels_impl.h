@@ -571,20 +571,14 @@ SN_INLINE void ln_stats_kernel(const LnStatsArgs<T>& a, int64_t begin,
     const auto mean_of = [&](int64_t c) {
       return a.shift ? double(a.shift[c]) + double(m[c]) : double(m[c]);
     };
-    DV sm = {}, sv = {};
+    const DV sm = sum_vectors(CV, mean_at);
+    const DV sv = sum_vectors(CV, [&](int64_t c) { return load_d(v + c); });
     double tm = 0, tv = 0;
-    if (col) {
+    if (col)
       for (int64_t c = 0; c < CV; c += kDL) {
-        const DV vv = load_d(v + c);
-        sm += mean_at(c);
-        sv += vv;
         add_to(col + c, load_d(m + c));
-        add_to(col + C + c, vv);
+        add_to(col + C + c, load_d(v + c));
       }
-    } else {
-      sm = sum_vectors(CV, mean_at);
-      sv = sum_vectors(CV, [&](int64_t c) { return load_d(v + c); });
-    }
     for (int64_t c = CV; c < C; ++c) {
       tm += mean_of(c);
       tv += v[c];
