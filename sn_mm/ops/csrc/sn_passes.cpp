@@ -87,6 +87,16 @@ bool taken(Path p, bool applies) {
   return applies && path_on[p].load(std::memory_order_relaxed);
 }
 
+// Whether a call's rows of `length` values take the short-row kernels
+// (kShortRow): its first pass decides, and counts the call; its later
+// passes follow.
+enum class Pass { kFirst, kLater };
+bool short_rows(int64_t length, Pass pass) {
+  const bool applies = length < sn_mm_rows::kShortRow;
+  return pass == Pass::kFirst ? take(kPathShortRows, applies)
+                              : taken(kPathShortRows, applies);
+}
+
 Path path_named(const std::string& name) {
   for (int p = 0; p < kPathCount; ++p)
     if (name == kPathNames[p]) return static_cast<Path>(p);
@@ -513,7 +523,7 @@ MomentsArgs<T> moments_args(const Forward& f, const Stats<T>& s) {
   MomentsArgs<T> a{
       f.x3.data_ptr<T>(), s.mean_in, s.var_in, spatial,
       static_cast<T>(std::max<int64_t>(spatial - f.correction, 1))};
-  a.short_rows = take(kPathShortRows, spatial < sn_mm_rows::kShortRow);
+  a.short_rows = short_rows(spatial, Pass::kFirst);
   return a;
 }
 
@@ -606,7 +616,7 @@ NormalizeArgs<T> normalize_args(const Forward& f, const Stats<T>& s,
   a.rstd = s.rstd;
   a.channels = f.x3.size(1);
   a.length = f.x3.size(2);
-  a.short_rows = taken(kPathShortRows, a.length < sn_mm_rows::kShortRow);
+  a.short_rows = short_rows(a.length, Pass::kLater);
   return a;
 }
 
@@ -1090,7 +1100,7 @@ void grad_sums_pass(const at::Tensor& g, const Forward& f,
   if (f.x3.numel()) {
     GradSumsArgs<T> sargs{
         g.data_ptr<T>(), f.x3.data_ptr<T>(), s.mean_in, gs.s1, gs.s2, spatial};
-    sargs.short_rows = take(kPathShortRows, spatial < sn_mm_rows::kShortRow);
+    sargs.short_rows = short_rows(spatial, Pass::kFirst);
     reduced = take(kPathOneSample, samples == 1);
     if (reduced)
       one_sample_grad_sums(sargs, rargs, spatial, per_c, gs.dots);
@@ -1135,7 +1145,7 @@ void input_grad_pass(const at::Tensor& g, const Forward& f,
       grad_x.data_ptr<T>(),
       channels,
       spatial};
-  iargs.short_rows = taken(kPathShortRows, spatial < sn_mm_rows::kShortRow);
+  iargs.short_rows = short_rows(spatial, Pass::kLater);
   run_rows(iargs, samples * channels, spatial);
 }
 
