@@ -5,6 +5,7 @@
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")
+#define SN_REGISTER_BYTES 64
 #include "row_kernels_impl.h"
 SN_DEFINE_ROW_KERNELS(avx512)
 #else

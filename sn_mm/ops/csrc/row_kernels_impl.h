@@ -119,16 +119,16 @@ SN_INLINE void store(T* p, typename Vec<T, Lanes>::type v) {
   __builtin_memcpy(p, &v, sizeof(v));
 }
 
-// Bytes in one of this instruction set's vector registers. Loops that work
-// a register at a time use this width: a wider vector type, which GCC
-// splits into this set's registers, goes through the stack on the way.
-#if defined(__AVX512F__)
-constexpr int kRegisterBytes = 64;
-#elif defined(__AVX__)
-constexpr int kRegisterBytes = 32;
-#else
-constexpr int kRegisterBytes = 16;
+// Bytes in one of this instruction set's vector registers, as the file
+// that compiles it says (SN_REGISTER_BYTES): GCC's target pragma enables
+// AVX2 or AVX-512 without defining __AVX2__ or __AVX512F__, so the macros
+// would say 16 everywhere. Loops that work a register at a time use this
+// width: a wider vector type, which GCC splits into this set's registers,
+// goes through the stack on the way.
+#ifndef SN_REGISTER_BYTES
+#error "define SN_REGISTER_BYTES (16, 32 or 64) before including this file"
 #endif
+constexpr int kRegisterBytes = SN_REGISTER_BYTES;
 template <typename T>
 constexpr int kLanes = kRegisterBytes / sizeof(T);
 
