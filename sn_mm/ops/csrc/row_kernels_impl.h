@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "row_kernels.h"
 
@@ -132,46 +133,81 @@ constexpr int kRegisterBytes = SN_REGISTER_BYTES;
 template <typename T>
 constexpr int kLanes = kRegisterBytes / sizeof(T);
 
-// The lane sums of eight 8-lane vectors v[0..7] as one vector: lane i holds
-// the sum of v[i]'s lanes. A transposing tree (three levels of paired
-// shuffles and adds) where folding each vector alone would take three
-// shuffles and three adds per vector.
-template <typename V>
-SN_INLINE V transpose_sums(const V* v) {
-  V half[4], quarter[2];
-#pragma GCC unroll 4
-  for (int k = 0; k < 4; ++k)  // [a01 a23 b01 b23 | a45 a67 b45 b67]
-    half[k] = __builtin_shufflevector(v[2 * k], v[2 * k + 1], 0, 2, 8, 10, 4,
-                                      6, 12, 14) +
-              __builtin_shufflevector(v[2 * k], v[2 * k + 1], 1, 3, 9, 11, 5,
-                                      7, 13, 15);
-#pragma GCC unroll 2
-  for (int k = 0; k < 2; ++k)  // [a0-3 b0-3 c0-3 d0-3 | a4-7 ... d4-7]
-    quarter[k] = __builtin_shufflevector(half[2 * k], half[2 * k + 1], 0, 2, 8,
-                                         10, 4, 6, 12, 14) +
-                 __builtin_shufflevector(half[2 * k], half[2 * k + 1], 1, 3, 9,
-                                         11, 5, 7, 13, 15);
-  return __builtin_shufflevector(quarter[0], quarter[1], 0, 1, 2, 3, 8, 9, 10,
-                                 11) +
-         __builtin_shufflevector(quarter[0], quarter[1], 4, 5, 6, 7, 12, 13,
-                                 14, 15);
+// Lanes of the short-row sums' vectors: one register's (kLanes), at most
+// 8, the width at which the 8 sums of 4 rows fill one vector.
+template <typename T>
+constexpr int kSumLanes = kLanes<T> < 8 ? kLanes<T> : 8;
+
+// Pairwise sums of the lanes of a and b, a's first: [a0+a1, a2+a3, ...,
+// b0+b1, ...] (the even lanes of a:b plus the odd ones).
+template <typename V, int... I>
+SN_INLINE V pair_sums(V a, V b, std::integer_sequence<int, I...>) {
+  return __builtin_shufflevector(a, b, (2 * I)...) +
+         __builtin_shufflevector(a, b, (2 * I + 1)...);
 }
 
-// A row of n >= 8 values in 8-lane vectors: the whole vectors, then the
-// last 8 values with the lanes already counted masked off (no scalar tail).
+// The lane sums of eight W-lane vectors v[0..7], in order, into s[0..7]: a
+// transposing tree (log2 W levels of paired shuffles and adds), where
+// folding each vector alone would take log2 W shuffles and adds per vector.
+// At W = 8 the first two levels pair lanes within each 128-bit half (one
+// instruction each for float32 under AVX2) and the last crosses the
+// halves once.
+template <int W, typename V, typename T>
+SN_INLINE void transpose_sums(V* v, T* __restrict__ s) {
+  if constexpr (W == 8) {
+    V half[4], quarter[2];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k)  // [a01 a23 b01 b23 | a45 a67 b45 b67]
+      half[k] = __builtin_shufflevector(v[2 * k], v[2 * k + 1], 0, 2, 8, 10,
+                                        4, 6, 12, 14) +
+                __builtin_shufflevector(v[2 * k], v[2 * k + 1], 1, 3, 9, 11,
+                                        5, 7, 13, 15);
+#pragma GCC unroll 2
+    for (int k = 0; k < 2; ++k)  // [a0-3 b0-3 c0-3 d0-3 | a4-7 ... d4-7]
+      quarter[k] = __builtin_shufflevector(half[2 * k], half[2 * k + 1], 0, 2,
+                                           8, 10, 4, 6, 12, 14) +
+                   __builtin_shufflevector(half[2 * k], half[2 * k + 1], 1, 3,
+                                           9, 11, 5, 7, 13, 15);
+    store<8>(s, __builtin_shufflevector(quarter[0], quarter[1], 0, 1, 2, 3, 8,
+                                        9, 10, 11) +
+                    __builtin_shufflevector(quarter[0], quarter[1], 4, 5, 6, 7,
+                                            12, 13, 14, 15));
+  } else {
+    int m = 8;
+#pragma GCC unroll 2
+    for (int width = W; width > 1; width /= 2) {
+      m /= 2;
+#pragma GCC unroll 4
+      for (int k = 0; k < m; ++k)
+        v[k] = pair_sums(v[2 * k], v[2 * k + 1],
+                         std::make_integer_sequence<int, W>());
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 8 / W; ++k) store<W>(s + k * W, v[k]);
+  }
+}
+
+// A row of n >= 8 values in W-lane vectors: the whole vectors, then the
+// last W values with the lanes already counted masked off (no scalar
+// tail).
 struct ShortRow {
   int64_t whole;  // values in whole vectors
-  int rem;        // values after them (0-7)
+  int rem;        // values after them (0 to W - 1)
+  ShortRow(int64_t n, int lanes) : whole(n - n % lanes), rem(n % lanes) {}
 };
 
-// v with all but its last `rem` lanes zeroed, by a bitwise and with a lane
-// mask (exact, and a vector ?: is not portable between GCC and Clang).
-template <typename V>
-SN_INLINE V keep_last(V v, int rem) {
+// v (W lanes) with all but its last `rem` lanes zeroed, by a bitwise and
+// with a lane mask (exact, and a vector ?: is not portable between GCC and
+// Clang).
+template <int W, typename V, int... K>
+SN_INLINE V keep_last(V v, int rem, std::integer_sequence<int, K...>) {
   using I = std::conditional_t<sizeof(v[0]) == 4, int32_t, int64_t>;
-  using IV = typename Vec<I, 8>::type;
-  const IV keep = IV{0, 1, 2, 3, 4, 5, 6, 7} >= static_cast<I>(8 - rem);
-  return (V)((IV)v & keep);
+  using IV = typename Vec<I, W>::type;
+  return (V)((IV)v & (IV{K...} >= static_cast<I>(W - rem)));
+}
+template <int W, typename V>
+SN_INLINE V keep_last(V v, int rem) {
+  return keep_last<W>(v, rem, std::make_integer_sequence<int, W>());
 }
 
 // For 4 consecutive short rows of n >= 8 values at x: sums of (x - shift)
@@ -183,7 +219,8 @@ SN_INLINE V keep_last(V v, int rem) {
 template <typename T>
 SN_INLINE void rows_shifted_sums(const T* __restrict__ x, int64_t n,
                                  ShortRow shape, T* __restrict__ s) {
-  using V = typename Vec<T, 8>::type;
+  constexpr int W = kSumLanes<T>;
+  using V = typename Vec<T, W>::type;
   V acc[8];
   T shift[4];
 #pragma GCC unroll 4
@@ -191,23 +228,23 @@ SN_INLINE void rows_shifted_sums(const T* __restrict__ x, int64_t n,
     acc[r] = acc[4 + r] = V{};
     shift[r] = x[r * n];
   }
-  for (int64_t i = 0; i < shape.whole; i += 8)
+  for (int64_t i = 0; i < shape.whole; i += W)
 #pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) {
-      const V d = load<8>(x + r * n + i) - shift[r];
+      const V d = load<W>(x + r * n + i) - shift[r];
       acc[r] += d;
       acc[4 + r] += d * d;
     }
   if (shape.rem) {
 #pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) {
-      V d = load<8>(x + r * n + n - 8) - shift[r];
-      d = keep_last(d, shape.rem);
+      V d = load<W>(x + r * n + n - W) - shift[r];
+      d = keep_last<W>(d, shape.rem);
       acc[r] += d;
       acc[4 + r] += d * d;
     }
   }
-  store<8>(s, transpose_sums(acc));
+  transpose_sums<W>(acc, s);
 }
 
 // Likewise for 4 rows the sums of g and of g * (x - m[row]), into s[0..3]
@@ -216,27 +253,28 @@ template <typename T>
 SN_INLINE void rows_grad_sums(const T* __restrict__ g, const T* __restrict__ x,
                               int64_t n, ShortRow shape,
                               const T* __restrict__ m, T* __restrict__ s) {
-  using V = typename Vec<T, 8>::type;
+  constexpr int W = kSumLanes<T>;
+  using V = typename Vec<T, W>::type;
   V acc[8];
 #pragma GCC unroll 4
   for (int r = 0; r < 4; ++r) acc[r] = acc[4 + r] = V{};
-  for (int64_t i = 0; i < shape.whole; i += 8)
+  for (int64_t i = 0; i < shape.whole; i += W)
 #pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) {
-      const V gv = load<8>(g + r * n + i);
+      const V gv = load<W>(g + r * n + i);
       acc[r] += gv;
-      acc[4 + r] += gv * (load<8>(x + r * n + i) - m[r]);
+      acc[4 + r] += gv * (load<W>(x + r * n + i) - m[r]);
     }
   if (shape.rem) {
 #pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) {
-      V gv = load<8>(g + r * n + n - 8);
-      gv = keep_last(gv, shape.rem);
+      V gv = load<W>(g + r * n + n - W);
+      gv = keep_last<W>(gv, shape.rem);
       acc[r] += gv;
-      acc[4 + r] += gv * (load<8>(x + r * n + n - 8) - m[r]);
+      acc[4 + r] += gv * (load<W>(x + r * n + n - W) - m[r]);
     }
   }
-  store<8>(s, transpose_sums(acc));
+  transpose_sums<W>(acc, s);
 }
 
 // sum of a * (b - m): centred on the row mean m, so that an input far from
@@ -296,7 +334,7 @@ SN_INLINE void moments_short_rows(const MomentsArgs<T>& a, int64_t begin,
                                   int64_t end) {
   const int64_t n = a.length;
   const T inv_n = T(1) / static_cast<T>(n);
-  const ShortRow shape{n - n % 8, static_cast<int>(n % 8)};
+  const ShortRow shape(n, kSumLanes<T>);
   T s[8];
   int64_t r = begin;
   if (n >= 8)
@@ -326,7 +364,7 @@ SN_INLINE void grad_sums_kernel(const GradSumsArgs<T>& a, int64_t begin,
                                 int64_t end) {
   if (a.short_rows) {  // four rows at a time, as in moments
     const int64_t n = a.length;
-    const ShortRow shape{n - n % 8, static_cast<int>(n % 8)};
+    const ShortRow shape(n, kSumLanes<T>);
     T s[8];
     int64_t r = begin;
     if (n >= 8)
