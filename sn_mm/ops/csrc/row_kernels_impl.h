@@ -573,13 +573,12 @@ SN_INLINE double lanes_sum(DV v) {
 }
 
 // The sum of term(c), a DV of the kDL values from c, over c = 0, kDL, ...
-// below end (a multiple of kDL), in kSums running sums. With 4 doubles a
-// register (AVX2) one sum waits on each add's latency: four sums took 0.95x
-// the time of an eval at 1x2048x7x7 under AVX2; baseline's 2-double
-// registers wait the same way (not timed on their own). Under AVX-512, 8
-// doubles a register, one sum measured faster (four: 1.09x;
-// docs/performance.md, special paths).
-constexpr int kSums = kDL >= 8 ? 1 : 4;
+// below end (a multiple of kDL), in kSums running sums, so that the adds
+// do not wait on each other's latency. Against one sum, four took 0.88-0.94x
+// the time of an eval at 1x2048x7x7 and 16x256x7x7 at baseline (2 doubles a
+// register) and 0.99-1.02x under AVX2 and AVX-512 (docs/performance.md,
+// special paths).
+constexpr int kSums = 4;
 template <typename F>
 SN_INLINE DV sum_vectors(int64_t end, const F& term) {
   DV s[kSums] = {};
