@@ -158,10 +158,10 @@ SN_INLINE void transpose_sums(V* v, T* __restrict__ s) {
     V half[4], quarter[2];
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k)  // [a01 a23 b01 b23 | a45 a67 b45 b67]
-      half[k] = __builtin_shufflevector(v[2 * k], v[2 * k + 1], 0, 2, 8, 10,
-                                        4, 6, 12, 14) +
-                __builtin_shufflevector(v[2 * k], v[2 * k + 1], 1, 3, 9, 11,
-                                        5, 7, 13, 15);
+      half[k] = __builtin_shufflevector(v[2 * k], v[2 * k + 1], 0, 2, 8, 10, 4,
+                                        6, 12, 14) +
+                __builtin_shufflevector(v[2 * k], v[2 * k + 1], 1, 3, 9, 11, 5,
+                                        7, 13, 15);
 #pragma GCC unroll 2
     for (int k = 0; k < 2; ++k)  // [a0-3 b0-3 c0-3 d0-3 | a4-7 ... d4-7]
       quarter[k] = __builtin_shufflevector(half[2 * k], half[2 * k + 1], 0, 2,
