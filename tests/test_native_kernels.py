@@ -349,15 +349,20 @@ def test_the_environment_picks_the_instruction_set(isa):
 
 
 @pytest.mark.skipif(not native_available(), reason='extension not built')
-@pytest.mark.parametrize('path,shape', [('short_rows', (6, 5, 7, 7)),
-                                        ('by_sample', (8, 64, 24, 24)),
-                                        ('one_sample', (1, 64, 24, 24))])
+@pytest.mark.parametrize('path,shape',
+                         [('short_rows', (6, 5, 7, 7)),
+                          ('by_sample', (8, 64, 24, 24)),
+                          ('one_sample', (1, 64, 24, 24)),
+                          ('streaming_stores',
+                           (2, 16, 256, 256))])  # its smallest output, 16 MiB
 @pytest.mark.parametrize('training', [True, False], ids=['train', 'eval'])
-def test_each_special_path_off_computes_the_same(path, shape, training):
+def test_each_special_path_off_computes_the_same(isa, path, shape, training):
     """A special path switched off: the call takes the general way, which
     gives what the path gives (float64: to rounding) and every gradient."""
     if path == 'by_sample' and training:
         pytest.skip('an eval-forward path')
+    if path == 'streaming_stores' and isa == 'baseline':
+        pytest.skip('baseline has no stores past the caches')
     x = random_input(shape)
     grad = random_input(shape, seed=3)
     results, taken = [], []
@@ -365,7 +370,7 @@ def test_each_special_path_off_computes_the_same(path, shape, training):
     for on in (True, False):
         sn = make_sn(shape[1], using_bn=path != 'by_sample').train(training)
         xs = x.clone().requires_grad_(training)
-        ops.set_cpu_path(path, on)
+        was_on = ops.set_cpu_path(path, on)
         torch.set_num_threads(1)  # the paths' thresholds count per thread
         try:
             with Taken(path) as t:
@@ -373,7 +378,7 @@ def test_each_special_path_off_computes_the_same(path, shape, training):
                 if training:
                     y.backward(grad)
         finally:
-            ops.set_cpu_path(path, True)
+            ops.set_cpu_path(path, was_on)
             torch.set_num_threads(threads)
         taken.append(t.calls)
         results.append([y.detach()] +
@@ -382,3 +387,23 @@ def test_each_special_path_off_computes_the_same(path, shape, training):
     assert taken[0] > 0 and taken[1] == 0, taken
     for on, off in zip(*results):
         torch.testing.assert_close(on, off, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(not native_available(), reason='extension not built')
+def test_streaming_stores_in_float32_match_the_reference(isa):
+    """float32 outputs stored past the caches (their own instructions):
+    the reference's values, from any alignment of the rows."""
+    if isa == 'baseline':
+        pytest.skip('baseline has no stores past the caches')
+    # 16 MiB; rows of 4099 values start at every alignment
+    x = random_input((2, 512, 4099), dtype=torch.float32)
+    sn = make_sn(512, dtype=torch.float32).eval()
+    was_on = ops.set_cpu_path('streaming_stores', True)
+    try:
+        with Taken('streaming_stores') as t, torch.no_grad():
+            y = sn(x)
+    finally:
+        ops.set_cpu_path('streaming_stores', was_on)
+    assert t.calls == 1
+    expected = reference_of(sn.double(), x.double(), False)[0]
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)

@@ -98,16 +98,19 @@ def path_counts() -> dict:
     return dict(_PATHS)
 
 
-def set_path(name: str, enabled: bool) -> None:
+def set_path(name: str, enabled: bool) -> bool:
     """Let plans take layout ``name`` ('split_rows', 'channels_last_tiles')
     where it applies (the default), or never: one program per row chunk
-    of a whole row, tiles along the rows, which compute the same."""
+    of a whole row, tiles along the rows, which compute the same. Returns
+    whether it was on."""
     if name not in _PLAN_PATHS_ON:
         raise ValueError(f'unknown Triton path {name!r} (expected one of '
                          f'{", ".join(map(repr, _PLAN_PATHS_ON))})')
     # The plans' keys hold the switches: switching back and forth (an A/B)
     # finds each side's plans and direct launches where it left them.
+    was_on = _PLAN_PATHS_ON[name]
     _PLAN_PATHS_ON[name] = enabled
+    return was_on
 
 
 def _plan(n: int, c: int, length: int, stride_c: int, stride_l: int,

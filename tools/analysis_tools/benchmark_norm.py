@@ -36,7 +36,6 @@ import json
 import math
 import os
 import statistics
-import sys
 
 import torch
 import torch.nn as nn
@@ -48,16 +47,7 @@ from sn_mm.ops import (cpu_isa, cpu_isas, default_kernels, native_available,
 from sn_mm.ops._compat import own_tensors
 from sn_mm.ops.operator import CUDA_ROUTE
 from sn_mm.testing.timing import (calls_filling, median_time, median_times,
-                                  per_call, timed)
-
-# glibc's malloc returns large freed blocks to the OS and page-faults them
-# back in on the next allocation; which layer pays for that depends on the
-# order of its allocations, and it moved single timings by up to 2x here.
-# A long training process keeps its memory; these settings do the same.
-STEADY_MALLOC = {
-    'MALLOC_MMAP_THRESHOLD_': str(2**32),
-    'MALLOC_TRIM_THRESHOLD_': str(2**36)
-}
+                                  per_call, run_with_steady_malloc, timed)
 
 SHAPES = [
     (2, 256, 200, 304),
@@ -967,13 +957,8 @@ def model_sections(args, report):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.allocator == 'steady' and any(
-            os.environ.get(k) != v for k, v in STEADY_MALLOC.items()):
-        # glibc reads these once, at process start.
-        os.execve(sys.executable, [sys.executable] + sys.argv, {
-            **os.environ,
-            **STEADY_MALLOC
-        })
+    if args.allocator == 'steady':
+        run_with_steady_malloc()
     if args.threads:
         torch.set_num_threads(args.threads)
     shapes = (

@@ -4,10 +4,12 @@ the Triton plans' on a GPU.
 
 Each special path of the C++ kernels (``sn_mm.ops.cpu_path_counts``: short
 rows taken several at a time, eval by sample, one sample's reductions
-inside its passes) is timed on and off at the detector shapes where it
-applies, SN's eval forward and (where the path applies there) training
-forward+backward, in alternating rounds (each round starting one candidate
-further along), under every instruction set this CPU runs (or those given).
+inside its passes, large outputs stored past the caches) is timed on and
+off at the detector shapes where it applies, SN's eval forward and (where
+the path applies there) training forward+backward, in alternating rounds
+(each round starting one candidate further along), under every
+instruction set this CPU runs (or those given; a set where the path never
+applies, as baseline's has no such stores, shows no row for it).
 With ``--triton``, instead the Triton plans' layouts
 (``sn_mm.ops.triton_fused.path_counts``: rows split across programs, tiles
 across channels for channels_last inputs) on the GPU, at the detector shapes
@@ -33,7 +35,8 @@ import torch
 from sn_mm import SwitchableNorm
 from sn_mm.ops import (cpu_isa, cpu_isas, cpu_path_counts, native_available,
                        set_cpu_isa, set_cpu_path)
-from sn_mm.testing.timing import calls_filling, median_times, timed
+from sn_mm.testing.timing import (calls_filling, median_times,
+                                  run_with_steady_malloc, timed)
 
 # Each path and the shapes of benchmark_norm.py where it applies.
 PATH_SHAPES = {
@@ -42,6 +45,9 @@ PATH_SHAPES = {
     'by_sample': [(1024, 256, 14, 14), (512, 256, 7, 7)],
     'one_sample': [(1, 2048, 7, 7), (1, 512, 28, 28), (1, 256, 7, 7),
                    (1, 64, 8, 8)],
+    'streaming_stores': [(2, 256, 200, 304), (2, 512, 100, 152),
+                         (2, 1024, 50, 76), (8, 256, 56, 56),
+                         (1024, 256, 14, 14)],
 }
 # The Triton plans' layouts: split rows where the GPU's plan splits them
 # (decided per shape at run time), channels_last tiles on channels_last
@@ -60,12 +66,14 @@ TRITON_TOY_SHAPES = {
 MODES = {
     'short_rows': ('eval', 'train'),
     'by_sample': ('eval', ),
-    'one_sample': ('eval', 'train')
+    'one_sample': ('eval', 'train'),
+    'streaming_stores': ('eval', 'train')
 }
 TOY_SHAPES = {
     'short_rows': [(8, 16, 7, 7)],
     'by_sample': [(8, 64, 24, 24)],
-    'one_sample': [(1, 64, 24, 24)]
+    'one_sample': [(1, 64, 24, 24)],
+    'streaming_stores': [(2, 64, 128, 128)]  # its smallest output, 16 MiB
 }
 
 
@@ -96,6 +104,13 @@ def parse_args(argv=None):
     parser.add_argument(
         '--toy', action='store_true', help='small shapes (to test the tool)')
     parser.add_argument('--json', default=None)
+    parser.add_argument(
+        '--allocator',
+        choices=('steady', 'system'),
+        default='steady',
+        help='steady (default): restart under glibc malloc settings that '
+        'keep freed memory in the process, as a long training run does '
+        '(as benchmark_norm.py); system: the malloc settings as found')
     return parser.parse_args(argv)
 
 
@@ -134,7 +149,7 @@ class TritonPaths:
     @staticmethod
     def switch(path, on):
         from sn_mm.ops import triton_fused
-        triton_fused.set_path(path, on)
+        return triton_fused.set_path(path, on)
 
     @staticmethod
     def counts():
@@ -164,10 +179,11 @@ def ab(path, shape, mode, rounds, side=CppPaths, **call_args):
         return run
 
     fns = {'on': variant(True), 'off': variant(False)}
+    was_on = side.switch(path, True)
     for fn in fns.values():
         fn()  # warm-up
     times = median_times(fns, rounds)
-    side.switch(path, True)
+    side.switch(path, was_on)
     return (times['on'] / repeat, times['off'] / repeat, taken.get(True, 0),
             taken.get(False, 0))
 
@@ -255,6 +271,8 @@ def print_row(path, isa, shape, mode, on, off, n_on, n_off) -> dict:
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.allocator == 'steady':
+        run_with_steady_malloc()
     rows = triton_rows(args) if args.triton else cpu_rows(args)
     if args.json:
         with open(args.json, 'w') as f:
@@ -286,6 +304,8 @@ def cpu_rows(args):
                     for mode in MODES[path]:
                         on, off, n_on, n_off = ab(path, shape, mode,
                                                   args.rounds)
+                        if n_on == n_off == 0:  # not under this set
+                            continue
                         rows.append(
                             print_row(path, isa, shape, mode, on, off, n_on,
                                       n_off))

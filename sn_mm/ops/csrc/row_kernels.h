@@ -57,6 +57,9 @@ struct NormalizeArgs {
   T *y, *mu, *rstd;
   int64_t channels, length;
   bool short_rows = false;  // rows in whole vectors, no scalar tail
+  // Long rows' outputs stored past the caches, where the set has such
+  // stores (AVX2, AVX-512): no read of each output line before its write.
+  bool streaming = false;
 };
 template <typename T>
 struct InputGradArgs {
@@ -131,6 +134,7 @@ struct RowKernels {
   const char* isa;
   KernelSet<float> f32;
   KernelSet<double> f64;
+  bool streams;  // NormalizeArgs::streaming stores past the caches
 };
 
 // Each instruction set's table; nullptr where this build has none (not

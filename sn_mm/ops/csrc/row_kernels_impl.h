@@ -440,6 +440,45 @@ SN_INLINE void normalize_short_row(const T* __restrict__ x, T* __restrict__ y,
   if (i < n) store<L>(y + n - L, (load<L>(x + n - L) - mu) * s + b);
 }
 
+// Whether this set stores a register past the caches (store_streaming):
+// x86's non-temporal stores of AVX2 and AVX-512; baseline (SSE2, NEON)
+// stores plainly.
+constexpr bool kStreams = kRegisterBytes >= 32;
+
+// A register's values stored past the caches at p, aligned to the
+// register's bytes.
+template <typename T, typename V>
+SN_INLINE void store_streaming(T* p, V v) {
+#if SN_REGISTER_BYTES == 64
+  if constexpr (sizeof(T) == 4)
+    __builtin_ia32_movntps512(p, v);
+  else
+    __builtin_ia32_movntpd512(p, v);
+#elif SN_REGISTER_BYTES == 32
+  if constexpr (sizeof(T) == 4)
+    __builtin_ia32_movntps256(p, v);
+  else
+    __builtin_ia32_movntpd256(p, v);
+#else
+  store<kLanes<T> >(p, v);
+#endif
+}
+
+// A long row, (x - mu) * s + b, its stores past the caches from the first
+// register-aligned output on.
+template <typename T>
+SN_INLINE void normalize_row_streaming(const T* __restrict__ x,
+                                       T* __restrict__ y, int64_t n, T mu, T s,
+                                       T b) {
+  constexpr int L = kLanes<T>;
+  int64_t i = 0;
+  for (; i < n && reinterpret_cast<uintptr_t>(y + i) % kRegisterBytes; ++i)
+    y[i] = (x[i] - mu) * s + b;
+  for (; i + L <= n; i += L)
+    store_streaming(y + i, (load<L>(x + i) - mu) * s + b);
+  for (; i < n; ++i) y[i] = (x[i] - mu) * s + b;
+}
+
 // Per row (n, c): mix the statistics, mu = wm_in * mean_in + wm_n * mu_n +
 // wm_c * mu_c (as mean_in + wm_n * (mu_n - mean_in) + ...) and likewise the
 // variance, then y = (x - mu) * scale + bias with
@@ -468,6 +507,18 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
                           s, b);
       if (++c == a.channels) c = 0;
     }
+    return;
+  }
+  if (kStreams && a.streaming) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T mu = a.mu[r], s = a.weight[c] * a.rstd[r], b = a.bias[c];
+      normalize_row_streaming(a.x + r * a.length, a.y + r * a.length, a.length,
+                              mu, s, b);
+      if (++c == a.channels) c = 0;
+    }
+#if SN_REGISTER_BYTES >= 32
+    __builtin_ia32_sfence();  // the stores seen before the pass ends
+#endif
     return;
   }
   for (int64_t r = begin; r < end; ++r) {
@@ -770,9 +821,9 @@ constexpr sn_mm_rows::KernelSet<T> kernel_set() {
 
 // Defines sn_mm_rows::row_kernels_<name>() returning this compilation's
 // table.
-#define SN_DEFINE_ROW_KERNELS(name)                                \
-  const sn_mm_rows::RowKernels* sn_mm_rows::row_kernels_##name() { \
-    static constexpr RowKernels table{#name, kernel_set<float>(),  \
-                                      kernel_set<double>()};       \
-    return &table;                                                 \
+#define SN_DEFINE_ROW_KERNELS(name)                                    \
+  const sn_mm_rows::RowKernels* sn_mm_rows::row_kernels_##name() {     \
+    static constexpr RowKernels table{#name, kernel_set<float>(),      \
+                                      kernel_set<double>(), kStreams}; \
+    return &table;                                                     \
   }

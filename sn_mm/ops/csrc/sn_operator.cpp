@@ -259,8 +259,9 @@ TORCH_LIBRARY_FRAGMENT(sn_mm, m) {
     }
     return counts;
   });
-  m.def("set_cpu_path(str name, bool enabled) -> ()",
-        [](std::string name, bool enabled) { set_path(name, enabled); });
+  m.def(
+      "set_cpu_path(str name, bool enabled) -> bool",
+      [](std::string name, bool enabled) { return set_path(name, enabled); });
 }
 
 // SyncSN across processes, split at its collectives

@@ -68,10 +68,17 @@ int64_t grain(int64_t length) {
 // for the tests (which assert that theirs ran) and for the A/B tool
 // (tools/analysis_tools/benchmark_paths.py); switched off, a call takes
 // the general way, which computes the same.
-enum Path { kPathShortRows, kPathBySample, kPathOneSample, kPathCount };
+enum Path {
+  kPathShortRows,
+  kPathBySample,
+  kPathOneSample,
+  kPathStreaming,
+  kPathCount
+};
 const char* const kPathNames[kPathCount] = {"short_rows", "by_sample",
-                                            "one_sample"};
-std::atomic<bool> path_on[kPathCount] = {true, true, true};
+                                            "one_sample", "streaming_stores"};
+std::atomic<bool> path_on[kPathCount] = {true, true, true,
+                                         cpu_streams_by_default()};
 std::atomic<int64_t> path_taken[kPathCount] = {};
 
 // Whether a call takes path p where it applies.
@@ -101,7 +108,8 @@ Path path_named(const std::string& name) {
   for (int p = 0; p < kPathCount; ++p)
     if (name == kPathNames[p]) return static_cast<Path>(p);
   TORCH_CHECK_VALUE(false, "SN's CPU kernels: unknown path '", name,
-                    "' (expected short_rows, by_sample or one_sample)");
+                    "' (expected short_rows, by_sample, one_sample or "
+                    "streaming_stores)");
 }
 
 std::vector<std::pair<std::string, int64_t>> path_counts() {
@@ -111,8 +119,8 @@ std::vector<std::pair<std::string, int64_t>> path_counts() {
   return counts;
 }
 
-void set_path(const std::string& name, bool on) {
-  path_on[path_named(name)] = on;
+bool set_path(const std::string& name, bool on) {
+  return path_on[path_named(name)].exchange(on);
 }
 
 template <typename Args>
@@ -592,6 +600,12 @@ std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
   return {bn_m, bn_v};
 }
 
+// Outputs from this size on are stored past the caches where the path is
+// on (streaming_stores): such an output leaves the last-level cache before
+// the next layer reads much of it, and the stores skip reading each line
+// before writing it. 16 MiB: 8x256x56x56 and larger.
+constexpr int64_t kStreamingBytes = int64_t(16) << 20;
+
 template <typename T>
 NormalizeArgs<T> normalize_args(const Forward& f, const Stats<T>& s,
                                 std::pair<const T*, const T*> bn,
@@ -617,6 +631,9 @@ NormalizeArgs<T> normalize_args(const Forward& f, const Stats<T>& s,
   a.channels = f.x3.size(1);
   a.length = f.x3.size(2);
   a.short_rows = short_rows(a.length, Pass::kLater);
+  a.streaming =
+      !a.short_rows &&
+      take(kPathStreaming, kernels().streams && y.nbytes() >= kStreamingBytes);
   return a;
 }
 

@@ -107,8 +107,9 @@ at::Tensor rows_of(const at::Tensor& x);
 // Where the BN mean (then the variance) sits in Forward::ws.
 int64_t bn_offset(int64_t samples, int64_t channels);
 
-// The special paths' calls so far, and their switch (sn_passes.cpp).
+// The special paths' calls so far, and their switch (sn_passes.cpp), which
+// returns whether the path was on.
 std::vector<std::pair<std::string, int64_t>> path_counts();
-void set_path(const std::string& name, bool on);
+bool set_path(const std::string& name, bool on);
 
 }  // namespace sn_mm_cpu
