@@ -406,8 +406,8 @@ def test_streaming_stores_in_float32_match_the_reference(isa):
         ops.set_cpu_path('streaming_stores', was_on)
     assert t.calls == 1
     # 16 MiB in rows of 1023 values: too short for the path
-    short = random_input((2, 2050, 1023), dtype=torch.float32)
-    short_sn = make_sn(2050, dtype=torch.float32).eval()
+    short = random_input((2, 2051, 1023), dtype=torch.float32)
+    short_sn = make_sn(2051, dtype=torch.float32).eval()
     was_on = ops.set_cpu_path('streaming_stores', True)
     try:
         with Taken('streaming_stores') as short_t, torch.no_grad():
