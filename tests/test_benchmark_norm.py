@@ -117,6 +117,9 @@ def test_path_benchmark_times_each_path_on_and_off():
     expected = {('short_rows', 'eval'), ('short_rows', 'train'),
                 ('by_sample', 'eval'), ('one_sample', 'eval'),
                 ('one_sample', 'train')}
+    if cpu_isas()[0] != 'baseline':  # baseline has no streaming stores
+        expected |= {('streaming_stores', 'eval'),
+                     ('streaming_stores', 'train')}
     check_path_table(
         ['--toy', '--rounds', '1', '--threads', '1', '--isa',
          cpu_isas()[0]], None, expected)
