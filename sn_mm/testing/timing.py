@@ -19,10 +19,24 @@ STEADY_MALLOC = {
 }
 
 
-def run_with_steady_malloc() -> None:
+def add_allocator_option(parser) -> None:
+    """A benchmark tool's ``--allocator`` option, which
+    :func:`run_with_steady_malloc` reads."""
+    parser.add_argument(
+        '--allocator',
+        choices=['steady', 'system'],
+        default='steady',
+        help='steady (default): restart under glibc malloc settings that '
+        'keep freed memory in the process, as a long training run does; '
+        'system: the malloc settings as found')
+
+
+def run_with_steady_malloc(allocator: str = 'steady') -> None:
     """Restart this process under :data:`STEADY_MALLOC` unless it already
-    runs under it (glibc reads these once, at process start)."""
-    if any(os.environ.get(k) != v for k, v in STEADY_MALLOC.items()):
+    runs under it (glibc reads these once, at process start) or
+    ``allocator`` (``--allocator``) is ``'system'``."""
+    if allocator == 'steady' and any(
+            os.environ.get(k) != v for k, v in STEADY_MALLOC.items()):
         os.execve(sys.executable, [sys.executable] + sys.argv, {
             **os.environ,
             **STEADY_MALLOC

@@ -46,8 +46,9 @@ from sn_mm.ops import (cpu_isa, cpu_isas, default_kernels, native_available,
                        set_cpu_isa)
 from sn_mm.ops._compat import own_tensors
 from sn_mm.ops.operator import CUDA_ROUTE
-from sn_mm.testing.timing import (calls_filling, median_time, median_times,
-                                  per_call, run_with_steady_malloc, timed)
+from sn_mm.testing.timing import (add_allocator_option, calls_filling,
+                                  median_time, median_times, per_call,
+                                  run_with_steady_malloc, timed)
 
 SHAPES = [
     (2, 256, 200, 304),
@@ -766,13 +767,7 @@ def parse_args(argv=None):
         choices=['avx512', 'avx2', 'baseline'],
         help='instruction set of SN\'s C++ kernels (default: '
         '$SN_MM_CPU_ISA, else the best this CPU has)')
-    parser.add_argument(
-        '--allocator',
-        choices=['steady', 'system'],
-        default='steady',
-        help='steady (default): restart under glibc malloc settings that '
-        'keep freed memory in the process, as a long training run does; '
-        'system: the malloc settings as found')
+    add_allocator_option(parser)
     args = parser.parse_args(argv)
     if args.device == 'cuda' and not torch.cuda.is_available():
         parser.error('--device cuda: no GPU is visible to torch')
@@ -957,8 +952,7 @@ def model_sections(args, report):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.allocator == 'steady':
-        run_with_steady_malloc()
+    run_with_steady_malloc(args.allocator)
     if args.threads:
         torch.set_num_threads(args.threads)
     shapes = (

@@ -35,8 +35,8 @@ import torch
 from sn_mm import SwitchableNorm
 from sn_mm.ops import (cpu_isa, cpu_isas, cpu_path_counts, native_available,
                        set_cpu_isa, set_cpu_path)
-from sn_mm.testing.timing import (calls_filling, median_times,
-                                  run_with_steady_malloc, timed)
+from sn_mm.testing.timing import (add_allocator_option, calls_filling,
+                                  median_times, run_with_steady_malloc, timed)
 
 # Each path and the shapes of benchmark_norm.py where it applies.
 PATH_SHAPES = {
@@ -104,13 +104,7 @@ def parse_args(argv=None):
     parser.add_argument(
         '--toy', action='store_true', help='small shapes (to test the tool)')
     parser.add_argument('--json', default=None)
-    parser.add_argument(
-        '--allocator',
-        choices=('steady', 'system'),
-        default='steady',
-        help='steady (default): restart under glibc malloc settings that '
-        'keep freed memory in the process, as a long training run does '
-        '(as benchmark_norm.py); system: the malloc settings as found')
+    add_allocator_option(parser)
     return parser.parse_args(argv)
 
 
@@ -271,8 +265,7 @@ def print_row(path, isa, shape, mode, on, off, n_on, n_off) -> dict:
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.allocator == 'steady':
-        run_with_steady_malloc()
+    run_with_steady_malloc(args.allocator)
     rows = triton_rows(args) if args.triton else cpu_rows(args)
     if args.json:
         with open(args.json, 'w') as f:
