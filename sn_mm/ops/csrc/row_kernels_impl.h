@@ -442,8 +442,12 @@ SN_INLINE void normalize_short_row(const T* __restrict__ x, T* __restrict__ y,
 
 // Whether this set stores a register past the caches (store_streaming):
 // x86's non-temporal stores of AVX2 and AVX-512; baseline (SSE2, NEON)
-// stores plainly.
-constexpr bool kStreams = kRegisterBytes >= 32;
+// stores plainly and needs no fence.
+#if SN_REGISTER_BYTES >= 32
+constexpr bool kStreams = true;
+#else
+constexpr bool kStreams = false;
+#endif
 
 // A register's values stored past the caches at p, aligned to the
 // register's bytes.
@@ -464,6 +468,13 @@ SN_INLINE void store_streaming(T* p, V v) {
 #endif
 }
 
+// Orders store_streaming's stores before the pass ends.
+SN_INLINE void fence_streaming() {
+#if SN_REGISTER_BYTES >= 32
+  __builtin_ia32_sfence();
+#endif
+}
+
 // A long row, (x - mu) * s + b, its stores past the caches from the first
 // register-aligned output on.
 template <typename T>
@@ -477,6 +488,26 @@ SN_INLINE void normalize_row_streaming(const T* __restrict__ x,
   for (; i + L <= n; i += L)
     store_streaming(y + i, (load<L>(x + i) - mu) * s + b);
   for (; i < n; ++i) y[i] = (x[i] - mu) * s + b;
+}
+
+// A row of any length, (x - mu) * s + b, in a loop GCC vectorises.
+template <typename T>
+SN_INLINE void normalize_row(const T* __restrict__ x, T* __restrict__ y,
+                             int64_t n, T mu, T s, T b) {
+  for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - mu) * s + b;
+}
+
+// row(x, y, length, mu, scale, bias) for each of rows [begin, end), their
+// mu and 1 / sqrt(var + eps) already in a.mu and a.rstd.
+template <typename T, typename Row>
+SN_INLINE void for_each_row(const NormalizeArgs<T>& a, int64_t begin,
+                            int64_t end, Row row) {
+  int64_t c = begin % a.channels;
+  for (int64_t r = begin; r < end; ++r) {
+    row(a.x + r * a.length, a.y + r * a.length, a.length, a.mu[r],
+        a.weight[c] * a.rstd[r], a.bias[c]);
+    if (++c == a.channels) c = 0;
+  }
 }
 
 // Per row (n, c): mix the statistics, mu = wm_in * mean_in + wm_n * mu_n +
@@ -499,34 +530,13 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
     });
     r0 = r1;
   }
-  int64_t c = begin % a.channels;
   if (a.short_rows && a.length >= kLanes<T>) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T mu = a.mu[r], s = a.weight[c] * a.rstd[r], b = a.bias[c];
-      normalize_short_row(a.x + r * a.length, a.y + r * a.length, a.length, mu,
-                          s, b);
-      if (++c == a.channels) c = 0;
-    }
-    return;
-  }
-  if (kStreams && a.streaming) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T mu = a.mu[r], s = a.weight[c] * a.rstd[r], b = a.bias[c];
-      normalize_row_streaming(a.x + r * a.length, a.y + r * a.length, a.length,
-                              mu, s, b);
-      if (++c == a.channels) c = 0;
-    }
-#if SN_REGISTER_BYTES >= 32
-    __builtin_ia32_sfence();  // the stores seen before the pass ends
-#endif
-    return;
-  }
-  for (int64_t r = begin; r < end; ++r) {
-    const T mu = a.mu[r], s = a.weight[c] * a.rstd[r], b = a.bias[c];
-    const T* __restrict__ row = a.x + r * a.length;
-    T* __restrict__ out = a.y + r * a.length;
-    for (int64_t i = 0; i < a.length; ++i) out[i] = (row[i] - mu) * s + b;
-    if (++c == a.channels) c = 0;
+    for_each_row(a, begin, end, normalize_short_row<T>);
+  } else if (kStreams && a.streaming) {
+    for_each_row(a, begin, end, normalize_row_streaming<T>);
+    fence_streaming();
+  } else {
+    for_each_row(a, begin, end, normalize_row<T>);
   }
 }
 
