@@ -49,6 +49,20 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+def gradient_clearer(*tensors: torch.Tensor) -> Callable[[], None]:
+    """A function that sets each tensor's ``.grad`` to None, as
+    ``optimizer.zero_grad()`` does before a training step: a timed backward
+    then stores its gradients instead of adding into earlier ones (how many
+    it would add differs between layers: SN has four parameters, GN
+    two)."""
+
+    def clear() -> None:
+        for t in tensors:
+            t.grad = None
+
+    return clear
+
+
 def timed(fn: Callable[[], object]) -> float:
     """Seconds ``fn()`` takes, including the GPU work it queued."""
     sync()

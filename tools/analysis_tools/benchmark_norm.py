@@ -47,8 +47,8 @@ from sn_mm.ops import (cpu_isa, cpu_isas, default_kernels, native_available,
 from sn_mm.ops._compat import own_tensors
 from sn_mm.ops.operator import CUDA_ROUTE
 from sn_mm.testing.timing import (add_allocator_option, calls_filling,
-                                  median_time, median_times, per_call,
-                                  run_with_steady_malloc, timed)
+                                  gradient_clearer, median_time, median_times,
+                                  per_call, run_with_steady_malloc, timed)
 
 SHAPES = [
     (2, 256, 200, 304),
@@ -205,7 +205,8 @@ def _calls_per_timing(layer, x, grad, device):
 
 
 def _time_layer(layer, x, grad, t, queued, calls):
-    x.grad = None
+    no_grads = gradient_clearer(x, *layer.parameters())
+    no_grads()
     # Eval right after train forward: the same state of the caches.
     t['fwd'].append(per_call(lambda: layer(x), calls['fwd']))
     with torch.no_grad():
@@ -215,10 +216,11 @@ def _time_layer(layer, x, grad, t, queued, calls):
             t['eval_x10'].append(per_call(lambda: layer(x), 10))
     layer.train()
     out = layer(x)
+    no_grads()
     t['bwd'].append(timed(lambda: out.backward(grad)))
 
     def both():
-        x.grad = None  # no accumulation into x.grad's previous value
+        no_grads()
         layer(x).backward(grad)
 
     t['both'].append(per_call(both, calls['both']))

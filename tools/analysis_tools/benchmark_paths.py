@@ -36,7 +36,8 @@ from sn_mm import SwitchableNorm
 from sn_mm.ops import (cpu_isa, cpu_isas, cpu_path_counts, native_available,
                        set_cpu_isa, set_cpu_path)
 from sn_mm.testing.timing import (add_allocator_option, calls_filling,
-                                  median_times, run_with_steady_malloc, timed)
+                                  gradient_clearer, median_times,
+                                  run_with_steady_malloc, timed)
 
 # Each path and the shapes of benchmark_norm.py where it applies.
 PATH_SHAPES = {
@@ -123,9 +124,10 @@ def calls(shape, mode, device='cpu', channels_last=False, kernels=None):
             with torch.no_grad():
                 layer(x)
     else:
+        no_grads = gradient_clearer(x, *layer.parameters())
 
         def call():
-            x.grad = None  # no accumulation into the previous gradient
+            no_grads()
             layer(x).backward(grad)
 
     return call
