@@ -349,12 +349,18 @@ def test_the_environment_picks_the_instruction_set(isa):
 
 
 @pytest.mark.skipif(not native_available(), reason='extension not built')
-@pytest.mark.parametrize('path,shape',
-                         [('short_rows', (6, 5, 7, 7)),
-                          ('by_sample', (8, 64, 24, 24)),
-                          ('one_sample', (1, 64, 24, 24)),
-                          ('streaming_stores',
-                           (2, 16, 256, 256))])  # its smallest output, 16 MiB
+@pytest.mark.parametrize(
+    'path,shape',
+    [
+        ('short_rows', (6, 5, 7, 7)),
+        ('by_sample', (8, 64, 24, 24)),
+        ('one_sample', (1, 64, 24, 24)),
+        # its smallest output, 16 MiB: long rows, and
+        # rows of 98 float64 values (784 bytes) stored
+        # whole in 16-byte stores
+        ('streaming_stores', (2, 16, 256, 256)),
+        ('streaming_stores', (100, 214, 7, 14))
+    ])
 @pytest.mark.parametrize('training', [True, False], ids=['train', 'eval'])
 def test_each_special_path_off_computes_the_same(isa, path, shape, training):
     """A special path switched off: the call takes the general way, which
@@ -417,3 +423,28 @@ def test_streaming_stores_in_float32_match_the_reference(isa):
     assert short_t.calls == 0
     expected = reference_of(sn.double(), x.double(), False)[0]
     torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not native_available(), reason='extension not built')
+@pytest.mark.parametrize('length', [196, 200, 208, 49])
+def test_streaming_stores_take_whole_rows_that_end_on_16_bytes(isa, length):
+    """16 MiB of float32 rows shorter than the long rows' threshold: rows of
+    196, 200 and 208 values (784, 800 and 832 bytes: 16-, 32- and 64-byte
+    stores) are stored past the caches, whole, with the plain path's
+    values; rows of 49 (196 bytes) are not."""
+    if isa == 'baseline':
+        pytest.skip('baseline has no stores past the caches')
+    rows = -(-(16 << 20) // (4 * length))
+    x = random_input((rows // 128 + 1, 128, length), dtype=torch.float32)
+    sn = make_sn(128, dtype=torch.float32).eval()
+    outputs, taken = [], []
+    for on in (True, False):
+        was_on = ops.set_cpu_path('streaming_stores', on)
+        try:
+            with Taken('streaming_stores') as t, torch.no_grad():
+                outputs.append(sn(x))
+        finally:
+            ops.set_cpu_path('streaming_stores', was_on)
+        taken.append(t.calls)
+    assert taken == ([0, 0] if length == 49 else [1, 0])
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=0)

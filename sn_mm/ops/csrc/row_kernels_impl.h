@@ -449,22 +449,32 @@ constexpr bool kStreams = true;
 constexpr bool kStreams = false;
 #endif
 
-// A register's values stored past the caches at p, aligned to the
-// register's bytes.
-template <typename T, typename V>
+// A vector of Bytes (16, or up to a register's) stored past the caches at
+// p, aligned to Bytes.
+template <int Bytes, typename T, typename V>
 SN_INLINE void store_streaming(T* p, V v) {
+  static_assert(Bytes >= 16 && Bytes <= kRegisterBytes, "store width");
+#if SN_REGISTER_BYTES >= 32
+  if constexpr (Bytes == 16) {
+    if constexpr (sizeof(T) == 4)
+      __builtin_ia32_movntps(p, v);
+    else
+      __builtin_ia32_movntpd(p, v);
+  } else if constexpr (Bytes == 32) {
+    if constexpr (sizeof(T) == 4)
+      __builtin_ia32_movntps256(p, v);
+    else
+      __builtin_ia32_movntpd256(p, v);
+  } else {
 #if SN_REGISTER_BYTES == 64
-  if constexpr (sizeof(T) == 4)
-    __builtin_ia32_movntps512(p, v);
-  else
-    __builtin_ia32_movntpd512(p, v);
-#elif SN_REGISTER_BYTES == 32
-  if constexpr (sizeof(T) == 4)
-    __builtin_ia32_movntps256(p, v);
-  else
-    __builtin_ia32_movntpd256(p, v);
+    if constexpr (sizeof(T) == 4)
+      __builtin_ia32_movntps512(p, v);
+    else
+      __builtin_ia32_movntpd512(p, v);
+#endif
+  }
 #else
-  store<kLanes<T> >(p, v);
+  store<Bytes / sizeof(T)>(p, v);
 #endif
 }
 
@@ -486,8 +496,20 @@ SN_INLINE void normalize_row_streaming(const T* __restrict__ x,
   for (; i < n && reinterpret_cast<uintptr_t>(y + i) % kRegisterBytes; ++i)
     y[i] = (x[i] - mu) * s + b;
   for (; i + L <= n; i += L)
-    store_streaming(y + i, (load<L>(x + i) - mu) * s + b);
+    store_streaming<kRegisterBytes>(y + i, (load<L>(x + i) - mu) * s + b);
   for (; i < n; ++i) y[i] = (x[i] - mu) * s + b;
+}
+
+// A row that starts and ends on a Bytes boundary, (x - mu) * s + b, every
+// store past the caches: no plain store shares a cache line with a
+// streamed one (rows of 196 float32 values: 16 bytes).
+template <int Bytes, typename T>
+SN_INLINE void normalize_aligned_row_streaming(const T* __restrict__ x,
+                                               T* __restrict__ y, int64_t n,
+                                               T mu, T s, T b) {
+  constexpr int L = Bytes / sizeof(T);
+  for (int64_t i = 0; i < n; i += L)
+    store_streaming<Bytes>(y + i, (load<L>(x + i) - mu) * s + b);
 }
 
 // A row of any length, (x - mu) * s + b, in a loop GCC vectorises.
@@ -508,6 +530,29 @@ SN_INLINE void for_each_row(const NormalizeArgs<T>& a, int64_t begin,
         a.weight[c] * a.rstd[r], a.bias[c]);
     if (++c == a.channels) c = 0;
   }
+}
+
+// Rows [begin, end) normalised past the caches: whole rows in the widest
+// stores that every row's start is aligned to (y's address and the row's
+// bytes), or, where that is under 16 bytes, from each row's first
+// register-aligned output on.
+template <typename T>
+SN_INLINE void stream_rows(const NormalizeArgs<T>& a, int64_t begin,
+                           int64_t end) {
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(a.y) |
+                         static_cast<uintptr_t>(a.length * sizeof(T));
+  const uintptr_t aligned = bits & (~bits + 1);  // its lowest set bit
+  if constexpr (kRegisterBytes >= 64)
+    if (aligned >= 64)
+      return for_each_row(a, begin, end,
+                          normalize_aligned_row_streaming<64, T>);
+  if constexpr (kRegisterBytes >= 32)
+    if (aligned >= 32)
+      return for_each_row(a, begin, end,
+                          normalize_aligned_row_streaming<32, T>);
+  if (aligned >= 16)
+    return for_each_row(a, begin, end, normalize_aligned_row_streaming<16, T>);
+  for_each_row(a, begin, end, normalize_row_streaming<T>);
 }
 
 // Per row (n, c): mix the statistics, mu = wm_in * mean_in + wm_n * mu_n +
@@ -533,7 +578,7 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
   if (a.short_rows && a.length >= kLanes<T>) {
     for_each_row(a, begin, end, normalize_short_row<T>);
   } else if (kStreams && a.streaming) {
-    for_each_row(a, begin, end, normalize_row_streaming<T>);
+    stream_rows(a, begin, end);
     fence_streaming();
   } else {
     for_each_row(a, begin, end, normalize_row<T>);

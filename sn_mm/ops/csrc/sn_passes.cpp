@@ -600,13 +600,16 @@ std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
   return {bn_m, bn_v};
 }
 
-// Outputs from kStreamingBytes on, in rows of kStreamingRow values or more,
-// are stored past the caches where the path is on (streaming_stores): such
-// an output leaves the last-level cache before the next layer reads much
-// of it, and the stores skip reading each line before writing it. Shorter
-// rows share more cache lines between a row's plain first and last stores
-// and its neighbours' streamed ones: at 1024x256x14x14 (rows of 196) the
-// path measured 0.62-0.92x.
+// Outputs from kStreamingBytes on are stored past the caches where the
+// path is on (streaming_stores): such an output leaves the last-level cache
+// before the next layer reads much of it, and the stores skip reading each
+// line before writing it. Rows whose bytes are a multiple of 16 are stored
+// whole that way (1024x256x14x14: rows of 196 values, 784 bytes); other
+// rows from their first register-aligned value on, if they have
+// kStreamingRow values or more: their plain first and last stores share
+// cache lines with their neighbours' streamed ones, which cost more than
+// the path saved at rows of 196 (0.62-0.92x, docs/performance.md, special
+// paths).
 constexpr int64_t kStreamingBytes = int64_t(16) << 20, kStreamingRow = 1024;
 
 template <typename T>
@@ -634,9 +637,10 @@ NormalizeArgs<T> normalize_args(const Forward& f, const Stats<T>& s,
   a.channels = f.x3.size(1);
   a.length = f.x3.size(2);
   a.short_rows = short_rows(a.length, Pass::kLater);
-  a.streaming =
-      take(kPathStreaming, kernels().streams && a.length >= kStreamingRow &&
-                               y.nbytes() >= kStreamingBytes);
+  const bool whole_rows = a.length * int64_t(sizeof(T)) % 16 == 0;
+  a.streaming = take(kPathStreaming,
+                     kernels().streams && y.nbytes() >= kStreamingBytes &&
+                         (whole_rows || a.length >= kStreamingRow));
   return a;
 }
 
