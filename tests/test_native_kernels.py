@@ -430,21 +430,27 @@ def test_streaming_stores_in_float32_match_the_reference(isa):
 def test_streaming_stores_take_whole_rows_that_end_on_16_bytes(isa, length):
     """16 MiB of float32 rows shorter than the long rows' threshold: rows of
     196, 200 and 208 values (784, 800 and 832 bytes: 16-, 32- and 64-byte
-    stores) are stored past the caches, whole, with the plain path's
-    values; rows of 49 (196 bytes) are not."""
+    stores) are stored past the caches, whole, the output in forward and
+    the input's gradient in backward, with the plain path's values; rows
+    of 49 (196 bytes) are not."""
     if isa == 'baseline':
         pytest.skip('baseline has no stores past the caches')
     rows = -(-(16 << 20) // (4 * length))
     x = random_input((rows // 128 + 1, 128, length), dtype=torch.float32)
-    sn = make_sn(128, dtype=torch.float32).eval()
-    outputs, taken = [], []
+    grad = random_input(x.shape, dtype=torch.float32, seed=3)
+    results, taken = [], []
     for on in (True, False):
+        sn = make_sn(128, dtype=torch.float32)
+        xs = x.clone().requires_grad_()
         was_on = ops.set_cpu_path('streaming_stores', on)
         try:
-            with Taken('streaming_stores') as t, torch.no_grad():
-                outputs.append(sn(x))
+            with Taken('streaming_stores') as t:
+                y = sn(xs)
+                y.backward(grad)
         finally:
             ops.set_cpu_path('streaming_stores', was_on)
         taken.append(t.calls)
-    assert taken == ([0, 0] if length == 49 else [1, 0])
-    torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=0)
+        results.append([y.detach(), xs.grad])
+    assert taken == ([0, 0] if length == 49 else [2, 0])  # forward, backward
+    for on, off in zip(*results):
+        torch.testing.assert_close(on, off, rtol=0, atol=0)

@@ -57,8 +57,8 @@ struct NormalizeArgs {
   T *y, *mu, *rstd;
   int64_t channels, length;
   bool short_rows = false;  // rows in whole vectors, no scalar tail
-  // Long rows' outputs stored past the caches, where the set has such
-  // stores (AVX2, AVX-512): no read of each output line before its write.
+  // The output stored past the caches, where the set has such stores
+  // (AVX2, AVX-512): no read of each output line before its write.
   bool streaming = false;
 };
 template <typename T>
@@ -70,6 +70,7 @@ struct InputGradArgs {
   T* dx;
   int64_t channels, length;
   bool short_rows = false;  // rows in whole vectors, no scalar tail
+  bool streaming = false;   // dx stored past the caches (NormalizeArgs')
 };
 template <typename T>
 struct LnStatsArgs {

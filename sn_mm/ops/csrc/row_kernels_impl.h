@@ -532,27 +532,35 @@ SN_INLINE void for_each_row(const NormalizeArgs<T>& a, int64_t begin,
   }
 }
 
-// Rows [begin, end) normalised past the caches: whole rows in the widest
-// stores that every row's start is aligned to (y's address and the row's
-// bytes), or, where that is under 16 bytes, from each row's first
-// register-aligned output on.
+// fn(std::integral_constant<int, Bytes>()) with the widest stores past the
+// caches that every row of `length` values from y starts on (y's address
+// and a row's bytes): 64, 32 or 16 bytes, or 0 where that is under 16.
+template <typename T, typename Fn>
+SN_INLINE void with_streaming_width(const T* y, int64_t length, Fn fn) {
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(y) |
+                         static_cast<uintptr_t>(length * sizeof(T));
+  const uintptr_t aligned = bits & (~bits + 1);  // its lowest set bit
+  if constexpr (kRegisterBytes >= 64)
+    if (aligned >= 64) return fn(std::integral_constant<int, 64>());
+  if constexpr (kRegisterBytes >= 32)
+    if (aligned >= 32) return fn(std::integral_constant<int, 32>());
+  if (aligned >= 16) return fn(std::integral_constant<int, 16>());
+  fn(std::integral_constant<int, 0>());
+}
+
+// Rows [begin, end) normalised past the caches: whole rows where they start
+// on 16 bytes or more, else from each row's first register-aligned output
+// on.
 template <typename T>
 SN_INLINE void stream_rows(const NormalizeArgs<T>& a, int64_t begin,
                            int64_t end) {
-  const uintptr_t bits = reinterpret_cast<uintptr_t>(a.y) |
-                         static_cast<uintptr_t>(a.length * sizeof(T));
-  const uintptr_t aligned = bits & (~bits + 1);  // its lowest set bit
-  if constexpr (kRegisterBytes >= 64)
-    if (aligned >= 64)
-      return for_each_row(a, begin, end,
-                          normalize_aligned_row_streaming<64, T>);
-  if constexpr (kRegisterBytes >= 32)
-    if (aligned >= 32)
-      return for_each_row(a, begin, end,
-                          normalize_aligned_row_streaming<32, T>);
-  if (aligned >= 16)
-    return for_each_row(a, begin, end, normalize_aligned_row_streaming<16, T>);
-  for_each_row(a, begin, end, normalize_row_streaming<T>);
+  with_streaming_width(a.y, a.length, [&](auto width) {
+    constexpr int kBytes = decltype(width)::value;
+    if constexpr (kBytes == 0)
+      for_each_row(a, begin, end, normalize_row_streaming<T>);
+    else
+      for_each_row(a, begin, end, normalize_aligned_row_streaming<kBytes, T>);
+  });
 }
 
 // Per row (n, c): mix the statistics, mu = wm_in * mean_in + wm_n * mu_n +
@@ -601,6 +609,44 @@ SN_INLINE void input_grad_short_row(const T* __restrict__ g,
              load<L>(g + n - L) * s + cx * (load<L>(x + n - L) - m) + sh);
 }
 
+// input_grad_kernel's row of any length, in a loop GCC vectorises.
+template <typename T>
+SN_INLINE void input_grad_row(const T* __restrict__ g, const T* __restrict__ x,
+                              T* __restrict__ dx, int64_t n, T s, T cx, T m,
+                              T sh) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = g[i] * s + cx * (x[i] - m) + sh;
+}
+
+// input_grad_kernel's long row, its stores past the caches from the first
+// register-aligned value on (as normalize_row_streaming's).
+template <typename T>
+SN_INLINE void input_grad_row_streaming(const T* __restrict__ g,
+                                        const T* __restrict__ x,
+                                        T* __restrict__ dx, int64_t n, T s,
+                                        T cx, T m, T sh) {
+  constexpr int L = kLanes<T>;
+  int64_t i = 0;
+  for (; i < n && reinterpret_cast<uintptr_t>(dx + i) % kRegisterBytes; ++i)
+    dx[i] = g[i] * s + cx * (x[i] - m) + sh;
+  for (; i + L <= n; i += L)
+    store_streaming<kRegisterBytes>(
+        dx + i, load<L>(g + i) * s + cx * (load<L>(x + i) - m) + sh);
+  for (; i < n; ++i) dx[i] = g[i] * s + cx * (x[i] - m) + sh;
+}
+
+// input_grad_kernel's row that starts and ends on a Bytes boundary, every
+// store past the caches (as normalize_aligned_row_streaming's).
+template <int Bytes, typename T>
+SN_INLINE void input_grad_aligned_row_streaming(const T* __restrict__ g,
+                                                const T* __restrict__ x,
+                                                T* __restrict__ dx, int64_t n,
+                                                T s, T cx, T m, T sh) {
+  constexpr int L = Bytes / sizeof(T);
+  for (int64_t i = 0; i < n; i += L)
+    store_streaming<Bytes>(
+        dx + i, load<L>(g + i) * s + cx * (load<L>(x + i) - m) + sh);
+}
+
 // dx = g * scale + a * (x - mean_in) + b per row, a and b from the gradients
 // of the row's IN mean and variance (what autograd derives from the
 // reference's formulas).
@@ -636,25 +682,29 @@ SN_INLINE void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin,
             shift[j] = d_mean_in * inv_length;
           }
         });
-    if (a.short_rows && a.length >= kLanes<T>) {
+    auto each_row = [&](auto row) {
       for (int64_t j = 0; j < rows; ++j) {
         const int64_t r = r0 + j, o = r * a.length;
-        input_grad_short_row(a.g + o, a.x + o, a.dx + o, a.length, scale[j],
-                             coef_x[j], a.mean_in[r], shift[j]);
+        row(a.g + o, a.x + o, a.dx + o, a.length, scale[j], coef_x[j],
+            a.mean_in[r], shift[j]);
       }
+    };
+    if (a.short_rows && a.length >= kLanes<T>) {
+      each_row(input_grad_short_row<T>);
+    } else if (kStreams && a.streaming) {
+      with_streaming_width(a.dx, a.length, [&](auto width) {
+        constexpr int kBytes = decltype(width)::value;
+        if constexpr (kBytes == 0)
+          each_row(input_grad_row_streaming<T>);
+        else
+          each_row(input_grad_aligned_row_streaming<kBytes, T>);
+      });
     } else {
-      for (int64_t j = 0; j < rows; ++j) {
-        const int64_t r = r0 + j;
-        const T s = scale[j], cx = coef_x[j], sh = shift[j], m = a.mean_in[r];
-        const T* __restrict__ xr = a.x + r * a.length;
-        const T* __restrict__ gr = a.g + r * a.length;
-        T* __restrict__ out = a.dx + r * a.length;
-        for (int64_t i = 0; i < a.length; ++i)
-          out[i] = gr[i] * s + cx * (xr[i] - m) + sh;
-      }
+      each_row(input_grad_row<T>);
     }
     r0 = r1;
   }
+  if (kStreams && a.streaming) fence_streaming();
 }
 
 // ------------------------------------------------- (N, C) reductions --

@@ -600,17 +600,27 @@ std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
   return {bn_m, bn_v};
 }
 
-// Outputs from kStreamingBytes on are stored past the caches where the
-// path is on (streaming_stores): such an output leaves the last-level cache
-// before the next layer reads much of it, and the stores skip reading each
-// line before writing it. Rows whose bytes are a multiple of 16 are stored
-// whole that way (1024x256x14x14: rows of 196 values, 784 bytes); other
-// rows from their first register-aligned value on, if they have
-// kStreamingRow values or more: their plain first and last stores share
-// cache lines with their neighbours' streamed ones, which cost more than
-// the path saved at rows of 196 (0.62-0.92x, docs/performance.md, special
-// paths).
+// Outputs (y, and in backward the input's gradient) from kStreamingBytes on
+// are stored past the caches where the path is on (streaming_stores): such
+// an output leaves the last-level cache before the next layer reads much of
+// it, and the stores skip reading each line before writing it. Rows whose
+// bytes are a multiple of 16 are stored whole that way (1024x256x14x14:
+// rows of 196 values, 784 bytes); other rows from their first
+// register-aligned value on, if they have kStreamingRow values or more:
+// their plain first and last stores share cache lines with their
+// neighbours' streamed ones, which cost more than the path saved at rows of
+// 196 (0.62-0.92x; docs/performance.md, special paths, has the figures).
 constexpr int64_t kStreamingBytes = int64_t(16) << 20, kStreamingRow = 1024;
+
+// Whether an output tensor `out` in rows of `length` values is stored past
+// the caches; counts the pass in streaming_stores' calls.
+template <typename T>
+bool streamed(const at::Tensor& out, int64_t length) {
+  const bool whole_rows = length * int64_t(sizeof(T)) % 16 == 0;
+  return take(kPathStreaming, kernels().streams &&
+                                  out.nbytes() >= kStreamingBytes &&
+                                  (whole_rows || length >= kStreamingRow));
+}
 
 template <typename T>
 NormalizeArgs<T> normalize_args(const Forward& f, const Stats<T>& s,
@@ -637,10 +647,7 @@ NormalizeArgs<T> normalize_args(const Forward& f, const Stats<T>& s,
   a.channels = f.x3.size(1);
   a.length = f.x3.size(2);
   a.short_rows = short_rows(a.length, Pass::kLater);
-  const bool whole_rows = a.length * int64_t(sizeof(T)) % 16 == 0;
-  a.streaming = take(kPathStreaming,
-                     kernels().streams && y.nbytes() >= kStreamingBytes &&
-                         (whole_rows || a.length >= kStreamingRow));
+  a.streaming = streamed<T>(y, a.length);
   return a;
 }
 
@@ -1170,6 +1177,7 @@ void input_grad_pass(const at::Tensor& g, const Forward& f,
       channels,
       spatial};
   iargs.short_rows = short_rows(spatial, Pass::kLater);
+  iargs.streaming = streamed<T>(grad_x, spatial);
   run_rows(iargs, samples * channels, spatial);
 }
 
