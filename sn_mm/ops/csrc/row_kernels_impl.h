@@ -583,11 +583,13 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
     });
     r0 = r1;
   }
-  if (a.short_rows && a.length >= kLanes<T>) {
-    for_each_row(a, begin, end, normalize_short_row<T>);
-  } else if (kStreams && a.streaming) {
+  // Streaming first: short rows that end on 16 bytes stream whole, in
+  // whole vectors, as the short-row loop would store them.
+  if (kStreams && a.streaming) {
     stream_rows(a, begin, end);
     fence_streaming();
+  } else if (a.short_rows && a.length >= kLanes<T>) {
+    for_each_row(a, begin, end, normalize_short_row<T>);
   } else {
     for_each_row(a, begin, end, normalize_row<T>);
   }
@@ -689,9 +691,7 @@ SN_INLINE void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin,
             a.mean_in[r], shift[j]);
       }
     };
-    if (a.short_rows && a.length >= kLanes<T>) {
-      each_row(input_grad_short_row<T>);
-    } else if (kStreams && a.streaming) {
+    if (kStreams && a.streaming) {  // first, as in normalize_kernel
       with_streaming_width(a.dx, a.length, [&](auto width) {
         constexpr int kBytes = decltype(width)::value;
         if constexpr (kBytes == 0)
@@ -699,6 +699,8 @@ SN_INLINE void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin,
         else
           each_row(input_grad_aligned_row_streaming<kBytes, T>);
       });
+    } else if (a.short_rows && a.length >= kLanes<T>) {
+      each_row(input_grad_short_row<T>);
     } else {
       each_row(input_grad_row<T>);
     }
