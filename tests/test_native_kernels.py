@@ -355,9 +355,8 @@ def test_the_environment_picks_the_instruction_set(isa):
         ('short_rows', (6, 5, 7, 7)),
         ('by_sample', (8, 64, 24, 24)),
         ('one_sample', (1, 64, 24, 24)),
-        # its smallest output, 16 MiB: long rows, and
-        # rows of 98 float64 values (784 bytes) stored
-        # whole in 16-byte stores
+        # its smallest output, 16 MiB: long rows, and rows of 98 float64
+        # values (784 bytes), stored whole in 16-byte stores
         ('streaming_stores', (2, 16, 256, 256)),
         ('streaming_stores', (100, 214, 7, 14))
     ])
