@@ -8,8 +8,9 @@ inside its passes, large outputs stored past the caches) is timed on and
 off at the detector shapes where it applies, SN's eval forward and (where
 the path applies there) training forward+backward, in alternating rounds
 (each round starting one candidate further along), under every
-instruction set this CPU runs (or those given; a set where the path never
-applies, as baseline's has no such stores, shows no row for it).
+instruction set this CPU runs (or those given; where no call takes the
+path, as under baseline, which has no such stores, its row says so and
+holds no times; the --json rows leave it out).
 With ``--triton``, instead the Triton plans' layouts
 (``sn_mm.ops.triton_fused.path_counts``: rows split across programs, tiles
 across channels for channels_last inputs) on the GPU, at the detector shapes
@@ -265,6 +266,15 @@ def print_row(path, isa, shape, mode, on, off, n_on, n_off) -> dict:
     return row
 
 
+def print_not_taken(path, isa, shape, mode) -> None:
+    """A row for a path no call took, on or off (under this instruction
+    set it does not apply: baseline stores nothing past the caches)."""
+    print(
+        f'| {path} | {isa} | {"x".join(map(str, shape))} | {mode} '
+        '| - | - | - | 0, 0: not taken |',
+        flush=True)
+
+
 def main(argv=None):
     args = parse_args(argv)
     run_with_steady_malloc(args.allocator)
@@ -299,7 +309,10 @@ def cpu_rows(args):
                     for mode in MODES[path]:
                         on, off, n_on, n_off = ab(path, shape, mode,
                                                   args.rounds)
-                        if n_on == n_off == 0:  # not under this set
+                        if n_on == n_off == 0:
+                            # Said rather than left out, so that a path
+                            # that stops applying where it should shows.
+                            print_not_taken(path, isa, shape, mode)
                             continue
                         rows.append(
                             print_row(path, isa, shape, mode, on, off, n_on,
