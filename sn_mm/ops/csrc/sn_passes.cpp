@@ -614,9 +614,8 @@ constexpr int64_t kStreamingBytes = int64_t(16) << 20, kStreamingRow = 1024;
 
 // Whether an output tensor `out` in rows of `length` values is stored past
 // the caches; counts the pass in streaming_stores' calls.
-template <typename T>
 bool streamed(const at::Tensor& out, int64_t length) {
-  const bool whole_rows = length * int64_t(sizeof(T)) % 16 == 0;
+  const bool whole_rows = length * out.element_size() % 16 == 0;
   return take(kPathStreaming, kernels().streams &&
                                   out.nbytes() >= kStreamingBytes &&
                                   (whole_rows || length >= kStreamingRow));
@@ -647,7 +646,7 @@ NormalizeArgs<T> normalize_args(const Forward& f, const Stats<T>& s,
   a.channels = f.x3.size(1);
   a.length = f.x3.size(2);
   a.short_rows = short_rows(a.length, Pass::kLater);
-  a.streaming = streamed<T>(y, a.length);
+  a.streaming = streamed(y, a.length);
   return a;
 }
 
@@ -1177,7 +1176,7 @@ void input_grad_pass(const at::Tensor& g, const Forward& f,
       channels,
       spatial};
   iargs.short_rows = short_rows(spatial, Pass::kLater);
-  iargs.streaming = streamed<T>(grad_x, spatial);
+  iargs.streaming = streamed(grad_x, spatial);
   run_rows(iargs, samples * channels, spatial);
 }
 
