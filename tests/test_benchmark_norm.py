@@ -116,7 +116,8 @@ def test_path_benchmark_times_each_path_on_and_off():
         pytest.skip('extension not built')
     expected = {('short_rows', 'eval'), ('short_rows', 'train'),
                 ('by_sample', 'eval'), ('one_sample', 'eval'),
-                ('one_sample', 'train')}
+                ('one_sample', 'train'), ('chunked_rows', 'eval'),
+                ('chunked_rows', 'train')}
     if cpu_isas()[0] != 'baseline':  # baseline has no streaming stores
         expected |= {('streaming_stores', 'eval'),
                      ('streaming_stores', 'train')}

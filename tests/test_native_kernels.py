@@ -358,7 +358,11 @@ def test_the_environment_picks_the_instruction_set(isa):
         # its smallest output, 16 MiB: long rows, and rows of 98 float64
         # values (784 bytes), stored whole in 16-byte stores
         ('streaming_stores', (2, 16, 256, 256)),
-        ('streaming_stores', (100, 214, 7, 14))
+        ('streaming_stores', (100, 214, 7, 14)),
+        # rows of 3050 float64 values: chunks of 1024, the last of 1002;
+        # and one sample's (one_sample)
+        ('chunked_rows', (2, 3, 50, 61)),
+        ('chunked_rows', (1, 4, 40, 40))
     ])
 @pytest.mark.parametrize('training', [True, False], ids=['train', 'eval'])
 def test_each_special_path_off_computes_the_same(isa, path, shape, training):

@@ -99,14 +99,18 @@ def test_float32_with_large_offsets_matches_float64(offset, scale, kernels):
 
 
 @pytest.mark.parametrize('offset', OFFSETS)
-@pytest.mark.parametrize('kernels', ['native', 'triton', 'torch'])
-def test_float32_as_precise_as_pytorch_norms(kernels, offset):
+@pytest.mark.parametrize(
+    'kernels,shape', [('native', (4, 16, 8, 8)), ('triton', (4, 16, 8, 8)),
+                      ('torch', (4, 16, 8, 8)), ('native', (2, 4, 60, 80))],
+    ids=['native', 'triton', 'torch', 'native_rows_in_chunks'])
+def test_float32_as_precise_as_pytorch_norms(kernels, shape, offset):
     """SN's float32 output (train and eval) within 2x the largest error of
     PyTorch's BN, IN and LN on the same inputs, and its running statistics
     within 2x BN's (floor 1e-6: float32's own rounding of a moving average
-    over a few steps)."""
+    over a few steps). Rows of 4800 values: the C++ kernels' moments in
+    chunks of 2048 (chunked_rows)."""
     require_kernels(kernels)
-    shape, steps = (4, 16, 8, 8), 5
+    steps = 5
     for scale in SCALES:
         inputs = offset_inputs(shape, offset, scale, steps + 1)
         theirs = {

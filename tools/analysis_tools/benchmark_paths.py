@@ -4,7 +4,8 @@ the Triton plans' on a GPU.
 
 Each special path of the C++ kernels (``sn_mm.ops.cpu_path_counts``: short
 rows taken several at a time, eval by sample, one sample's reductions
-inside its passes, large outputs stored past the caches) is timed on and
+inside its passes, large outputs stored past the caches, long rows'
+moments in chunks) is timed on and
 off at the detector shapes where it applies, SN's eval forward and (where
 the path applies there) training forward+backward, in alternating rounds
 (each round starting one candidate further along), under every
@@ -50,6 +51,10 @@ PATH_SHAPES = {
     'streaming_stores': [(2, 256, 200, 304), (2, 512, 100, 152),
                          (2, 1024, 50, 76), (8, 256, 56, 56),
                          (1024, 256, 14, 14)],
+    # and batch-1 inference at ResNet's stem (mmdet tests one image of
+    # 800x1216 at a time)
+    'chunked_rows': [(2, 256, 200, 304), (2, 512, 100, 152), (2, 1024, 50, 76),
+                     (8, 256, 56, 56), (1, 64, 400, 608)],
 }
 # The Triton plans' layouts: split rows where the GPU's plan splits them
 # (decided per shape at run time), channels_last tiles on channels_last
@@ -69,13 +74,15 @@ MODES = {
     'short_rows': ('eval', 'train'),
     'by_sample': ('eval', ),
     'one_sample': ('eval', 'train'),
-    'streaming_stores': ('eval', 'train')
+    'streaming_stores': ('eval', 'train'),
+    'chunked_rows': ('eval', 'train')
 }
 TOY_SHAPES = {
     'short_rows': [(8, 16, 7, 7)],
     'by_sample': [(8, 64, 24, 24)],
     'one_sample': [(1, 64, 24, 24)],
-    'streaming_stores': [(2, 128, 128, 128)]  # its smallest output, 16 MiB
+    'streaming_stores': [(2, 128, 128, 128)],  # its smallest output, 16 MiB
+    'chunked_rows': [(2, 16, 48, 48)]  # rows of 2304 values, two chunks
 }
 
 

@@ -327,6 +327,29 @@ SN_INLINE void moments_rows(const MomentsArgs<T>& a, int64_t begin,
   }
 }
 
+// A long row read from memory once: chunk by chunk, the chunk's mean and
+// then its squared deviations from it while the chunk is in L1, the chunks
+// combined by Chan's formula (in double). Deviations from the row's first
+// value, as in moments_rows.
+template <int Lanes, typename T>
+SN_INLINE void moments_chunked_row(const MomentsArgs<T>& a, int64_t r) {
+  const T* row = a.x + r * a.length;
+  const T shift = row[0];
+  double count = 0, mean_dev = 0, m2 = 0;
+  for (int64_t i = 0; i < a.length; i += a.chunk) {
+    const int64_t n = min_of(a.chunk, a.length - i);
+    const T chunk_mean =
+        row_sum_shifted<Lanes>(row + i, n, shift) / static_cast<T>(n);
+    const T chunk_m2 = row_sq_dev<Lanes>(row + i, n, shift, chunk_mean);
+    const double total = count + double(n), d = double(chunk_mean) - mean_dev;
+    mean_dev += d * double(n) / total;
+    m2 += double(chunk_m2) + d * d * count * double(n) / total;
+    count = total;
+  }
+  store_mean(a, r, shift, static_cast<T>(mean_dev));
+  a.var[r] = static_cast<T>(m2) / a.divisor;
+}
+
 // Short rows (RoI features: 7 x 7), four at a time in one pass each; the
 // rest (fewer than four rows, or rows under 8 values) as long rows.
 template <typename T>
@@ -355,6 +378,8 @@ SN_INLINE void moments_kernel(const MomentsArgs<T>& a, int64_t begin,
                               int64_t end) {
   if (a.short_rows)
     moments_short_rows(a, begin, end);
+  else if (a.chunk > 0)
+    for (int64_t r = begin; r < end; ++r) moments_chunked_row<32>(a, r);
   else
     moments_rows<32>(a, begin, end);
 }
