@@ -531,9 +531,9 @@ std::pair<const T*, const T*> fixed_bn(const Forward& f, const Stats<T>& s,
 // size (chunked_rows), each chunk's mean and squared deviations while it is
 // in L1: the general way takes a row's mean and then its squared
 // deviations, eight rows at a time, and eight rows of 2x256x200x304 (243
-// KB each) come back from L3 or memory. 0.93x at 2x256x200x304 eval, 0.88x
-// at 1x64x400x608 (batch-1 inference at ResNet's stem; docs/performance.md,
-// special paths: chunked_rows).
+// KB each) come back from L3 or memory. Off/on 1.08-1.11 at 2x256x200x304
+// eval, 1.23-1.33 at 1x64x400x608 (batch-1 inference at ResNet's stem;
+// docs/performance.md, special paths: chunked_rows).
 constexpr int64_t kChunkBytes = int64_t(8) << 10;
 
 template <typename T>
