@@ -57,6 +57,32 @@ class Taken:
         self.calls = ops.cpu_path_counts()[self.path] - self.before
 
 
+def on_and_off(path, make_layer, x, grad=None, threads=None):
+    """A fresh layer's call on ``x`` (and, given ``grad``, a training
+    backward) with special ``path`` on, then off: the calls that took the
+    path each time, and the output with, in training, every gradient."""
+    taken, results = [], []
+    before = torch.get_num_threads()
+    for on in (True, False):
+        sn = make_layer().train(grad is not None)
+        xs = x.clone().requires_grad_(grad is not None)
+        was_on = ops.set_cpu_path(path, on)
+        torch.set_num_threads(threads or before)
+        try:
+            with Taken(path) as t:
+                y = sn(xs)
+                if grad is not None:
+                    y.backward(grad)
+        finally:
+            ops.set_cpu_path(path, was_on)
+            torch.set_num_threads(before)
+        taken.append(t.calls)
+        grads = [] if grad is None else [xs.grad
+                                         ] + [p.grad for p in sn.parameters()]
+        results.append([y.detach()] + grads)
+    return taken, results
+
+
 def test_extension_is_built():
     # make test builds it; SN_MM_NO_EXT=1 is the only way to go without.
     if os.environ.get('SN_MM_NO_EXT') == '1':
@@ -372,27 +398,12 @@ def test_each_special_path_off_computes_the_same(isa, path, shape, training):
         pytest.skip('an eval-forward path')
     if path == 'streaming_stores' and isa == 'baseline':
         pytest.skip('baseline has no stores past the caches')
-    x = random_input(shape)
-    grad = random_input(shape, seed=3)
-    results, taken = [], []
-    threads = torch.get_num_threads()
-    for on in (True, False):
-        sn = make_sn(shape[1], using_bn=path != 'by_sample').train(training)
-        xs = x.clone().requires_grad_(training)
-        was_on = ops.set_cpu_path(path, on)
-        torch.set_num_threads(1)  # the paths' thresholds count per thread
-        try:
-            with Taken(path) as t:
-                y = sn(xs)
-                if training:
-                    y.backward(grad)
-        finally:
-            ops.set_cpu_path(path, was_on)
-            torch.set_num_threads(threads)
-        taken.append(t.calls)
-        results.append([y.detach()] +
-                       ([xs.grad] +
-                        [p.grad for p in sn.parameters()] if training else []))
+    taken, results = on_and_off(
+        path,
+        lambda: make_sn(shape[1], using_bn=path != 'by_sample'),
+        random_input(shape),
+        random_input(shape, seed=3) if training else None,
+        threads=1)  # the paths' thresholds count per thread
     assert taken[0] > 0 and taken[1] == 0, taken
     for on, off in zip(*results):
         torch.testing.assert_close(on, off, rtol=1e-12, atol=1e-12)
@@ -441,19 +452,9 @@ def test_streaming_stores_take_whole_rows_that_end_on_16_bytes(isa, length):
     rows = -(-(16 << 20) // (4 * length))
     x = random_input((rows // 128 + 1, 128, length), dtype=torch.float32)
     grad = random_input(x.shape, dtype=torch.float32, seed=3)
-    results, taken = [], []
-    for on in (True, False):
-        sn = make_sn(128, dtype=torch.float32)
-        xs = x.clone().requires_grad_()
-        was_on = ops.set_cpu_path('streaming_stores', on)
-        try:
-            with Taken('streaming_stores') as t:
-                y = sn(xs)
-                y.backward(grad)
-        finally:
-            ops.set_cpu_path('streaming_stores', was_on)
-        taken.append(t.calls)
-        results.append([y.detach(), xs.grad])
+    taken, results = on_and_off('streaming_stores',
+                                lambda: make_sn(128, dtype=torch.float32), x,
+                                grad)
     assert taken == ([0, 0] if length == 49 else [2, 0])  # forward, backward
     for on, off in zip(*results):
         torch.testing.assert_close(on, off, rtol=0, atol=0)
