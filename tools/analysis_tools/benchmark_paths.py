@@ -5,11 +5,11 @@ the Triton plans' on a GPU.
 Each special path of the C++ kernels (``sn_mm.ops.cpu_path_counts``: short
 rows taken several at a time, eval by sample, one sample's reductions
 inside its passes, large outputs stored past the caches, long rows'
-moments in chunks) is timed on and
-off at the detector shapes where it applies, SN's eval forward and (where
-the path applies there) training forward+backward, in alternating rounds
-(each round starting one candidate further along), under every
-instruction set this CPU runs (or those given; where no call takes the
+moments in chunks) is timed on and off at the detector shapes where it
+applies (and, for the chunks, at batch-1 inference's largest), SN's eval
+forward and (where the path applies there) training forward+backward, in
+alternating rounds (each round starting one candidate further along), under
+every instruction set this CPU runs (or those given; where no call takes the
 path, as under baseline, which has no such stores, its row says so and
 holds no times; the --json rows leave it out).
 With ``--triton``, instead the Triton plans' layouts
