@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "moments_part.h"
 #include "row_kernels.h"
 
 // Vectors pass by value only between inlined functions: GCC's note that
@@ -329,25 +330,22 @@ SN_INLINE void moments_rows(const MomentsArgs<T>& a, int64_t begin,
 
 // A long row read from memory once: chunk by chunk, the chunk's mean and
 // then its squared deviations from it while the chunk is in L1, the chunks
-// combined by Chan's formula (in double). Deviations from the row's first
-// value, as in moments_rows.
+// combined by Chan's formula (moments_part.h). Deviations from the row's
+// first value, as in moments_rows.
 template <int Lanes, typename T>
 SN_INLINE void moments_chunked_row(const MomentsArgs<T>& a, int64_t r) {
   const T* row = a.x + r * a.length;
   const T shift = row[0];
-  double count = 0, mean_dev = 0, m2 = 0;
+  sn_mm_rows::MomentsPart dev;  // of x - shift
   for (int64_t i = 0; i < a.length; i += a.chunk) {
     const int64_t n = min_of(a.chunk, a.length - i);
     const T chunk_mean =
         row_sum_shifted<Lanes>(row + i, n, shift) / static_cast<T>(n);
     const T chunk_m2 = row_sq_dev<Lanes>(row + i, n, shift, chunk_mean);
-    const double total = count + double(n), d = double(chunk_mean) - mean_dev;
-    mean_dev += d * double(n) / total;
-    m2 += double(chunk_m2) + d * d * count * double(n) / total;
-    count = total;
+    dev = combined(dev, {double(n), double(chunk_mean), double(chunk_m2)});
   }
-  store_mean(a, r, shift, static_cast<T>(mean_dev));
-  a.var[r] = static_cast<T>(m2) / a.divisor;
+  store_mean(a, r, shift, static_cast<T>(dev.mean));
+  a.var[r] = static_cast<T>(dev.m2) / a.divisor;
 }
 
 // Short rows (RoI features: 7 x 7), four at a time in one pass each; the

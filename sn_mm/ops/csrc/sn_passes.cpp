@@ -28,6 +28,7 @@
 #endif
 
 #include "cpu_isa.h"
+#include "moments_part.h"
 #include "row_kernels.h"
 
 namespace sn_mm_cpu {
@@ -38,6 +39,7 @@ using sn_mm_rows::GradSumsArgs;
 using sn_mm_rows::InputGradArgs;
 using sn_mm_rows::LnStatsArgs;
 using sn_mm_rows::MomentsArgs;
+using sn_mm_rows::MomentsPart;
 using sn_mm_rows::NormalizeArgs;
 
 #define SN_RUN(kernel, Args)                                    \
@@ -548,20 +550,6 @@ MomentsArgs<T> moments_args(const Forward& f, const Stats<T>& s) {
   return a;
 }
 
-// LN's statistics of a range of channels, combined by Chan's formula for
-// the M2 sums of two parts (in double).
-struct LnPart {
-  double count = 0, mean = 0, m2 = 0;
-};
-
-LnPart combined(const LnPart& a, const LnPart& b) {
-  if (a.count == 0) return b;
-  if (b.count == 0) return a;
-  const double count = a.count + b.count, d = b.mean - a.mean;
-  return {count, a.mean + d * b.count / count,
-          a.m2 + b.m2 + d * d * a.count * b.count / count};
-}
-
 // IN's moments and LN's statistics; with bn_sums, also the batch's BN
 // channel means and M2 sums (into bn_mean and bn_var).
 template <typename T>
@@ -743,7 +731,7 @@ void one_sample_region(const MomentsArgs<T>& margs,
           : std::min<int64_t>(
                 at::get_num_threads(),
                 (channels + grain(spatial) - 1) / grain(spatial));
-  std::vector<LnPart> parts(tasks);
+  std::vector<MomentsPart> parts(tasks);
   // Thread t of nt: its channels' moments and LN part.
   auto channels_of = [&](int64_t t, int64_t nt) {
     const int64_t chunk = (channels + nt - 1) / nt;
@@ -764,10 +752,11 @@ void one_sample_region(const MomentsArgs<T>& margs,
                         nullptr};
     part.ln_double = both;
     run(part, 0, 1);
-    parts[t] = LnPart{double(end - begin), both[0], both[1] * (end - begin)};
+    parts[t] =
+        MomentsPart{double(end - begin), both[0], both[1] * (end - begin)};
   };
   auto normalize = [&](int64_t t, int64_t nt) {
-    LnPart ln;
+    MomentsPart ln;
     for (int64_t i = 0; i < nt; ++i) ln = combined(ln, parts[i]);
     T mean = static_cast<T>(ln.mean), var = static_cast<T>(ln.m2 / ln.count);
     if (t == 0) {  // for backward; the others read their own copies
