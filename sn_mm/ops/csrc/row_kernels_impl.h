@@ -451,17 +451,35 @@ SN_INLINE void mixed_stats(const T* __restrict__ mean_in,
   }
 }
 
-// A row of n >= kLanes<T> values: (x - mu) * s + b a register at a time,
-// the last register the row's last values (lanes already written are
-// written again, with the same values), so no scalar tail.
-template <typename T>
-SN_INLINE void normalize_short_row(const T* __restrict__ x, T* __restrict__ y,
-                                   int64_t n, T mu, T s, T b) {
-  constexpr int L = kLanes<T>;
-  int64_t i = 0;
-  for (; i + L <= n; i += L) store<L>(y + i, (load<L>(x + i) - mu) * s + b);
-  if (i < n) store<L>(y + n - L, (load<L>(x + n - L) - mu) * s + b);
-}
+// ---------------------------------------------------------- row stores --
+// The normalise and input-gradient passes write each value of a row as
+// value(v...) of the same value of one or two inputs; `value` is a generic
+// lambda, so that it takes scalars and vectors alike. One store loop per
+// way of writing a row; the inputs stay `__restrict__` parameters, which
+// GCC's vectoriser needs to go without run-time overlap checks.
+
+// A row of any length, in a loop GCC vectorises.
+struct PlainStore {
+  template <typename T, typename F, typename... In>
+  static SN_INLINE void row(T* __restrict__ y, int64_t n, F value,
+                            const In* __restrict__... in) {
+    for (int64_t i = 0; i < n; ++i) y[i] = value(in[i]...);
+  }
+};
+
+// A row of n >= kLanes<T> values, a register at a time, the last register
+// the row's last values (lanes already written are written again, with the
+// same values), so no scalar tail.
+struct ShortStore {
+  template <typename T, typename F, typename... In>
+  static SN_INLINE void row(T* __restrict__ y, int64_t n, F value,
+                            const In* __restrict__... in) {
+    constexpr int L = kLanes<T>;
+    int64_t i = 0;
+    for (; i + L <= n; i += L) store<L>(y + i, value(load<L>(in + i)...));
+    if (i < n) store<L>(y + n - L, value(load<L>(in + n - L)...));
+  }
+};
 
 // Whether this set stores a register past the caches (store_streaming):
 // x86's non-temporal stores of AVX2 and AVX-512; baseline (SSE2, NEON)
@@ -508,52 +526,35 @@ SN_INLINE void fence_streaming() {
 #endif
 }
 
-// A long row, (x - mu) * s + b, its stores past the caches from the first
-// register-aligned output on.
-template <typename T>
-SN_INLINE void normalize_row_streaming(const T* __restrict__ x,
-                                       T* __restrict__ y, int64_t n, T mu, T s,
-                                       T b) {
-  constexpr int L = kLanes<T>;
-  int64_t i = 0;
-  for (; i < n && reinterpret_cast<uintptr_t>(y + i) % kRegisterBytes; ++i)
-    y[i] = (x[i] - mu) * s + b;
-  for (; i + L <= n; i += L)
-    store_streaming<kRegisterBytes>(y + i, (load<L>(x + i) - mu) * s + b);
-  for (; i < n; ++i) y[i] = (x[i] - mu) * s + b;
-}
-
-// A row that starts and ends on a Bytes boundary, (x - mu) * s + b, every
-// store past the caches: no plain store shares a cache line with a
-// streamed one (rows of 196 float32 values: 16 bytes).
-template <int Bytes, typename T>
-SN_INLINE void normalize_aligned_row_streaming(const T* __restrict__ x,
-                                               T* __restrict__ y, int64_t n,
-                                               T mu, T s, T b) {
-  constexpr int L = Bytes / sizeof(T);
-  for (int64_t i = 0; i < n; i += L)
-    store_streaming<Bytes>(y + i, (load<L>(x + i) - mu) * s + b);
-}
-
-// A row of any length, (x - mu) * s + b, in a loop GCC vectorises.
-template <typename T>
-SN_INLINE void normalize_row(const T* __restrict__ x, T* __restrict__ y,
-                             int64_t n, T mu, T s, T b) {
-  for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - mu) * s + b;
-}
-
-// row(x, y, length, mu, scale, bias) for each of rows [begin, end), their
-// mu and 1 / sqrt(var + eps) already in a.mu and a.rstd.
-template <typename T, typename Row>
-SN_INLINE void for_each_row(const NormalizeArgs<T>& a, int64_t begin,
-                            int64_t end, Row row) {
-  int64_t c = begin % a.channels;
-  for (int64_t r = begin; r < end; ++r) {
-    row(a.x + r * a.length, a.y + r * a.length, a.length, a.mu[r],
-        a.weight[c] * a.rstd[r], a.bias[c]);
-    if (++c == a.channels) c = 0;
+// A long row, its stores past the caches from the first register-aligned
+// output on.
+struct StreamedStore {
+  template <typename T, typename F, typename... In>
+  static SN_INLINE void row(T* __restrict__ y, int64_t n, F value,
+                            const In* __restrict__... in) {
+    constexpr int L = kLanes<T>;
+    int64_t i = 0;
+    for (; i < n && reinterpret_cast<uintptr_t>(y + i) % kRegisterBytes; ++i)
+      y[i] = value(in[i]...);
+    for (; i + L <= n; i += L)
+      store_streaming<kRegisterBytes>(y + i, value(load<L>(in + i)...));
+    for (; i < n; ++i) y[i] = value(in[i]...);
   }
-}
+};
+
+// A row that starts and ends on a Bytes boundary, every store past the
+// caches: no plain store shares a cache line with a streamed one (rows of
+// 196 float32 values: 16 bytes).
+template <int Bytes>
+struct StreamedWholeStore {
+  template <typename T, typename F, typename... In>
+  static SN_INLINE void row(T* __restrict__ y, int64_t n, F value,
+                            const In* __restrict__... in) {
+    constexpr int L = Bytes / sizeof(T);
+    for (int64_t i = 0; i < n; i += L)
+      store_streaming<Bytes>(y + i, value(load<L>(in + i)...));
+  }
+};
 
 // fn(std::integral_constant<int, Bytes>()) with the widest stores past the
 // caches that every row of `length` values from y starts on (y's address
@@ -571,19 +572,31 @@ SN_INLINE void with_streaming_width(const T* y, int64_t length, Fn fn) {
   fn(std::integral_constant<int, 0>());
 }
 
-// Rows [begin, end) normalised past the caches: whole rows where they start
-// on 16 bytes or more, else from each row's first register-aligned output
-// on.
-template <typename T>
-SN_INLINE void stream_rows(const NormalizeArgs<T>& a, int64_t begin,
-                           int64_t end) {
-  with_streaming_width(a.y, a.length, [&](auto width) {
-    constexpr int kBytes = decltype(width)::value;
-    if constexpr (kBytes == 0)
-      for_each_row(a, begin, end, normalize_row_streaming<T>);
-    else
-      for_each_row(a, begin, end, normalize_aligned_row_streaming<kBytes, T>);
-  });
+// Whether a pass's rows are stored past the caches.
+template <typename Args>
+SN_INLINE bool streams(const Args& a) {
+  return kStreams && a.streaming;
+}
+
+// fn(store), `store` the way the pass's rows of a.length values from y are
+// written. Streaming first: rows that all start on 16 bytes or more
+// stream whole, in whole vectors (as ShortStore would store short ones);
+// other rows from their first register-aligned output on.
+template <typename Args, typename T, typename Fn>
+SN_INLINE void with_row_store(const Args& a, const T* y, Fn fn) {
+  if (streams(a)) {
+    with_streaming_width(y, a.length, [&](auto width) {
+      constexpr int kBytes = decltype(width)::value;
+      if constexpr (kBytes == 0)
+        fn(StreamedStore());
+      else
+        fn(StreamedWholeStore<kBytes>());
+    });
+  } else if (a.short_rows && a.length >= kLanes<T>) {
+    fn(ShortStore());
+  } else {
+    fn(PlainStore());
+  }
 }
 
 // Per row (n, c): mix the statistics, mu = wm_in * mean_in + wm_n * mu_n +
@@ -606,70 +619,18 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
     });
     r0 = r1;
   }
-  // Streaming first: short rows that end on 16 bytes stream whole, in
-  // whole vectors, as the short-row loop would store them.
-  if (kStreams && a.streaming) {
-    stream_rows(a, begin, end);
-    fence_streaming();
-  } else if (a.short_rows && a.length >= kLanes<T>) {
-    for_each_row(a, begin, end, normalize_short_row<T>);
-  } else {
-    for_each_row(a, begin, end, normalize_row<T>);
-  }
-}
-
-// input_grad_kernel's row of n >= kLanes<T> values, as
-// normalize_short_row's.
-template <typename T>
-SN_INLINE void input_grad_short_row(const T* __restrict__ g,
-                                    const T* __restrict__ x,
-                                    T* __restrict__ dx, int64_t n, T s, T cx,
-                                    T m, T sh) {
-  constexpr int L = kLanes<T>;
-  int64_t i = 0;
-  for (; i + L <= n; i += L)
-    store<L>(dx + i, load<L>(g + i) * s + cx * (load<L>(x + i) - m) + sh);
-  if (i < n)
-    store<L>(dx + n - L,
-             load<L>(g + n - L) * s + cx * (load<L>(x + n - L) - m) + sh);
-}
-
-// input_grad_kernel's row of any length, in a loop GCC vectorises.
-template <typename T>
-SN_INLINE void input_grad_row(const T* __restrict__ g, const T* __restrict__ x,
-                              T* __restrict__ dx, int64_t n, T s, T cx, T m,
-                              T sh) {
-  for (int64_t i = 0; i < n; ++i) dx[i] = g[i] * s + cx * (x[i] - m) + sh;
-}
-
-// input_grad_kernel's long row, its stores past the caches from the first
-// register-aligned value on (as normalize_row_streaming's).
-template <typename T>
-SN_INLINE void input_grad_row_streaming(const T* __restrict__ g,
-                                        const T* __restrict__ x,
-                                        T* __restrict__ dx, int64_t n, T s,
-                                        T cx, T m, T sh) {
-  constexpr int L = kLanes<T>;
-  int64_t i = 0;
-  for (; i < n && reinterpret_cast<uintptr_t>(dx + i) % kRegisterBytes; ++i)
-    dx[i] = g[i] * s + cx * (x[i] - m) + sh;
-  for (; i + L <= n; i += L)
-    store_streaming<kRegisterBytes>(
-        dx + i, load<L>(g + i) * s + cx * (load<L>(x + i) - m) + sh);
-  for (; i < n; ++i) dx[i] = g[i] * s + cx * (x[i] - m) + sh;
-}
-
-// input_grad_kernel's row that starts and ends on a Bytes boundary, every
-// store past the caches (as normalize_aligned_row_streaming's).
-template <int Bytes, typename T>
-SN_INLINE void input_grad_aligned_row_streaming(const T* __restrict__ g,
-                                                const T* __restrict__ x,
-                                                T* __restrict__ dx, int64_t n,
-                                                T s, T cx, T m, T sh) {
-  constexpr int L = Bytes / sizeof(T);
-  for (int64_t i = 0; i < n; i += L)
-    store_streaming<Bytes>(
-        dx + i, load<L>(g + i) * s + cx * (load<L>(x + i) - m) + sh);
+  with_row_store(a, a.y, [&](auto store) {
+    int64_t c = begin % a.channels;
+    for (int64_t r = begin; r < end; ++r) {
+      const T mu = a.mu[r], s = a.weight[c] * a.rstd[r], b = a.bias[c];
+      const int64_t o = r * a.length;
+      decltype(store)::row(
+          a.y + o, a.length, [=](auto x) { return (x - mu) * s + b; },
+          a.x + o);
+      if (++c == a.channels) c = 0;
+    }
+  });
+  if (streams(a)) fence_streaming();
 }
 
 // dx = g * scale + a * (x - mean_in) + b per row, a and b from the gradients
@@ -707,29 +668,19 @@ SN_INLINE void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin,
             shift[j] = d_mean_in * inv_length;
           }
         });
-    auto each_row = [&](auto row) {
+    with_row_store(a, a.dx, [&](auto store) {
       for (int64_t j = 0; j < rows; ++j) {
         const int64_t r = r0 + j, o = r * a.length;
-        row(a.g + o, a.x + o, a.dx + o, a.length, scale[j], coef_x[j],
-            a.mean_in[r], shift[j]);
+        const T s = scale[j], cx = coef_x[j], m = a.mean_in[r], sh = shift[j];
+        decltype(store)::row(
+            a.dx + o, a.length,
+            [=](auto g, auto x) { return g * s + cx * (x - m) + sh; }, a.g + o,
+            a.x + o);
       }
-    };
-    if (kStreams && a.streaming) {  // first, as in normalize_kernel
-      with_streaming_width(a.dx, a.length, [&](auto width) {
-        constexpr int kBytes = decltype(width)::value;
-        if constexpr (kBytes == 0)
-          each_row(input_grad_row_streaming<T>);
-        else
-          each_row(input_grad_aligned_row_streaming<kBytes, T>);
-      });
-    } else if (a.short_rows && a.length >= kLanes<T>) {
-      each_row(input_grad_short_row<T>);
-    } else {
-      each_row(input_grad_row<T>);
-    }
+    });
     r0 = r1;
   }
-  if (kStreams && a.streaming) fence_streaming();
+  if (streams(a)) fence_streaming();
 }
 
 // ------------------------------------------------- (N, C) reductions --
