@@ -197,14 +197,20 @@ def test_calls_split_across_threads(shape, dtype, training):
             dtype=torch.float64,
             using_bn=False,
             training=True),
+        # 13 blocks of four: on three threads, shares of 4, 4 and 5 blocks
+        dict(shape=(50, 64, 16, 16), dtype=torch.float32, threads=(1, 2, 3)),
     ],
-    ids=['float32', 'float64', 'blocks', 'group_sn', 'train_without_bn'])
+    ids=[
+        'float32', 'float64', 'blocks', 'group_sn', 'train_without_bn',
+        'uneven_shares'
+    ])
 def test_samples_normalised_one_by_one(case):
     """Without the batch's BN statistics, samples of up to 512 KiB in
     batches that keep every thread busy are taken a block of about 256 KiB
     at a time (moments, LN statistics, normalisation while the block is in
     cache): output, and in training every gradient, against the reference
-    on one thread and on two."""
+    on one thread and on two (and three, where the threads' shares of the
+    blocks differ)."""
     check_path_against_reference('by_sample', case)
 
 
@@ -242,11 +248,12 @@ def check_path_against_reference(path, case):
     case = dict(case)
     shape, dtype = case.pop('shape'), case.pop('dtype')
     training = case.pop('training', False)
+    thread_counts = case.pop('threads', (1, 2))
     x = random_input(shape, dtype=dtype)
     grad = random_input(shape, seed=3, dtype=dtype)
     threads = torch.get_num_threads()
     try:
-        for count in (1, 2):
+        for count in thread_counts:
             torch.set_num_threads(count)
             results = []
             for kernels in ('native', 'torch'):
