@@ -691,10 +691,11 @@ void forward_by_sample(Forward& f, at::Tensor& y, const at::Tensor& weight,
   const int64_t blocks = (samples + block - 1) / block;
   // Each thread walks its own contiguous share of the blocks in order, so
   // that its reads and writes stay one stream each; a thread that finishes
-  // its share takes the next blocks of the others' (a VM's vCPU that the
-  // host lends elsewhere, a hybrid CPU's efficiency core). Blocks share
-  // nothing, so the values do not depend on who computes them. Against
-  // every thread taking the next block of one shared sequence: 0.81-0.86x
+  // its share takes the next blocks of the other shares, so that a slower
+  // core (a VM's vCPU that the host lends elsewhere, a hybrid CPU's
+  // efficiency core) holds up no other. Blocks share nothing, so the
+  // values do not depend on who computes them. Against every thread
+  // taking the next block of one shared sequence: 0.81-0.86x
   // the time at 1024x256x14x14, 1000x256x7x7 and 512x256x7x7 eval where
   // the VM ran at full speed, 0.96-1.07x where it ran slower (in one
   // process, alternating, AVX2 and AVX-512, the AMD VM; docs/performance.md,
