@@ -534,9 +534,9 @@ std::pair<const T*, const T*> fixed_bn(const Forward& f, const Stats<T>& s,
 // size (chunked_rows), each chunk's mean and squared deviations while it is
 // in L1: the general way takes a row's mean and then its squared
 // deviations, eight rows at a time, and eight rows of 2x256x200x304 (243
-// KB each) come back from L3 or memory. Off/on 1.08-1.11 at 2x256x200x304
-// eval, 1.23-1.33 at 1x64x400x608 (batch-1 inference at ResNet's stem;
-// docs/performance.md, special paths: chunked_rows).
+// KB each) come back from L3 or memory. It pays at 2x256x200x304 eval and
+// at 1x64x400x608, batch-1 inference at ResNet's stem (docs/performance.md,
+// special paths: chunked_rows, has the off/on figures).
 constexpr int64_t kChunkBytes = int64_t(8) << 10;
 
 template <typename T>
@@ -693,13 +693,13 @@ void forward_by_sample(Forward& f, at::Tensor& y, const at::Tensor& weight,
   // that its reads and writes stay one stream each; a thread that finishes
   // its share takes the next blocks of the other shares, so that a slower
   // core (a VM's vCPU that the host lends elsewhere, a hybrid CPU's
-  // efficiency core) holds up no other. Blocks share nothing, so the
-  // values do not depend on who computes them. Against every thread
-  // taking the next block of one shared sequence: 0.81-0.86x
-  // the time at 1024x256x14x14, 1000x256x7x7 and 512x256x7x7 eval where
-  // the VM ran at full speed, 0.96-1.07x where it ran slower (in one
-  // process, alternating, AVX2 and AVX-512, the AMD VM; docs/performance.md,
-  // special paths: by_sample).
+  // efficiency core) holds up no other. Blocks share nothing, so the values
+  // do not depend on who computes them. Against every thread taking the
+  // next block of one shared sequence: 0.81-0.86x the time at
+  // 1024x256x14x14, 1000x256x7x7 and 512x256x7x7 eval where the VM ran at
+  // full speed, 0.96-1.07x where it ran slower (in one process,
+  // alternating, AVX2 and AVX-512, the AMD VM); 0.96-0.98x with one thread
+  // more than vCPUs (alternating processes, AVX2).
   const int64_t shares = at::get_num_threads();
   struct alignas(64) NextBlock {  // one cache line per share
     std::atomic<int64_t> next{0};
