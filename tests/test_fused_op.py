@@ -1,6 +1,8 @@
 """The operator sn_mm::switchable_norm on the CPU (the C++ kernels, one call
 per pass) against the reference, and its torch.library registration."""
 import copy
+import gc
+import weakref
 
 import pytest
 import torch
@@ -99,6 +101,78 @@ def test_first_and_second_derivatives(training, shape):
               for n in names))
     assert torch.autograd.gradcheck(f, args)
     assert torch.autograd.gradgradcheck(f, args)
+
+
+def test_backward_node_keeps_autograd_contract():
+    """The backward node: named; its saved tensors freed after a backward
+    (a second one then raises) unless the graph is retained, when the same
+    gradients come again; an input changed in place after the forward is
+    refused; only the gradients asked for are computed."""
+    layer, _ = pair()
+    x = random_input((2, 6, 3, 3)).requires_grad_()
+    y = layer(x)
+    assert y.grad_fn.name() == 'SwitchableNormBackward'
+    assert len(y.grad_fn.next_functions) == 5
+    first = torch.autograd.grad(y.sum(), x, retain_graph=True)[0]
+    again = torch.autograd.grad(y.sum(), x)[0]
+    assert torch.equal(first, again)
+    with pytest.raises(
+            RuntimeError, match='backward through the graph a '
+            'second time'):
+        y.sum().backward()
+
+    packed = []
+
+    class Saved:
+
+        def __init__(self, t):
+            self.t = t
+
+    def pack(t):
+        saved = Saved(t)
+        packed.append(weakref.ref(saved))
+        return saved
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda s: s.t):
+        y = layer(x)
+    assert packed
+    y.sum().backward()
+    gc.collect()
+    assert not [r for r in packed if r() is not None]
+
+    h = x * 1
+    y = layer(h)
+    h.add_(1)
+    with pytest.raises(RuntimeError, match='modified by an inplace'):
+        y.sum().backward()
+
+    layer.zero_grad(set_to_none=True)
+    layer.weight.requires_grad_(False)
+    grad_x = torch.autograd.grad(layer(x).sum(), x)[0]
+    assert grad_x.shape == x.shape
+    assert all(p.grad is None for p in layer.parameters())
+
+
+def test_transforms_without_a_cpu_rule_are_refused_by_name():
+    """Forward-mode AD and functorch transforms have no rule in the C++
+    kernels: a clear error that names the way out (kernels='torch'), which
+    computes them."""
+    layer, reference = pair()
+    x = random_input((2, 6, 3, 3))
+    with torch.autograd.forward_ad.dual_level():
+        dual = torch.autograd.forward_ad.make_dual(x, torch.ones_like(x))
+        with pytest.raises(
+                RuntimeError, match="forward-mode.*kernels='torch'"):
+            layer(dual)
+        tangent = torch.autograd.forward_ad.unpack_dual(
+            reference(dual)).tangent
+        assert tangent is not None and tangent.shape == x.shape
+    # (eval: a transformed function may not update the running statistics)
+    layer.eval()
+    reference.eval()
+    with pytest.raises(RuntimeError, match="functorch.*kernels='torch'"):
+        torch.func.grad(lambda t: layer(t).sum())(x)
+    assert torch.func.grad(lambda t: reference(t).sum())(x).shape == x.shape
 
 
 def op_args(training=True):
