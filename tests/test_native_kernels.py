@@ -392,6 +392,8 @@ def test_the_environment_picks_the_instruction_set(isa):
         # values (784 bytes), stored whole in 16-byte stores
         ('streaming_stores', (2, 16, 256, 256)),
         ('streaming_stores', (100, 214, 7, 14)),
+        # rows of 35 float64 values (280 bytes): the output as one span
+        ('streaming_stores', (235, 256, 7, 5)),
         # rows of 3050 float64 values: chunks of 1024, the last of 1002;
         # and one sample's (one_sample)
         ('chunked_rows', (2, 3, 50, 61)),
@@ -418,8 +420,9 @@ def test_each_special_path_off_computes_the_same(isa, path, shape, training):
 
 @pytest.mark.skipif(not native_available(), reason='extension not built')
 def test_streaming_stores_in_float32_match_the_reference(isa):
-    """float32 outputs stored past the caches (their own instructions):
-    the reference's values, from any alignment of the rows."""
+    """float32 outputs stored past the caches (their own instructions), as
+    one span over rows of 4099 values that start at every alignment: the
+    reference's values."""
     if isa == 'baseline':
         pytest.skip('baseline has no stores past the caches')
     # 16 MiB; rows of 4099 values start at every alignment
@@ -432,16 +435,6 @@ def test_streaming_stores_in_float32_match_the_reference(isa):
     finally:
         ops.set_cpu_path('streaming_stores', was_on)
     assert t.calls == 1
-    # 16 MiB in rows of 1023 values: too short for the path
-    short = random_input((2, 2051, 1023), dtype=torch.float32)
-    short_sn = make_sn(2051, dtype=torch.float32).eval()
-    was_on = ops.set_cpu_path('streaming_stores', True)
-    try:
-        with Taken('streaming_stores') as short_t, torch.no_grad():
-            short_sn(short)
-    finally:
-        ops.set_cpu_path('streaming_stores', was_on)
-    assert short_t.calls == 0
     expected = reference_of(sn.double(), x.double(), False)[0]
     torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)
 
@@ -453,7 +446,8 @@ def test_streaming_stores_take_whole_rows_that_end_on_16_bytes(isa, length):
     196, 200 and 208 values (784, 800 and 832 bytes: 16-, 32- and 64-byte
     stores), and short rows of 64, are stored past the caches, whole, the
     output in forward and the input's gradient in backward, with the plain
-    path's values; rows of 49 (196 bytes) are not."""
+    path's values. Rows of 49 (196 bytes): the output as one span, the
+    input's gradient plainly (rows under kStreamingRow values)."""
     if isa == 'baseline':
         pytest.skip('baseline has no stores past the caches')
     rows = -(-(16 << 20) // (4 * length))
@@ -462,6 +456,6 @@ def test_streaming_stores_take_whole_rows_that_end_on_16_bytes(isa, length):
     taken, results = on_and_off('streaming_stores',
                                 lambda: make_sn(128, dtype=torch.float32), x,
                                 grad)
-    assert taken == ([0, 0] if length == 49 else [2, 0])  # forward, backward
+    assert taken == ([1, 0] if length == 49 else [2, 0])  # forward, backward
     for on, off in zip(*results):
         torch.testing.assert_close(on, off, rtol=0, atol=0)

@@ -50,7 +50,7 @@ PATH_SHAPES = {
                    (1, 64, 8, 8)],
     'streaming_stores': [(2, 256, 200, 304), (2, 512, 100, 152),
                          (2, 1024, 50, 76), (8, 256, 56, 56),
-                         (1024, 256, 14, 14)],
+                         (1024, 256, 14, 14), (512, 256, 7, 7)],
     # and batch-1 inference at ResNet's stem (mmdet tests one image of
     # 800x1216 at a time)
     'chunked_rows': [(2, 256, 200, 304), (2, 512, 100, 152), (2, 1024, 50, 76),

@@ -556,19 +556,28 @@ struct StreamedWholeStore {
   }
 };
 
-// fn(std::integral_constant<int, Bytes>()) with the widest stores past the
-// caches that every row of `length` values from y starts on (y's address
-// and a row's bytes): 64, 32 or 16 bytes, or 0 where that is under 16.
-template <typename T, typename Fn>
-SN_INLINE void with_streaming_width(const T* y, int64_t length, Fn fn) {
+// The widest stores past the caches that every row of `length` values from
+// y starts on (y's address and a row's bytes): 64, 32 or 16 bytes, or 0
+// where that is under 16.
+template <typename T>
+SN_INLINE int streaming_width(const T* y, int64_t length) {
   const uintptr_t bits = reinterpret_cast<uintptr_t>(y) |
                          static_cast<uintptr_t>(length * sizeof(T));
   const uintptr_t aligned = bits & (~bits + 1);  // its lowest set bit
+  for (int bytes = kRegisterBytes; bytes >= 16; bytes /= 2)
+    if (aligned >= static_cast<uintptr_t>(bytes)) return bytes;
+  return 0;
+}
+
+// fn(std::integral_constant<int, streaming_width(y, length)>()).
+template <typename T, typename Fn>
+SN_INLINE void with_streaming_width(const T* y, int64_t length, Fn fn) {
+  const int width = streaming_width(y, length);
   if constexpr (kRegisterBytes >= 64)
-    if (aligned >= 64) return fn(std::integral_constant<int, 64>());
+    if (width == 64) return fn(std::integral_constant<int, 64>());
   if constexpr (kRegisterBytes >= 32)
-    if (aligned >= 32) return fn(std::integral_constant<int, 32>());
-  if (aligned >= 16) return fn(std::integral_constant<int, 16>());
+    if (width == 32) return fn(std::integral_constant<int, 32>());
+  if (width == 16) return fn(std::integral_constant<int, 16>());
   fn(std::integral_constant<int, 0>());
 }
 
@@ -599,6 +608,51 @@ SN_INLINE void with_row_store(const Args& a, const T* y, Fn fn) {
   }
 }
 
+// Normalised rows begin..end that do not stream whole (rows of 7 x 7
+// values: 196 bytes), as one span stored past the caches a whole aligned
+// register at a time: the register that straddles two rows takes each
+// lane's statistics from its row, and only the span's first and last
+// values are stored plainly. (Streamed a row at a time, each row's plain
+// first and last stores share cache lines with its neighbours' streamed
+// ones.) Rows of at least kLanes<T> values: a register holds parts of two
+// rows at most.
+template <typename T>
+SN_INLINE void normalize_span(const NormalizeArgs<T>& a, int64_t begin,
+                              int64_t end) {
+  constexpr int L = kLanes<T>;
+  using V = typename Vec<T, L>::type;
+  V lane;
+  for (int k = 0; k < L; ++k) lane[k] = T(k);
+  const T* __restrict__ x = a.x;
+  T* __restrict__ y = a.y;
+  const int64_t n = a.length, stop = end * n;
+  int64_t p = begin * n, c = begin % a.channels;
+  T mu = a.mu[begin], s = a.weight[c] * a.rstd[begin], b = a.bias[c];
+  for (; p < stop && reinterpret_cast<uintptr_t>(y + p) % kRegisterBytes; ++p)
+    y[p] = (x[p] - mu) * s + b;
+  for (int64_t r = begin; r + 1 < end; ++r) {
+    const int64_t row_end = (r + 1) * n;
+    for (; p + L <= row_end; p += L)
+      store_streaming<kRegisterBytes>(y + p, (load<L>(x + p) - mu) * s + b);
+    if (++c == a.channels) c = 0;
+    const T mu1 = a.mu[r + 1], s1 = a.weight[c] * a.rstd[r + 1],
+            b1 = a.bias[c];
+    if (p < row_end) {
+      const auto first = lane < T(row_end - p);
+      const V vm = first ? mu + V{} : mu1 + V{},
+              vs = first ? s + V{} : s1 + V{}, vb = first ? b + V{} : b1 + V{};
+      store_streaming<kRegisterBytes>(y + p, (load<L>(x + p) - vm) * vs + vb);
+      p += L;
+    }
+    mu = mu1;
+    s = s1;
+    b = b1;
+  }
+  for (; p + L <= stop; p += L)
+    store_streaming<kRegisterBytes>(y + p, (load<L>(x + p) - mu) * s + b);
+  for (; p < stop; ++p) y[p] = (x[p] - mu) * s + b;
+}
+
 // Per row (n, c): mix the statistics, mu = wm_in * mean_in + wm_n * mu_n +
 // wm_c * mu_c (as mean_in + wm_n * (mu_n - mean_in) + ...) and likewise the
 // variance, then y = (x - mu) * scale + bias with
@@ -619,17 +673,21 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
     });
     r0 = r1;
   }
-  with_row_store(a, a.y, [&](auto store) {
-    int64_t c = begin % a.channels;
-    for (int64_t r = begin; r < end; ++r) {
-      const T mu = a.mu[r], s = a.weight[c] * a.rstd[r], b = a.bias[c];
-      const int64_t o = r * a.length;
-      decltype(store)::row(
-          a.y + o, a.length, [=](auto x) { return (x - mu) * s + b; },
-          a.x + o);
-      if (++c == a.channels) c = 0;
-    }
-  });
+  if (streams(a) && a.length >= kLanes<T> && !streaming_width(a.y, a.length)) {
+    normalize_span(a, begin, end);
+  } else {
+    with_row_store(a, a.y, [&](auto store) {
+      int64_t c = begin % a.channels;
+      for (int64_t r = begin; r < end; ++r) {
+        const T mu = a.mu[r], s = a.weight[c] * a.rstd[r], b = a.bias[c];
+        const int64_t o = r * a.length;
+        decltype(store)::row(
+            a.y + o, a.length, [=](auto x) { return (x - mu) * s + b; },
+            a.x + o);
+        if (++c == a.channels) c = 0;
+      }
+    });
+  }
   if (streams(a)) fence_streaming();
 }
 

@@ -603,24 +603,29 @@ std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
 }
 
 // Outputs (y, and in backward the input's gradient) from kStreamingBytes on
-// are stored past the caches where the path is on (streaming_stores): such
-// an output leaves the last-level cache before the next layer reads much of
-// it, and the stores skip reading each line before writing it. Rows whose
-// bytes are a multiple of 16 are stored whole that way (1024x256x14x14:
-// rows of 196 values, 784 bytes); other rows from their first
-// register-aligned value on, if they have kStreamingRow values or more:
-// their plain first and last stores share cache lines with their
-// neighbours' streamed ones, which cost more than the path saved at rows of
-// 196 (0.62-0.92x; docs/performance.md, special paths, has the figures).
-constexpr int64_t kStreamingBytes = int64_t(16) << 20, kStreamingRow = 1024;
+// are stored past the caches where the path is on (streaming_stores): such an
+// output leaves the last-level cache before the next layer reads much of it,
+// and the stores skip reading each line before writing it. Rows whose bytes
+// are a multiple of 16 are stored whole that way (1024x256x14x14: rows of 196
+// values, 784 bytes). The normalised output's other rows of kSpanRow values or
+// more stream as one span over a thread's rows (normalize_span; at 512x256x7x7
+// eval 0.81-0.87x the time of plain stores, docs/performance.md, special
+// paths). The input gradient's other rows stream from their first
+// register-aligned value on, if they have kStreamingRow values or more: their
+// plain first and last stores share cache lines with their neighbours'
+// streamed ones, which cost more than the path saved at rows of 196
+// (0.62-0.92x; docs/performance.md, special paths, has the figures).
+constexpr int64_t kStreamingBytes = int64_t(16) << 20, kStreamingRow = 1024,
+                  kSpanRow = 16;
 
 // Whether an output tensor `out` in rows of `length` values is stored past
-// the caches; counts the pass in streaming_stores' calls.
-bool streamed(const at::Tensor& out, int64_t length) {
+// the caches (`span`: the normalised output, which streams as one span);
+// counts the pass in streaming_stores' calls.
+bool streamed(const at::Tensor& out, int64_t length, bool span) {
   const bool whole_rows = length * out.element_size() % 16 == 0;
-  return take(kPathStreaming, kernels().streams &&
-                                  out.nbytes() >= kStreamingBytes &&
-                                  (whole_rows || length >= kStreamingRow));
+  return take(kPathStreaming,
+              kernels().streams && out.nbytes() >= kStreamingBytes &&
+                  (whole_rows || length >= (span ? kSpanRow : kStreamingRow)));
 }
 
 template <typename T>
@@ -648,7 +653,7 @@ NormalizeArgs<T> normalize_args(const Forward& f, const Stats<T>& s,
   a.channels = f.x3.size(1);
   a.length = f.x3.size(2);
   a.short_rows = short_rows(a.length, Pass::kLater);
-  a.streaming = streamed(y, a.length);
+  a.streaming = streamed(y, a.length, true);
   return a;
 }
 
@@ -1201,7 +1206,7 @@ void input_grad_pass(const at::Tensor& g, const Forward& f,
       channels,
       spatial};
   iargs.short_rows = short_rows(spatial, Pass::kLater);
-  iargs.streaming = streamed(grad_x, spatial);
+  iargs.streaming = streamed(grad_x, spatial, false);
   run_rows(iargs, samples * channels, spatial);
 }
 
