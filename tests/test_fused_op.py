@@ -175,6 +175,27 @@ def test_transforms_without_a_cpu_rule_are_refused_by_name():
     assert torch.func.grad(lambda t: reference(t).sum())(x).shape == x.shape
 
 
+def test_compiled_autograd_is_refused_by_name():
+    """Compiled autograd traces a functional form of every node, which SN's
+    CPU backward node does not give: a clear error that names the way out,
+    kernels='torch', whose backward runs there."""
+    from torch._dynamo import compiled_autograd
+    layer, reference = pair()
+    x = random_input((2, 6, 3, 3)).requires_grad_()
+
+    def compiler(graph):
+        return torch.compile(graph, backend='eager')
+
+    with compiled_autograd._enable(compiler):
+        with pytest.raises(
+                RuntimeError, match="compiled autograd: use kernels='torch'"):
+            layer(x).sum().backward()
+        x.grad = None
+        reference(x).square().sum().backward()
+    expected = torch.autograd.grad(reference(x).square().sum(), x)[0]
+    torch.testing.assert_close(x.grad, expected)
+
+
 def op_args(training=True):
     layer = make_sn(6)
     return (random_input(

@@ -99,6 +99,17 @@ struct SwitchableNormBackward : public torch::autograd::Node {
 
   std::string name() const override { return "SwitchableNormBackward"; }
 
+  // Compiled autograd (torch._dynamo.compiled_autograd) asks every node for
+  // a functional form to trace, which this one does not give.
+  void compiled_args(
+      torch::dynamo::autograd::CompiledNodeArgs& /*args*/) const override {
+    TORCH_CHECK(false,
+                "SN's CPU backward (SwitchableNormBackward) does not run "
+                "under compiled autograd: use kernels='torch' for the layers "
+                "there, or torch.compile their forward too (compiled code "
+                "runs the PyTorch-op reference)");
+  }
+
   void release_variables() override {
     std::lock_guard<std::mutex> lock(mutex_);
     for (SavedVariable* v : {&x, &weight, &bias, &mean_logits, &var_logits,
