@@ -175,25 +175,41 @@ def test_transforms_without_a_cpu_rule_are_refused_by_name():
     assert torch.func.grad(lambda t: reference(t).sum())(x).shape == x.shape
 
 
-def test_compiled_autograd_is_refused_by_name():
-    """Compiled autograd traces a functional form of every node, which SN's
-    CPU backward node does not give: a clear error that names the way out,
-    kernels='torch', whose backward runs there."""
+@pytest.mark.parametrize('setting', ['default', 'no_bn', 'fixed_mean'])
+def test_compiled_autograd_matches_eager_across_steps(setting):
+    """Compiled autograd (the backward as an eager-backend graph, SN's node
+    a call in it) gives the eager backward's gradients, step after step
+    while an optimiser changes the logits: the ratios are recomputed from
+    them, not constants of the graph."""
     from torch._dynamo import compiled_autograd
-    layer, reference = pair()
+    layer, _ = pair(using_bn=setting != 'no_bn')
+    if setting == 'fixed_mean':
+        layer.ratio_fixed[0] = True
+        layer.fixed_ratios[0] = torch.tensor([0.2, 0.3, 0.5])
+    eager = copy.deepcopy(layer)
     x = random_input((2, 6, 3, 3)).requires_grad_()
+    weights = random_input(x.shape, seed=3)
 
     def compiler(graph):
         return torch.compile(graph, backend='eager')
 
-    with compiled_autograd._enable(compiler):
-        with pytest.raises(
-                RuntimeError, match="compiled autograd: use kernels='torch'"):
-            layer(x).sum().backward()
+    def step(sn, compiled):
         x.grad = None
-        reference(x).square().sum().backward()
-    expected = torch.autograd.grad(reference(x).square().sum(), x)[0]
-    torch.testing.assert_close(x.grad, expected)
+        sn.zero_grad(set_to_none=True)
+        if compiled:
+            with compiled_autograd._enable(compiler):
+                (sn(x) * weights).sum().backward()
+        else:
+            (sn(x) * weights).sum().backward()
+        grads = [x.grad] + [p.grad for p in sn.parameters()]
+        with torch.no_grad():
+            for p in sn.parameters():
+                p -= 0.3 * p.grad
+        return grads
+
+    for _ in range(3):
+        for got, expected in zip(step(layer, True), step(eager, False)):
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
 def op_args(training=True):

@@ -15,8 +15,10 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
+#include <torch/csrc/dynamo/compiled_autograd.h>
 #include <torch/library.h>
 
+#include <array>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -29,6 +31,9 @@ namespace {
 using namespace sn_mm_cpu;
 using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
+using torch::dynamo::autograd::CompiledNodeArgs;
+using torch::dynamo::autograd::PackedArgs;
+using torch::dynamo::autograd::SwapSavedVariables;
 
 // The reference's output (sn_mm::switchable_norm_reference, PyTorch ops
 // registered from Python), for a backward that records a graph
@@ -58,34 +63,135 @@ OptTensor optional_of(const at::Tensor& t) {
   return t.defined() ? OptTensor(t) : c10::nullopt;
 }
 
-// What a backward needs of its forward besides the saved tensors.
+// The tensors a backward reads, as saved by the forward.
+struct SavedTensors {
+  at::Tensor x, weight, bias, mean_logits, var_logits, ws, fixed, fixed_ratios;
+};
+
+// What a backward needs of its forward besides the saved tensors. has_in,
+// correction and the ratios follow from the tensors and the flags before
+// them (prepared() recomputes them, as compiled autograd's form of the
+// backward does); the node keeps them so that its backward need not.
 struct SavedFlags {
-  bool training, unbiased, ratios_given, using_bn, bn_batch, has_in;
+  bool training, unbiased, ratios_given, using_bn, bn_batch;
   double eps;
+  bool has_in;
   int64_t correction;
   std::vector<double> mean_ratios, var_ratios;
 
+  // The five switches, as pointers into `flags` (const or not): what
+  // compiled autograd specialises on and packs, with eps.
+  template <typename Flags>
+  static auto switches(Flags& flags) {
+    return std::array{&flags.training, &flags.unbiased, &flags.ratios_given,
+                      &flags.using_bn, &flags.bn_batch};
+  }
+
   static SavedFlags of(const Forward& f, bool training, bool unbiased,
                        bool ratios_given, bool using_bn, double eps) {
-    return {training,      unbiased,        ratios_given, using_bn,
-            f.bn_batch,    f.ratios.has_in, eps,          f.correction,
+    return {training,      unbiased,    ratios_given,    using_bn,
+            f.bn_batch,    eps,         f.ratios.has_in, f.correction,
             f.ratios.mean, f.ratios.var};
   }
 
   // The forward's state a backward runs from.
-  Forward forward(const at::Tensor& x, const at::Tensor& ws) const {
+  Forward forward(const SavedTensors& t) const {
     Forward f;
-    f.x3 = rows_of(x);
-    f.ws = ws;
+    f.x3 = rows_of(t.x);
+    f.ws = t.ws;
     f.bn_batch = bn_batch;
     f.ratios.has_in = has_in;
     f.ratios.k_ln = has_in ? 1 : 0;
+    f.ratios.groups = ratio_groups(t.mean_logits);
     f.correction = correction;
     f.ratios.mean = mean_ratios;
     f.ratios.var = var_ratios;
     return f;
   }
 };
+
+using Wanted = std::array<bool, 5>;  // which gradients the graph needs
+
+// A graph of the gradient is wanted: differentiate a recomputed forward of
+// the reference. (The BN statistics kept are constants to the output where
+// the running ones stood in; elsewhere the reference recomputes them.)
+variable_list recorded_backward(const at::Tensor& grad_y,
+                                const SavedTensors& t, const SavedFlags& flags,
+                                const Wanted& wanted) {
+  const at::Tensor inputs[5] = {t.x, t.weight, t.bias, t.mean_logits,
+                                t.var_logits};
+  const int64_t samples = t.x.size(0), channels = t.x.size(1);
+  OptTensor bn_mean, bn_var;
+  if (flags.using_bn) {
+    const int64_t at = bn_offset(samples, channels);
+    bn_mean = t.ws.narrow(0, at, channels);
+    bn_var = t.ws.narrow(0, at + channels, channels);
+  }
+  auto y = reference_output(t.x, t.weight, t.bias, t.mean_logits, t.var_logits,
+                            bn_mean, bn_var, optional_of(t.fixed),
+                            optional_of(t.fixed_ratios),
+                            flags.training && samples > 0, flags.eps,
+                            flags.unbiased, flags.ratios_given);
+  variable_list asked, result(5);
+  std::vector<int> where;
+  for (int i = 0; i < 5; ++i)
+    if (wanted[i]) {
+      asked.push_back(inputs[i]);
+      where.push_back(i);
+    }
+  auto grads = torch::autograd::grad({y}, asked, {grad_y},
+                                     /*retain_graph=*/true,
+                                     /*create_graph=*/true,
+                                     /*allow_unused=*/true);
+  for (size_t j = 0; j < where.size(); ++j)
+    result[where[j]] =
+        grads[j].defined() ? grads[j] : at::zeros_like(asked[j]);
+  return result;
+}
+
+// The gradients of x, weight, bias and the two logit tensors (those
+// wanted), from the forward's saved state f.
+variable_list backward_of(const at::Tensor& grad_y, const SavedTensors& t,
+                          const SavedFlags& flags, const Forward& f,
+                          const Wanted& wanted) {
+  variable_list result(5);
+  if (!grad_y.defined()) return result;
+  if (at::GradMode::is_enabled())
+    return recorded_backward(grad_y, t, flags, wanted);
+  auto grads = backward_impl(grad_y, f, t.weight, t.mean_logits,
+                             read_fixed(optional_of(t.fixed), f.ratios.groups),
+                             flags.using_bn, flags.ratios_given);
+  for (int i = 0; i < 5; ++i)
+    if (wanted[i]) result[i] = std::move(grads[i]);
+  return result;
+}
+
+// The backward as compiled autograd calls it (a C++ function it runs
+// eagerly, as it runs a torch::autograd::Function's): the saved tensors
+// and the flags packed by SwitchableNormBackward::apply_with_saved. The
+// ratios are recomputed from the logits: a packed number would be a
+// constant of the compiled graph, stale at the next step.
+variable_list compiled_backward(const variable_list& grads,
+                                const std::vector<c10::IValue>& args) {
+  PackedArgs packed(args);
+  SavedTensors t;
+  for (at::Tensor* v : {&t.x, &t.weight, &t.bias, &t.mean_logits,
+                        &t.var_logits, &t.ws, &t.fixed, &t.fixed_ratios})
+    *v = packed.unpack<OptTensor>().value_or(at::Tensor());
+  SavedFlags flags;
+  for (bool* v : SavedFlags::switches(flags)) *v = packed.unpack<bool>();
+  flags.eps = packed.unpack<double>();
+  const auto wanted = packed.unpack<std::vector<bool>>();
+  Forward f = prepared(t.x, t.mean_logits, t.var_logits, optional_of(t.fixed),
+                       optional_of(t.fixed_ratios), flags.unbiased,
+                       flags.ratios_given);
+  f.ws = t.ws;
+  f.bn_batch = flags.bn_batch;
+  flags.has_in = f.ratios.has_in;
+  flags.correction = f.correction;
+  return backward_of(grads[0], t, flags, f,
+                     {wanted[0], wanted[1], wanted[2], wanted[3], wanted[4]});
+}
 
 // SN's backward: a node of the autograd graph written as PyTorch writes its
 // own operators' (its saved tensors and flags are members). A
@@ -99,77 +205,81 @@ struct SwitchableNormBackward : public torch::autograd::Node {
 
   std::string name() const override { return "SwitchableNormBackward"; }
 
-  // Compiled autograd (torch._dynamo.compiled_autograd) asks every node for
-  // a functional form to trace, which this one does not give.
-  void compiled_args(
-      torch::dynamo::autograd::CompiledNodeArgs& /*args*/) const override {
-    TORCH_CHECK(false,
-                "SN's CPU backward (SwitchableNormBackward) does not run "
-                "under compiled autograd: use kernels='torch' for the layers "
-                "there, or torch.compile their forward too (compiled code "
-                "runs the PyTorch-op reference)");
+  // The saved variables, as pointers into `node` (const or not), in
+  // SavedTensors' order.
+  template <typename Self>
+  static auto saved(Self& node) {
+    return std::array{&node.x,           &node.weight,      &node.bias,
+                      &node.mean_logits, &node.var_logits,  &node.ws,
+                      &node.fixed,       &node.fixed_ratios};
   }
 
   void release_variables() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (SavedVariable* v : {&x, &weight, &bias, &mean_logits, &var_logits,
-                             &ws, &fixed, &fixed_ratios})
-      v->reset_data();
+    for (SavedVariable* v : saved(*this)) v->reset_data();
+  }
+
+  // The saved tensors; bias, the variance's logits and the fixed ratios
+  // only for a backward through the reference (`graph`): each unpack costs
+  // host time on every training step.
+  SavedTensors unpacked(bool graph) {
+    const auto if_graph = [&](const SavedVariable& v) {
+      return graph ? v.unpack() : at::Tensor();
+    };
+    return {x.unpack(),           weight.unpack(),       if_graph(bias),
+            mean_logits.unpack(), if_graph(var_logits),  ws.unpack(),
+            fixed.unpack(),       if_graph(fixed_ratios)};
   }
 
   variable_list apply(variable_list&& grads) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    variable_list result(5);
-    const at::Tensor& grad_y = grads[0];
-    if (!grad_y.defined()) return result;
-    const at::Tensor x_ = x.unpack(), weight_ = weight.unpack(),
-                     mean_logits_ = mean_logits.unpack(), ws_ = ws.unpack();
-    if (at::GradMode::is_enabled()) return recorded(grad_y, x_, weight_, ws_);
-    Forward f = flags.forward(x_, ws_);
-    f.ratios.groups = ratio_groups(mean_logits_);
-    auto grads_ =
-        backward_impl(grad_y, f, weight_, mean_logits_,
-                      read_fixed(optional_of(fixed.unpack()), f.ratios.groups),
-                      flags.using_bn, flags.ratios_given);
-    for (int i = 0; i < 5; ++i)
-      if (should_compute_output(i)) result[i] = std::move(grads_[i]);
-    return result;
+    const Wanted wanted = {should_compute_output(0), should_compute_output(1),
+                           should_compute_output(2), should_compute_output(3),
+                           should_compute_output(4)};
+    if (!grads[0].defined()) return variable_list(5);
+    const SavedTensors t = unpacked(at::GradMode::is_enabled());
+    return backward_of(grads[0], t, flags, flags.forward(t), wanted);
   }
 
-  // A graph of the gradient is wanted: differentiate a recomputed forward of
-  // the reference. (The BN statistics kept are constants to the output where
-  // the running ones stood in; elsewhere the reference recomputes them.)
-  variable_list recorded(const at::Tensor& grad_y, const at::Tensor& x_,
-                         const at::Tensor& weight_, const at::Tensor& ws_) {
-    const at::Tensor inputs[5] = {x_, weight_, bias.unpack(),
-                                  mean_logits.unpack(), var_logits.unpack()};
-    const int64_t samples = x_.size(0), channels = x_.size(1);
-    OptTensor bn_mean, bn_var;
-    if (flags.using_bn) {
-      const int64_t at = bn_offset(samples, channels);
-      bn_mean = ws_.narrow(0, at, channels);
-      bn_var = ws_.narrow(0, at + channels, channels);
-    }
-    auto y = reference_output(x_, weight_, inputs[2], inputs[3], inputs[4],
-                              bn_mean, bn_var, optional_of(fixed.unpack()),
-                              optional_of(fixed_ratios.unpack()),
-                              flags.training && samples > 0, flags.eps,
-                              flags.unbiased, flags.ratios_given);
-    variable_list wanted, result(5);
-    std::vector<int> where;
-    for (int i = 0; i < 5; ++i)
-      if (should_compute_output(i)) {
-        wanted.push_back(inputs[i]);
-        where.push_back(i);
-      }
-    auto grads_ = torch::autograd::grad({y}, wanted, {grad_y},
-                                        /*retain_graph=*/true,
-                                        /*create_graph=*/true,
-                                        /*allow_unused=*/true);
-    for (size_t j = 0; j < where.size(); ++j)
-      result[where[j]] =
-          grads_[j].defined() ? grads_[j] : at::zeros_like(wanted[j]);
-    return result;
+  // Compiled autograd (torch._dynamo.compiled_autograd): what its graph
+  // specialises on (the saved tensors and the flags; the ratios come from
+  // the logits), and a call of compiled_backward in the graph.
+  void compiled_args(CompiledNodeArgs& args) const override {
+    args.collect(name());
+    for (const SavedVariable* v : saved(*this)) args.collect(*v, false);
+    for (const bool* v : SavedFlags::switches(flags)) args.collect(*v);
+    args.collect(flags.eps);
+  }
+
+  variable_list apply_with_saved(const variable_list& inputs,
+                                 SwapSavedVariables& swap) override {
+    for (SavedVariable* v : saved(*this)) swap.before(*v);
+    PackedArgs packed;
+    for (SavedVariable* v : saved(*this))
+      packed.pack(optional_of(v->unpack()));
+    for (const bool* v : SavedFlags::switches(flags)) packed.pack(*v);
+    packed.pack(flags.eps);
+    std::vector<bool> wanted;
+    for (size_t i = 0; i < next_edges().size(); ++i)
+      wanted.push_back(task_should_compute_output(i));
+    packed.pack(wanted);
+    const auto args = std::move(packed).vec();
+    std::vector<at::TypePtr> schema;
+    for (const auto& v : args)
+      schema.push_back(v.isTensor() ? at::TensorType::get() : v.type());
+    const auto& py = torch::dynamo::autograd::getPyCompilerInterface();
+    const auto fn =
+        py->bind_function(swap.get_py_compiler(), "SwitchableNormBackward",
+                          compiled_backward, schema,
+                          /*is_custom_function=*/true,
+                          /*is_traceable=*/false);
+    auto results = py->call_function(
+        swap.get_py_compiler(), "apply_functional", fn, inputs, args,
+        torch::dynamo::autograd::IValuePacker<
+            std::vector<std::optional<torch::autograd::InputMetadata>>>::
+            pack(torch::dynamo::autograd::get_input_metadata(next_edges())));
+    for (SavedVariable* v : saved(*this)) swap.after(*v);
+    return results;
   }
 };
 

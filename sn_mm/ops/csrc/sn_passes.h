@@ -54,6 +54,13 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
                      double momentum, double eps, bool unbiased,
                      bool ratios_given, bool for_backward);
 
+// A forward's rows of x, ratios and correction, without its statistics:
+// what a backward can recompute from the saved tensors.
+Forward prepared(const at::Tensor& x, const at::Tensor& mean_logits,
+                 const at::Tensor& var_logits, const OptTensor& fixed,
+                 const OptTensor& fixed_ratios, bool unbiased,
+                 bool ratios_given);
+
 // The backward pass: gradients of x, weight, bias and the two logit (or,
 // with ratios_given, ratio) tensors.
 std::vector<at::Tensor> backward_impl(const at::Tensor& grad_y,
