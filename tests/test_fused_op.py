@@ -107,9 +107,11 @@ def test_backward_node_keeps_autograd_contract():
     """The backward node: named; its saved tensors freed after a backward
     (a second one then raises) unless the graph is retained, when the same
     gradients come again; an input changed in place after the forward is
-    refused; only the gradients asked for are computed."""
-    layer, _ = pair()
+    refused; with a parameter frozen, the others' gradients land in their
+    places."""
+    layer, reference = pair()
     x = random_input((2, 6, 3, 3)).requires_grad_()
+    grad = random_input(x.shape, seed=3)
     y = layer(x)
     assert y.grad_fn.name() == 'SwitchableNormBackward'
     assert len(y.grad_fn.next_functions) == 5
@@ -146,11 +148,18 @@ def test_backward_node_keeps_autograd_contract():
     with pytest.raises(RuntimeError, match='modified by an inplace'):
         y.sum().backward()
 
-    layer.zero_grad(set_to_none=True)
-    layer.weight.requires_grad_(False)
-    grad_x = torch.autograd.grad(layer(x).sum(), x)[0]
-    assert grad_x.shape == x.shape
-    assert all(p.grad is None for p in layer.parameters())
+    # weight frozen: the other gradients, each in its place, as the
+    # reference's
+    for sn in (layer, reference):
+        x.grad = None
+        sn.zero_grad(set_to_none=True)
+        sn.weight.requires_grad_(False)
+        (sn(x) * grad).sum().backward()
+        got = [x.grad] + [p.grad for p in sn.parameters()]
+        if sn is layer:
+            native = got
+    for a, b in zip(native, got):
+        torch.testing.assert_close(a, b)
 
 
 def test_transforms_without_a_cpu_rule_are_refused_by_name():

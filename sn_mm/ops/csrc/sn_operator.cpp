@@ -178,7 +178,7 @@ variable_list compiled_backward(const variable_list& grads,
   for (at::Tensor* v : {&t.x, &t.weight, &t.bias, &t.mean_logits,
                         &t.var_logits, &t.ws, &t.fixed, &t.fixed_ratios})
     *v = packed.unpack<OptTensor>().value_or(at::Tensor());
-  SavedFlags flags;
+  SavedFlags flags{};  // (has_in, correction, ratios: in f)
   for (bool* v : SavedFlags::switches(flags)) *v = packed.unpack<bool>();
   flags.eps = packed.unpack<double>();
   const auto wanted = packed.unpack<std::vector<bool>>();
@@ -187,8 +187,6 @@ variable_list compiled_backward(const variable_list& grads,
                        flags.ratios_given);
   f.ws = t.ws;
   f.bn_batch = flags.bn_batch;
-  flags.has_in = f.ratios.has_in;
-  flags.correction = f.correction;
   return backward_of(grads[0], t, flags, f,
                      {wanted[0], wanted[1], wanted[2], wanted[3], wanted[4]});
 }
