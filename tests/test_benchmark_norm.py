@@ -117,7 +117,8 @@ def test_path_benchmark_times_each_path_on_and_off():
     expected = {('short_rows', 'eval'), ('short_rows', 'train'),
                 ('by_sample', 'eval'), ('one_sample', 'eval'),
                 ('one_sample', 'train'), ('chunked_rows', 'eval'),
-                ('chunked_rows', 'train')}
+                ('chunked_rows', 'train'), ('prefetch', 'eval'),
+                ('prefetch', 'train')}
     if cpu_isas()[0] != 'baseline':  # baseline has no streaming stores
         expected |= {('streaming_stores', 'eval'),
                      ('streaming_stores', 'train')}

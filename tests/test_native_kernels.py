@@ -11,9 +11,11 @@ from sn_mm import SwitchableNorm, ops
 from sn_mm.ops import native_available
 
 # 7x7 (RoI features) and 13x11 rows take the kernels' short- and long-row
-# paths, both with a remainder after the vector lanes; rows of 8 and 16
-# values fill one register of float32 under AVX2 and AVX-512 exactly, and
-# 127 is the short-row path's last length.
+# paths, both with a remainder after the vector lanes (13x11: six rows, one
+# block of four and two more); rows of 8 and 16 values fill one register of
+# float32 under AVX2 and AVX-512 exactly, and 127 is the short-row path's
+# last length. In float32 also 14x14 (RoI masks: 18 rows, a remainder of 4
+# values) and 136 (whole vectors, an odd number of them).
 SHAPES = {
     '2d': (6, 5),
     '4d': (4, 5, 6, 7),
@@ -141,7 +143,8 @@ def test_native_equals_pytorch_float64(shape, using_bn, unbiased, training):
 @pytest.mark.skipif(not native_available(), reason='extension not built')
 @pytest.mark.parametrize(
     'shape', [(4, 16, 9, 9), SHAPES['roi_7x7'], SHAPES['rows_of_8'],
-              SHAPES['rows_of_16'], SHAPES['rows_of_127']])
+              SHAPES['rows_of_16'], SHAPES['rows_of_127'], SHAPES['long_rows'],
+              (3, 6, 14, 14), (2, 5, 136)])
 def test_native_equals_pytorch_float32(shape):
     x = random_input(shape, dtype=torch.float32)
     results = [
@@ -397,7 +400,11 @@ def test_the_environment_picks_the_instruction_set(isa):
         # rows of 3050 float64 values: chunks of 1024, the last of 1002;
         # and one sample's (one_sample)
         ('chunked_rows', (2, 3, 50, 61)),
-        ('chunked_rows', (1, 4, 40, 40))
+        ('chunked_rows', (1, 4, 40, 40)),
+        # its smallest input, 32 MiB of float64: rows of 14x14 four at a
+        # time (in eval by sample), and 7x7 (short rows)
+        ('prefetch', (84, 256, 14, 14)),
+        ('prefetch', (335, 256, 7, 7))
     ])
 @pytest.mark.parametrize('training', [True, False], ids=['train', 'eval'])
 def test_each_special_path_off_computes_the_same(isa, path, shape, training):

@@ -122,7 +122,7 @@ if NATIVE:
 def cpu_path_counts() -> dict:
     """How many calls took each of the C++ kernels' special paths
     ('short_rows', 'by_sample', 'one_sample', 'streaming_stores',
-    'chunked_rows'; see
+    'chunked_rows', 'prefetch'; see
     docs/performance.md#special-paths-on-the-cpu) since the process began;
     empty without the extension."""
     if not NATIVE:

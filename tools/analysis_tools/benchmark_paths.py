@@ -5,8 +5,9 @@ the Triton plans' on a GPU.
 Each special path of the C++ kernels (``sn_mm.ops.cpu_path_counts``: short
 rows taken several at a time, eval by sample, one sample's reductions
 inside its passes, large outputs stored past the caches, long rows'
-moments in chunks) is timed on and off at the detector shapes where it
-applies (and, for the chunks, at batch-1 inference's largest), SN's eval
+moments in chunks, large inputs' moments with software prefetches) is timed
+on and off at the detector shapes where it applies (and, for the chunks
+and the prefetches, at batch-1 inference's largest), SN's eval
 forward and (where the path applies there) training forward+backward, in
 alternating rounds (each round starting one candidate further along), under
 every instruction set this CPU runs (or those given; where no call takes the
@@ -55,6 +56,9 @@ PATH_SHAPES = {
     # 800x1216 at a time)
     'chunked_rows': [(2, 256, 200, 304), (2, 512, 100, 152), (2, 1024, 50, 76),
                      (8, 256, 56, 56), (1, 64, 400, 608)],
+    # inputs of 32 MiB or more
+    'prefetch': [(1024, 256, 14, 14), (2, 512, 100, 152), (2, 256, 200, 304),
+                 (1, 64, 400, 608)],
 }
 # The Triton plans' layouts: split rows where the GPU's plan splits them
 # (decided per shape at run time), channels_last tiles on channels_last
@@ -75,14 +79,16 @@ MODES = {
     'by_sample': ('eval', ),
     'one_sample': ('eval', 'train'),
     'streaming_stores': ('eval', 'train'),
-    'chunked_rows': ('eval', 'train')
+    'chunked_rows': ('eval', 'train'),
+    'prefetch': ('eval', 'train')
 }
 TOY_SHAPES = {
     'short_rows': [(8, 16, 7, 7)],
     'by_sample': [(8, 64, 24, 24)],
     'one_sample': [(1, 64, 24, 24)],
     'streaming_stores': [(2, 128, 128, 128)],  # its smallest output, 16 MiB
-    'chunked_rows': [(2, 16, 48, 48)]  # rows of 2304 values, two chunks
+    'chunked_rows': [(2, 16, 48, 48)],  # rows of 2304 values, two chunks
+    'prefetch': [(2, 64, 256, 256)]  # its smallest input, 32 MiB
 }
 
 

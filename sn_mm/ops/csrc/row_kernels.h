@@ -41,6 +41,8 @@ struct MomentsArgs {
   // Where positive: each row in chunks of this many values, each chunk's
   // mean and squared deviations while it is in L1 (chunked_rows).
   int64_t chunk = 0;
+  // Each block of rows (or chunk) asks for the bytes ahead of it (prefetch).
+  bool prefetch = false;
 };
 template <typename T>
 struct GradSumsArgs {

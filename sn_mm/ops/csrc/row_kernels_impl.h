@@ -248,6 +248,70 @@ SN_INLINE void rows_shifted_sums(const T* __restrict__ x, int64_t n,
   transpose_sums<W>(acc, s);
 }
 
+// For 4 consecutive rows of n >= W values at x (W = kSumLanes<T>): each
+// row's mean less its first value (its shift) into mean_dev[0..3], then its
+// squared deviations from that mean, summed into m2[0..3]: two passes over
+// the four rows while they are in L1, exact centring as in moments_rows.
+// Two accumulators per row keep eight chains of additions in flight, and
+// one transposing tree per pass folds the lanes of all four rows.
+template <typename T>
+SN_INLINE void rows_two_pass_moments(const T* __restrict__ x, int64_t n,
+                                     ShortRow shape, T* __restrict__ mean_dev,
+                                     T* __restrict__ m2) {
+  constexpr int W = kSumLanes<T>;
+  using V = typename Vec<T, W>::type;
+  V acc[8];
+  T shift[4], s[8];
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) {
+    acc[r] = acc[4 + r] = V{};
+    shift[r] = x[r * n];
+  }
+  int64_t i;
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) {
+    const T* row = x + r * n;
+    for (i = 0; i + 2 * W <= shape.whole; i += 2 * W) {
+      acc[r] += load<W>(row + i) - shift[r];
+      acc[4 + r] += load<W>(row + i + W) - shift[r];
+    }
+    if (i < shape.whole) acc[r] += load<W>(row + i) - shift[r];
+    if (shape.rem)
+      acc[4 + r] += keep_last<W>(load<W>(row + n - W) - shift[r], shape.rem);
+  }
+  transpose_sums<W>(acc, s);
+  const T inv_n = T(1) / static_cast<T>(n);
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) {
+    mean_dev[r] = (s[r] + s[4 + r]) * inv_n;
+    acc[r] = acc[4 + r] = V{};
+  }
+  for (i = 0; i + 2 * W <= shape.whole; i += 2 * W)
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const V d0 = (load<W>(x + r * n + i) - shift[r]) - mean_dev[r];
+      const V d1 = (load<W>(x + r * n + i + W) - shift[r]) - mean_dev[r];
+      acc[r] += d0 * d0;
+      acc[4 + r] += d1 * d1;
+    }
+  if (i < shape.whole)
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const V d = (load<W>(x + r * n + i) - shift[r]) - mean_dev[r];
+      acc[r] += d * d;
+    }
+  if (shape.rem)
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const V d = keep_last<W>(
+          (load<W>(x + r * n + n - W) - shift[r]) - mean_dev[r], shape.rem);
+      acc[4 + r] += d * d;
+    }
+  transpose_sums<W>(acc, s);
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) m2[r] = s[r] + s[4 + r];
+}
+
 // Likewise for 4 rows the sums of g and of g * (x - m[row]), into s[0..3]
 // and s[4..7].
 template <typename T>
@@ -303,8 +367,25 @@ SN_INLINE void store_mean(const MomentsArgs<T>& a, int64_t r, T first,
   if (a.dmean) a.dmean[r] = (first - a.shift[r % a.channels]) + mean_dev;
 }
 
-// Long rows: the mean, then the squared deviations from it while the row
-// is still in cache (exact centring, no full-size temporary).
+// Where the input is not in the caches (the prefetch path), the moments
+// read it from memory, and between one block of rows (or chunk of a row)
+// and the next they compute from L1 (the squared deviations, the lane
+// sums): no load misses then, and the hardware's prefetcher, which runs
+// ahead of the loads that miss, falls behind. So each block asks for its
+// own bytes' counterpart kPrefetchBytes further on.
+constexpr int64_t kPrefetchBytes = int64_t(8) << 10;
+
+// Prefetches the bytes of `values` values from kPrefetchBytes past block.
+template <typename T>
+SN_INLINE void prefetch_ahead(const T* block, int64_t values) {
+  const char* p = reinterpret_cast<const char*>(block) + kPrefetchBytes;
+  const int64_t bytes = values * int64_t(sizeof(T));
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
+}
+
+// Rows one at a time (what the four-row kernels leave, and rows shorter
+// than their vectors): the mean, then the squared deviations from it while
+// the row is still in cache (exact centring, no full-size temporary).
 template <int Lanes, typename T>
 SN_INLINE void moments_rows(const MomentsArgs<T>& a, int64_t begin,
                             int64_t end) {
@@ -339,6 +420,7 @@ SN_INLINE void moments_chunked_row(const MomentsArgs<T>& a, int64_t r) {
   sn_mm_rows::MomentsPart dev;  // of x - shift
   for (int64_t i = 0; i < a.length; i += a.chunk) {
     const int64_t n = min_of(a.chunk, a.length - i);
+    if (a.prefetch) prefetch_ahead(row + i, n);
     const T chunk_mean =
         row_sum_shifted<Lanes>(row + i, n, shift) / static_cast<T>(n);
     const T chunk_m2 = row_sq_dev<Lanes>(row + i, n, shift, chunk_mean);
@@ -361,11 +443,35 @@ SN_INLINE void moments_short_rows(const MomentsArgs<T>& a, int64_t begin,
   if (n >= 8)
     for (; r + 4 <= end; r += 4) {
       const T* x = a.x + r * n;
+      if (a.prefetch) prefetch_ahead(x, 4 * n);
       rows_shifted_sums(x, n, shape, s);
       for (int j = 0; j < 4; ++j) {
         store_mean(a, r + j, x[j * n], s[j] * inv_n);
         a.var[r + j] =
             max_of(s[4 + j] - s[j] * s[j] * inv_n, T(0)) / a.divisor;
+      }
+    }
+  moments_rows<8>(a, r, end);
+}
+
+// The general way for rows not taken in chunks: four at a time
+// (rows_two_pass_moments), the rest (fewer than four, or rows shorter than
+// a vector) one at a time.
+template <typename T>
+SN_INLINE void moments_long_rows(const MomentsArgs<T>& a, int64_t begin,
+                                 int64_t end) {
+  const int64_t n = a.length;
+  const ShortRow shape(n, kSumLanes<T>);
+  T mean_dev[4], m2[4];
+  int64_t r = begin;
+  if (n >= kSumLanes<T>)
+    for (; r + 4 <= end; r += 4) {
+      const T* x = a.x + r * n;
+      if (a.prefetch) prefetch_ahead(x, 4 * n);
+      rows_two_pass_moments(x, n, shape, mean_dev, m2);
+      for (int j = 0; j < 4; ++j) {
+        store_mean(a, r + j, x[j * n], mean_dev[j]);
+        a.var[r + j] = m2[j] / a.divisor;
       }
     }
   moments_rows<8>(a, r, end);
@@ -379,7 +485,7 @@ SN_INLINE void moments_kernel(const MomentsArgs<T>& a, int64_t begin,
   else if (a.chunk > 0)
     for (int64_t r = begin; r < end; ++r) moments_chunked_row<32>(a, r);
   else
-    moments_rows<32>(a, begin, end);
+    moments_long_rows(a, begin, end);
 }
 
 template <typename T>

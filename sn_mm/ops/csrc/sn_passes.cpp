@@ -77,13 +77,14 @@ enum Path {
   kPathOneSample,
   kPathStreaming,
   kPathChunkedRows,
+  kPathPrefetch,
   kPathCount
 };
-const char* const kPathNames[kPathCount] = {"short_rows", "by_sample",
-                                            "one_sample", "streaming_stores",
-                                            "chunked_rows"};
-std::atomic<bool> path_on[kPathCount] = {true, true, true,
-                                         cpu_streams_by_default(), true};
+const char* const kPathNames[kPathCount] = {"short_rows",   "by_sample",
+                                            "one_sample",   "streaming_stores",
+                                            "chunked_rows", "prefetch"};
+std::atomic<bool> path_on[kPathCount] = {
+    true, true, true, cpu_streams_by_default(), true, true};
 std::atomic<int64_t> path_taken[kPathCount] = {};
 
 // Whether a call takes path p where it applies.
@@ -114,7 +115,7 @@ Path path_named(const std::string& name) {
     if (name == kPathNames[p]) return static_cast<Path>(p);
   TORCH_CHECK_VALUE(false, "SN's CPU kernels: unknown path '", name,
                     "' (expected short_rows, by_sample, one_sample, "
-                    "streaming_stores or chunked_rows)");
+                    "streaming_stores, chunked_rows or prefetch)");
 }
 
 std::vector<std::pair<std::string, int64_t>> path_counts() {
@@ -539,6 +540,16 @@ std::pair<const T*, const T*> fixed_bn(const Forward& f, const Stats<T>& s,
 // special paths: chunked_rows, has the off/on figures).
 constexpr int64_t kChunkBytes = int64_t(8) << 10;
 
+// Inputs of kPrefetchInputBytes or more take their moments with software
+// prefetches (the prefetch path; row_kernels_impl.h, prefetch_ahead): such
+// an input comes from memory, not from the last-level cache. Where it is in
+// the caches the prefetches only cost instructions (0.87-0.94x the time
+// of an eval at 8x256x56x56, 2x1024x50x76, 1x512x28x28 and 2x256x25x38 in
+// an A/B with them on and off). It pays 1.64-1.70x at 1024x256x14x14 eval
+// and 1.09-1.26x at the other inputs over 32 MiB of benchmark_norm.py;
+// docs/performance.md, special paths: prefetch, has the figures.
+constexpr int64_t kPrefetchInputBytes = int64_t(32) << 20;
+
 template <typename T>
 MomentsArgs<T> moments_args(const Forward& f, const Stats<T>& s) {
   const int64_t spatial = f.x3.size(2);
@@ -548,6 +559,7 @@ MomentsArgs<T> moments_args(const Forward& f, const Stats<T>& s) {
   a.short_rows = short_rows(spatial, Pass::kFirst);
   const int64_t chunk = kChunkBytes / int64_t(sizeof(T));
   if (take(kPathChunkedRows, spatial > chunk)) a.chunk = chunk;
+  a.prefetch = take(kPathPrefetch, f.x3.nbytes() >= kPrefetchInputBytes);
   return a;
 }
 
