@@ -533,9 +533,9 @@ std::pair<const T*, const T*> fixed_bn(const Forward& f, const Stats<T>& s,
 
 // Rows of more than kChunkBytes take their moments in chunks of that
 // size (chunked_rows), each chunk's mean and squared deviations while it is
-// in L1: the general way takes a row's mean and then its squared
-// deviations, eight rows at a time, and eight rows of 2x256x200x304 (243
-// KB each) come back from L3 or memory. It pays at 2x256x200x304 eval and
+// in L1: the general way takes four rows' means and then their squared
+// deviations, and four rows of 2x256x200x304 (243 KB each) come back from
+// L3 or memory. It pays at 2x256x200x304 eval and
 // at 1x64x400x608, batch-1 inference at ResNet's stem (docs/performance.md,
 // special paths: chunked_rows, has the off/on figures).
 constexpr int64_t kChunkBytes = int64_t(8) << 10;
@@ -546,7 +546,7 @@ constexpr int64_t kChunkBytes = int64_t(8) << 10;
 // the caches the prefetches only cost instructions (0.87-0.94x the time
 // of an eval at 8x256x56x56, 2x1024x50x76, 1x512x28x28 and 2x256x25x38 in
 // an A/B with them on and off). It pays 1.64-1.70x at 1024x256x14x14 eval
-// and 1.09-1.26x at the other inputs over 32 MiB of benchmark_norm.py;
+// and 1.09-1.26x in eval at the other inputs of 32 MiB or more there;
 // docs/performance.md, special paths: prefetch, has the figures.
 constexpr int64_t kPrefetchInputBytes = int64_t(32) << 20;
 
