@@ -252,8 +252,9 @@ SN_INLINE void rows_shifted_sums(const T* __restrict__ x, int64_t n,
 // row's mean less its first value (its shift) into mean_dev[0..3], then its
 // squared deviations from that mean, summed into m2[0..3]: two passes over
 // the four rows while they are in L1, exact centring as in moments_rows.
-// Two accumulators per row keep eight chains of additions in flight, and
-// one transposing tree per pass folds the lanes of all four rows.
+// The first pass reads the rows one after the other, in the order of
+// memory, the second interleaves them (eight chains of additions in
+// flight); one transposing tree per pass folds the lanes of all four rows.
 template <typename T>
 SN_INLINE void rows_two_pass_moments(const T* __restrict__ x, int64_t n,
                                      ShortRow shape, T* __restrict__ mean_dev,
