@@ -450,11 +450,13 @@ def test_streaming_stores_in_float32_match_the_reference(isa):
 @pytest.mark.parametrize('length', [196, 200, 208, 64, 49])
 def test_streaming_stores_take_whole_rows_that_end_on_16_bytes(isa, length):
     """16 MiB of float32 rows shorter than the long rows' threshold: rows of
-    196, 200 and 208 values (784, 800 and 832 bytes: 16-, 32- and 64-byte
-    stores), and short rows of 64, are stored past the caches, whole, the
-    output in forward and the input's gradient in backward, with the plain
-    path's values. Rows of 49 (196 bytes): the output as one span, the
-    input's gradient plainly (rows under kStreamingRow values)."""
+    196, 200 and 208 values (784, 800 and 832 bytes: they start on 16, 32
+    and 64 bytes), and short rows of 64, are stored past the caches, the
+    output in forward (whole rows where they all start on a register's
+    width, else as one span) and the input's gradient in backward (whole
+    rows), with the plain path's values. Rows of 49 (196 bytes): the output
+    as one span, the input's gradient plainly (rows under kStreamingRow
+    values)."""
     if isa == 'baseline':
         pytest.skip('baseline has no stores past the caches')
     rows = -(-(16 << 20) // (4 * length))

@@ -715,14 +715,17 @@ SN_INLINE void with_row_store(const Args& a, const T* y, Fn fn) {
   }
 }
 
-// Normalised rows begin..end that do not stream whole (rows of 7 x 7
-// values: 196 bytes), as one span stored past the caches a whole aligned
-// register at a time: the register that straddles two rows takes each
-// lane's statistics from its row, and only the span's first and last
-// values are stored plainly. (Streamed a row at a time, each row's plain
-// first and last stores share cache lines with its neighbours' streamed
-// ones.) Rows of at least kLanes<T> values: a register holds parts of two
-// rows at most.
+// Normalised rows begin..end that do not all start on a register's width,
+// as one span stored past the caches a whole aligned register at a time:
+// the register that straddles two rows takes each lane's statistics from
+// its row, and only the span's first and last values are stored plainly.
+// Rows of 7 x 7 values (196 bytes), streamed a row at a time, would share
+// cache lines between each row's plain first and last stores and its
+// neighbours' streamed ones; rows of 14 x 14 (784 bytes) would stream
+// whole in 16-byte stores, which took 1.08-1.14x the time of the span at
+// 1024x256x14x14 eval under AVX2 and AVX-512 (docs/performance.md, special
+// paths: streaming_stores). Rows of at least kLanes<T> values: a register
+// holds parts of two rows at most.
 template <typename T>
 SN_INLINE void normalize_span(const NormalizeArgs<T>& a, int64_t begin,
                               int64_t end) {
@@ -780,7 +783,8 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
     });
     r0 = r1;
   }
-  if (streams(a) && a.length >= kLanes<T> && !streaming_width(a.y, a.length)) {
+  if (streams(a) && a.length >= kLanes<T> &&
+      streaming_width(a.y, a.length) < kRegisterBytes) {
     normalize_span(a, begin, end);
   } else {
     with_row_store(a, a.y, [&](auto store) {

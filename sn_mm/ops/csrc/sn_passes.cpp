@@ -618,11 +618,13 @@ std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
 // are stored past the caches where the path is on (streaming_stores): such an
 // output leaves the last-level cache before the next layer reads much of it,
 // and the stores skip reading each line before writing it. Rows whose bytes
-// are a multiple of 16 are stored whole that way (1024x256x14x14: rows of 196
-// values, 784 bytes). The normalised output's other rows of kSpanRow values or
-// more stream as one span over a thread's rows (normalize_span; at 512x256x7x7
-// eval 0.81-0.87x the time of plain stores, docs/performance.md, special
-// paths). The input gradient's other rows stream from their first
+// are a multiple of 16 stream whole, the normalised output's where they all
+// start on a register's width (else as one span, below). The normalised
+// output's other rows of kSpanRow values or more stream as one span over a
+// thread's rows (normalize_span; at 512x256x7x7 eval 0.81-0.87x the time of
+// plain stores, docs/performance.md, special paths). The input gradient's
+// rows of 1024x256x14x14 (196 values, 784 bytes) stream whole in 16-byte
+// stores; its other rows stream from their first
 // register-aligned value on, if they have kStreamingRow values or more: their
 // plain first and last stores share cache lines with their neighbours'
 // streamed ones, which cost more than the path saved at rows of 196
