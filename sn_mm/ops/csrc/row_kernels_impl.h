@@ -431,45 +431,22 @@ SN_INLINE void moments_chunked_row(const MomentsArgs<T>& a, int64_t r) {
   a.var[r] = static_cast<T>(dev.m2) / a.divisor;
 }
 
-// Short rows (RoI features: 7 x 7), four at a time in one pass each; the
-// rest (fewer than four rows, or rows under 8 values) as long rows.
-template <typename T>
-SN_INLINE void moments_short_rows(const MomentsArgs<T>& a, int64_t begin,
-                                  int64_t end) {
+// Rows begin..end four at a time, `four(x, n, shape, mean_dev, m2)` giving
+// the four rows' means less their first values and their sums of squared
+// deviations (the prefetch path asking for the bytes ahead of each block);
+// the rest (fewer than four rows, or rows under 8 values) one at a time.
+template <typename T, typename Four>
+SN_INLINE void moments_in_fours(const MomentsArgs<T>& a, int64_t begin,
+                                int64_t end, Four four) {
   const int64_t n = a.length;
-  const T inv_n = T(1) / static_cast<T>(n);
   const ShortRow shape(n, kSumLanes<T>);
-  T s[8];
+  T mean_dev[4], m2[4];
   int64_t r = begin;
   if (n >= 8)
     for (; r + 4 <= end; r += 4) {
       const T* x = a.x + r * n;
       if (a.prefetch) prefetch_ahead(x, 4 * n);
-      rows_shifted_sums(x, n, shape, s);
-      for (int j = 0; j < 4; ++j) {
-        store_mean(a, r + j, x[j * n], s[j] * inv_n);
-        a.var[r + j] =
-            max_of(s[4 + j] - s[j] * s[j] * inv_n, T(0)) / a.divisor;
-      }
-    }
-  moments_rows<8>(a, r, end);
-}
-
-// The general way for rows not taken in chunks: four at a time
-// (rows_two_pass_moments), the rest (fewer than four, or rows shorter than
-// a vector) one at a time.
-template <typename T>
-SN_INLINE void moments_long_rows(const MomentsArgs<T>& a, int64_t begin,
-                                 int64_t end) {
-  const int64_t n = a.length;
-  const ShortRow shape(n, kSumLanes<T>);
-  T mean_dev[4], m2[4];
-  int64_t r = begin;
-  if (n >= kSumLanes<T>)
-    for (; r + 4 <= end; r += 4) {
-      const T* x = a.x + r * n;
-      if (a.prefetch) prefetch_ahead(x, 4 * n);
-      rows_two_pass_moments(x, n, shape, mean_dev, m2);
+      four(x, n, shape, mean_dev, m2);
       for (int j = 0; j < 4; ++j) {
         store_mean(a, r + j, x[j * n], mean_dev[j]);
         a.var[r + j] = m2[j] / a.divisor;
@@ -478,15 +455,29 @@ SN_INLINE void moments_long_rows(const MomentsArgs<T>& a, int64_t begin,
   moments_rows<8>(a, r, end);
 }
 
+// Short rows (RoI features: 7 x 7) take one pass each (rows_shifted_sums);
+// the general way for rows not taken in chunks, two (rows_two_pass_moments).
 template <typename T>
 SN_INLINE void moments_kernel(const MomentsArgs<T>& a, int64_t begin,
                               int64_t end) {
-  if (a.short_rows)
-    moments_short_rows(a, begin, end);
-  else if (a.chunk > 0)
+  if (a.short_rows) {
+    const T inv_n = T(1) / static_cast<T>(a.length);
+    moments_in_fours(
+        a, begin, end,
+        [=](const T* x, int64_t n, ShortRow shape, T* mean_dev, T* m2) {
+          T s[8];
+          rows_shifted_sums(x, n, shape, s);
+          for (int j = 0; j < 4; ++j) {
+            mean_dev[j] = s[j] * inv_n;
+            m2[j] = max_of(s[4 + j] - s[j] * s[j] * inv_n, T(0));
+          }
+        });
+  } else if (a.chunk > 0) {
     for (int64_t r = begin; r < end; ++r) moments_chunked_row<32>(a, r);
-  else
-    moments_long_rows(a, begin, end);
+  } else {
+    moments_in_fours(a, begin, end,
+                     [](auto... args) { rows_two_pass_moments(args...); });
+  }
 }
 
 template <typename T>
