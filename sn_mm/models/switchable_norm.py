@@ -10,6 +10,7 @@ from torch import Tensor
 from ..ops import check_kernels, switchable_norm
 from ..ops._compat import own_tensors
 from ..ops.ratios import RATIO_FNS, TERMS, group_ratios, layer_ratios
+from .norm_eval import keep_norm_eval_everywhere
 
 
 def check_arguments(num_features, eps, momentum, ratio_groups=1) -> None:
@@ -119,6 +120,10 @@ class SwitchableNorm(nn.Module):
     the buffer ``nonfinite_batches`` instead (:class:`sn_mm.engine.SNRatioHook`
     logs it); the output is what the statistics give.
 
+    ``norm_eval=True`` in an OpenMMLab backbone (mmdet's, mmseg's,
+    mmpretrain's, mmaction2's) keeps SN layers in eval mode in training, as
+    it keeps BN layers (:mod:`sn_mm.models.norm_eval`).
+
     Fixed ratios: :meth:`fix_ratios` gives the mean and/or variance ratio
     vectors instead of ``softmax(logits)`` (e.g. the one-hot hard ratios of
     :func:`sn_mm.harden_sn`). They live in the buffers ``ratio_fixed`` (2,)
@@ -143,6 +148,8 @@ class SwitchableNorm(nn.Module):
             raise ValueError(f'unknown ratio_fn {ratio_fn!r} (choose from '
                              f'{", ".join(map(repr, RATIO_FNS))})')
         check_arguments(num_features, eps, momentum, ratio_groups)
+        # The backbone building this layer freezes it under norm_eval=True.
+        keep_norm_eval_everywhere(SwitchableNorm)
         self.ratio_groups = int(ratio_groups)
         self.num_features = num_features
         self.eps = eps
@@ -228,7 +235,8 @@ class SwitchableNorm(nn.Module):
                                buffers['running_mean'], buffers['running_var'],
                                buffers['num_batches_tracked'], self.training,
                                self.momentum, self.eps, self.unbiased,
-                               self.kernels, self._sync_group(),
+                               self.kernels,
+                               self._sync_group() if self.training else None,
                                type(self).__name__, buffers['ratio_fixed'],
                                buffers['fixed_ratios'], self.ratio_fn,
                                buffers['radius'], buffers['nonfinite_batches'])
