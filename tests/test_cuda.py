@@ -10,7 +10,8 @@ full-size copy; SyncSN's collective path on a one-rank group; the fused
 Triton kernels against the reference on every agreement case; the default
 taking the fused kernels; float32 precision at large offsets against
 PyTorch's norms on the device; a non-finite batch leaving the running
-statistics untouched. (`make gpu-check` also runs test_sync_sn_triton.py:
+statistics untouched; activation checkpointing's recomputation updating
+the running statistics once. (`make gpu-check` also runs test_sync_sn_triton.py:
 SyncSN in two processes on the one GPU.)
 """
 import concurrent.futures
@@ -358,3 +359,29 @@ def test_group_sn_on_the_device_equals_the_cpu(training):
     for want, got in zip(*results):
         torch.testing.assert_close(
             got.double().cpu(), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('ratio_groups', [1, 2])
+@pytest.mark.parametrize('kernels', kernel_paths())
+def test_checkpoint_recomputation_updates_statistics_once(
+        kernels, ratio_groups):
+    """torch.utils.checkpoint's recomputation in the backward leaves the
+    running statistics as the step's forward left them; the gradients are
+    those of the same step without checkpointing."""
+    results = []
+    for with_cp in (False, True):
+        torch.manual_seed(0)
+        sn = layer(8, kernels=kernels, ratio_groups=ratio_groups).float()
+        conv = torch.nn.Conv2d(8, 8, 3, padding=1).to(DEVICE)
+        block = torch.nn.Sequential(conv, sn)
+        x = sample((4, 8, 6, 5)).float().to(DEVICE).requires_grad_()
+        out = torch.utils.checkpoint.checkpoint(
+            block, x, use_reentrant=False) if with_cp else block(x)
+        out.square().sum().backward()
+        results.append([
+            x.grad, conv.weight.grad, sn.mean_weight.grad, sn.running_mean,
+            sn.running_var, sn.num_batches_tracked
+        ])
+    assert int(results[1][-1]) == 1
+    for want, got in zip(*results):
+        torch.testing.assert_close(got, want)

@@ -40,6 +40,18 @@ def own_tensors(module: torch.nn.Module):
             dict(module.named_buffers(recurse=False)))
 
 
+# -- autograd's backward ---------------------------------------------------
+_GRAPH_TASK_ID = getattr(torch._C, '_current_graph_task_id', None)
+
+
+def in_backward() -> bool:
+    """Whether autograd's engine is running a backward in this thread, as
+    when activation checkpointing recomputes a forward. Without torch's
+    flag: False (a forward then updates running statistics as BN's
+    does)."""
+    return _GRAPH_TASK_ID is not None and _GRAPH_TASK_ID() != -1
+
+
 # -- ONNX export ----------------------------------------------------------
 def _onnx_export_flags():
     """The two flags behind ``torch.onnx.is_in_onnx_export``, found once:

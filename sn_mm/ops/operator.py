@@ -391,7 +391,10 @@ def switchable_norm(x: Tensor,
     branch it also updates ``running_mean``/``running_var``/
     ``num_batches_tracked`` in place, except after a batch whose BN
     statistics are not all finite, which it counts in ``nonfinite_batches``
-    (an int64 scalar; None: not counted) instead. Arguments as
+    (an int64 scalar; None: not counted) instead, and except in a forward
+    that autograd's backward runs (activation checkpointing's
+    recomputation), which leaves them as the step's forward left them.
+    Arguments as
     :class:`sn_mm.SwitchableNorm`'s; ``group``: the process group sharing BN
     statistics (None: this device only); ``layer``: the name errors use;
     ``ratio_fixed`` (2,) bool and ``fixed_ratios`` (2, K) (group SN: (2, G)
@@ -402,6 +405,15 @@ def switchable_norm(x: Tensor,
     check_input(x, weight.shape[0], layer)
     if not training or running_mean is None:
         group = None  # only the batch's BN statistics are shared
+    elif _compat.in_backward() and not is_tracing():
+        # Activation checkpointing (with_cp=True) runs this forward again
+        # in the backward; the step's forward has updated the statistics
+        # already, so this one updates copies. (Training-mode outputs and
+        # gradients do not depend on the running statistics.)
+        running_mean, running_var, num_batches_tracked, nonfinite_batches = (
+            None if t is None else t.clone()
+            for t in (running_mean, running_var, num_batches_tracked,
+                      nonfinite_batches))
     call = route(kernels, x, weight, running_mean, group).call
     ratios_given = ratio_fn != 'softmax'
     if ratios_given:
