@@ -23,10 +23,10 @@ NORMS = {
 def sn_state(model):
     return {
         k: v.clone()
-        for k, v in model.state_dict().items()
-        if any(k.endswith(b) for b in ('running_mean', 'running_var',
-                                       'num_batches_tracked',
-                                       'nonfinite_batches'))
+        for k, v in model.state_dict().items() if any(
+            k.endswith(b)
+            for b in ('running_mean', 'running_var', 'num_batches_tracked',
+                      'nonfinite_batches'))
     }
 
 
@@ -46,10 +46,14 @@ def step(model, x):
 @pytest.mark.parametrize('norm', NORMS)
 def test_with_cp_updates_statistics_once(norm, device):
     torch.manual_seed(0)
-    plain, checkpointed = (ResNet(
-        depth=18, norm_cfg=NORMS[norm], norm_eval=False, with_cp=with_cp,
-        zero_init_residual=False).to(device, torch.float64)
-                           for with_cp in (False, True))
+    plain, checkpointed = (
+        ResNet(
+            depth=18,
+            norm_cfg=NORMS[norm],
+            norm_eval=False,
+            with_cp=with_cp,
+            zero_init_residual=False).to(device, torch.float64)
+        for with_cp in (False, True))
     checkpointed.load_state_dict(plain.state_dict())
     plain.train()
     checkpointed.train()
@@ -81,8 +85,7 @@ def test_torch_checkpoint_either_variant(use_reentrant):
 
 def sync_worker(rank, port, result_file):
     dist.init_process_group(
-        'gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank,
-        world_size=2)
+        'gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=2)
     torch.manual_seed(0)
     layers = [SyncSwitchableNorm(6).double() for _ in range(2)]
     x = torch.randn(4, 6, 5, 5, dtype=torch.float64)[2 * rank:2 * rank + 2]
@@ -93,8 +96,10 @@ def sync_worker(rank, port, result_file):
             else layer(inp)
         out.square().sum().backward()
         results.append(
-            dict(x_grad=inp.grad, mean_weight=layer.mean_weight.grad,
-                 **sn_state(layer)))
+            dict(
+                x_grad=inp.grad,
+                mean_weight=layer.mean_weight.grad,
+                **sn_state(layer)))
     torch.save(results, f'{result_file}.{rank}')
     dist.destroy_process_group()
 

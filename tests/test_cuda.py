@@ -11,8 +11,8 @@ Triton kernels against the reference on every agreement case; the default
 taking the fused kernels; float32 precision at large offsets against
 PyTorch's norms on the device; a non-finite batch leaving the running
 statistics untouched; activation checkpointing's recomputation updating
-the running statistics once. (`make gpu-check` also runs test_sync_sn_triton.py:
-SyncSN in two processes on the one GPU.)
+the running statistics once. (`make gpu-check` also runs
+test_sync_sn_triton.py: SyncSN in two processes on the one GPU.)
 """
 import concurrent.futures
 import math

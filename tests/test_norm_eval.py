@@ -18,9 +18,8 @@ CLIP = (2, 3, 8, 32, 32)
 CASES = [
     ('mmdet-resnet', 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py', {},
      IMAGE, ('sn1', 'layer1.')),
-    ('mmdet-resnext',
-     'mmdet::mask_rcnn/mask-rcnn_x101-32x4d_fpn_1x_coco.py', {}, IMAGE,
-     ('sn1', 'layer1.')),
+    ('mmdet-resnext', 'mmdet::mask_rcnn/mask-rcnn_x101-32x4d_fpn_1x_coco.py',
+     {}, IMAGE, ('sn1', 'layer1.')),
     ('mmdet-resnetv1d', 'mmdet::resnet_strikes_back/'
      'mask-rcnn_r50-rsb-pre_fpn_1x_coco.py',
      dict(type='ResNetV1d', norm_eval=True, frozen_stages=1,
@@ -71,11 +70,10 @@ def frozen(name, prefixes):
     'config,changes,shape,frozen_stages', [c[1:] for c in CASES],
     ids=[c[0] for c in CASES])
 def test_norm_eval_freezes_sn_as_it_freezes_bn(tmp_path, config, changes,
-                                              shape, frozen_stages,
-                                              norm_type):
+                                               shape, frozen_stages,
+                                               norm_type):
     torch.manual_seed(0)
-    backbone = build_backbone(tmp_path, config, changes,
-                              dict(type=norm_type))
+    backbone = build_backbone(tmp_path, config, changes, dict(type=norm_type))
     assert backbone.norm_eval
     layers = sn_layers(backbone)
     assert len(layers) > 10
@@ -88,8 +86,10 @@ def test_norm_eval_freezes_sn_as_it_freezes_bn(tmp_path, config, changes,
             m.running_var.uniform_(0.5, 2)
     before = {n: m.state_dict() for n, m in layers.items()}
     before = {
-        n: {k: v.clone()
-            for k, v in s.items()}
+        n: {
+            k: v.clone()
+            for k, v in s.items()
+        }
         for n, s in before.items()
     }
 
@@ -114,9 +114,9 @@ def test_norm_eval_freezes_sn_as_it_freezes_bn(tmp_path, config, changes,
                 assert p.grad is None, (name, param)
     # The other stages' logits take gradients: eval mode mixes IN and LN
     # with the running BN statistics, all three learnable.
-    assert any(m.mean_weight.grad is not None and m.mean_weight.grad.abs().
-               sum() > 0 for n, m in layers.items()
-               if not frozen(n, frozen_stages))
+    assert any(
+        m.mean_weight.grad is not None and m.mean_weight.grad.abs().sum() > 0
+        for n, m in layers.items() if not frozen(n, frozen_stages))
 
     # norm_eval=False: the same backbone trains its SN layers.
     backbone.norm_eval = False
@@ -127,9 +127,9 @@ def test_norm_eval_freezes_sn_as_it_freezes_bn(tmp_path, config, changes,
 def test_requires_grad_false_freezes_logits_and_affine(tmp_path):
     """``norm_cfg.requires_grad=False`` (mmdet's frozen-BN setting) leaves
     no SN parameter to learn, the logits included."""
-    backbone = build_backbone(
-        tmp_path, 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py', {},
-        dict(type='SN', requires_grad=False))
+    backbone = build_backbone(tmp_path,
+                              'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py',
+                              {}, dict(type='SN', requires_grad=False))
     backbone.train()
     for name, layer in sn_layers(backbone).items():
         assert not layer.training, name
@@ -138,7 +138,8 @@ def test_requires_grad_false_freezes_logits_and_affine(tmp_path):
 
 def test_norm_eval_false_in_stock_config_trains_sn(tmp_path):
     backbone = build_backbone(
-        tmp_path, 'mmseg::deeplabv3/deeplabv3_r50-d8_4xb2-40k_cityscapes-512x1024.py',
+        tmp_path,
+        'mmseg::deeplabv3/deeplabv3_r50-d8_4xb2-40k_cityscapes-512x1024.py',
         {}, dict(type='SN'))
     assert not backbone.norm_eval
     backbone.train()
