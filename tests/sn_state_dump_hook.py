@@ -40,3 +40,45 @@ class SNStateDumpHook(Hook):
 
     def after_test(self, runner):
         self._dump(runner, 'sn_state_test')
+
+
+@HOOKS.register_module()
+class SNFirstStepHook(Hook):
+    """Around the first training iteration, write to
+    ``work_dir/first_step_rank{rank}.pth`` the backbone's input and state
+    before it (after DDP's start has made the ranks equal) and its SN
+    layers' running statistics after it."""
+
+    def before_train(self, runner):
+        model = runner.model.module if is_model_wrapper(
+            runner.model) else runner.model
+        self.backbone = model.backbone
+        self.record = {}
+
+        def keep_input(module, args):
+            self.record.setdefault('input', args[0].detach().clone())
+
+        self.handle = self.backbone.register_forward_pre_hook(keep_input)
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        if runner.iter == 0:
+            self.record['before'] = {
+                k: v.detach().clone()
+                for k, v in self.backbone.state_dict().items()
+            }
+
+    def after_train_iter(self,
+                         runner,
+                         batch_idx,
+                         data_batch=None,
+                         outputs=None):
+        if runner.iter == 0:
+            self.handle.remove()
+            self.record['after'] = {
+                k: v.detach().clone()
+                for k, v in self.backbone.state_dict().items()
+                if k.endswith(('running_mean', 'running_var'))
+            }
+            torch.save(
+                self.record,
+                osp.join(runner.work_dir, f'first_step_rank{get_rank()}.pth'))

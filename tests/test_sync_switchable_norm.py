@@ -186,3 +186,20 @@ def test_convert_and_revert_round_trip():
     # A bare layer is replaced and returned.
     single = convert_sync_sn(SwitchableNorm(3))
     assert type(single) is SyncSwitchableNorm
+
+
+@pytest.mark.parametrize('group', ['nodes', 0, -2, True, 1.5])
+def test_unknown_group_is_refused(group):
+    with pytest.raises(ValueError, match="'node'"):
+        SyncSwitchableNorm(4, group=group)
+
+
+def test_group_names_and_sizes_are_kept_through_conversion():
+    assert SyncSwitchableNorm(4, group='node').group == 'node'
+    assert convert_sync_sn(SwitchableNorm(4), group=2).group == 2
+    # No process group: each setting computes what SN computes.
+    x = torch.randn(3, 4, 2, 2)
+    for group in ('world', 'node', 4):
+        torch.testing.assert_close(
+            SyncSwitchableNorm(4, group=group)(x),
+            SwitchableNorm(4)(x))

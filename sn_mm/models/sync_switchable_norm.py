@@ -1,4 +1,7 @@
 """SyncSN: Switchable Normalization with BN statistics shared across ranks."""
+import operator
+import os
+import socket
 from typing import Optional
 
 import torch.distributed as dist
@@ -6,6 +9,71 @@ import torch.nn as nn
 from mmengine.registry import MODELS
 
 from .switchable_norm import SwitchableNorm
+
+GROUP_NAMES = ('world', 'node')
+# {(the group setting, the default process group's id): the subgroup
+# holding this rank}. Made once per process group: making one is a
+# collective, and a ProcessGroup held by a layer would not deep-copy (EMA).
+_subgroups = {}
+
+
+def check_group(group):
+    """``group`` if SyncSN can share statistics over it, else a ValueError
+    naming the choices."""
+    if group is None or group in GROUP_NAMES or (
+            dist.is_available() and isinstance(group, dist.ProcessGroup)):
+        return group
+    try:
+        size = operator.index(group)
+    except TypeError:
+        size = 0
+    if isinstance(group, bool) or size < 1:
+        raise ValueError(
+            f'SyncSN group={group!r}: expected None or \'world\' (all ranks), '
+            f'\'node\' (the ranks of each machine), a positive int k (blocks '
+            f'of k consecutive ranks) or a torch.distributed ProcessGroup')
+    return size
+
+
+def node_key() -> str:
+    """What names this process's machine: torchrun's node rank
+    (``GROUP_RANK``, so two launches on one machine are two nodes), else
+    Slurm's ``SLURM_NODEID``, else the host name."""
+    for name in ('GROUP_RANK', 'SLURM_NODEID'):
+        if os.environ.get(name) is not None:
+            return f'{name}={os.environ[name]}'
+    return socket.gethostname()
+
+
+def _rank_blocks(group, world: int):
+    """The ranks of each subgroup for the setting ``group`` ('node' or a
+    block size), made from every rank's answer (a collective)."""
+    if group == 'node':
+        keys = [None] * world
+        dist.all_gather_object(keys, node_key())
+        blocks = {}
+        for rank, key in enumerate(keys):
+            blocks.setdefault(key, []).append(rank)
+        return list(blocks.values())
+    if world % group:
+        raise ValueError(f'SyncSN group={group}: blocks of {group} ranks do '
+                         f'not divide the world of {world} ranks')
+    return [list(range(s, s + group)) for s in range(0, world, group)]
+
+
+def process_group(group):
+    """The ProcessGroup that the setting ``group`` names for this rank
+    (:func:`check_group`'s values); the process group must be
+    initialised."""
+    if group is None or group == 'world':
+        return dist.group.WORLD
+    if isinstance(group, dist.ProcessGroup):
+        return group
+    key = (group, id(dist.group.WORLD))
+    if key not in _subgroups:
+        blocks = _rank_blocks(group, dist.get_world_size())
+        _subgroups[key] = dist.new_subgroups_by_enumeration(blocks)[0]
+    return _subgroups[key]
 
 
 @MODELS.register_module('SyncSN')
@@ -25,8 +93,15 @@ class SyncSwitchableNorm(SwitchableNorm):
     exactly what :class:`SwitchableNorm` does.
 
     Args:
-        group (ProcessGroup, optional): Ranks that share statistics.
-            Default: the whole world.
+        group (str, int or ProcessGroup, optional): Ranks that share
+            statistics. None or ``'world'``: every rank. ``'node'``: the
+            ranks of each machine (a machine is torchrun's node rank,
+            ``GROUP_RANK``, else Slurm's ``SLURM_NODEID``, else the host
+            name), as in the paper's settings where each 8-GPU machine
+            normalises its own batch. An int k: blocks of k consecutive
+            ranks (k divides the world size). A ProcessGroup: itself. The
+            named and sized groups are made at the first training forward,
+            on every rank together. Default: None.
         Others: as :class:`SwitchableNorm`.
     """
 
@@ -42,13 +117,13 @@ class SyncSwitchableNorm(SwitchableNorm):
                  ratio_groups: int = 1) -> None:
         super().__init__(num_features, eps, momentum, using_bn, unbiased,
                          kernels, ratio_fn, ratio_groups)
-        self.group = group
+        self.group = check_group(group)
 
     def _sync_group(self):
-        if not (dist.is_available() and dist.is_initialized()
-                and dist.get_world_size(self.group) > 1):
+        if not (dist.is_available() and dist.is_initialized()):
             return None
-        return self.group if self.group is not None else dist.group.WORLD
+        group = process_group(self.group)
+        return group if dist.get_world_size(group) > 1 else None
 
 
 def _swap_norm(module: nn.Module, old_type: type, make_new) -> nn.Module:
