@@ -1,6 +1,9 @@
-"""A hook the distributed tests import: what SN layers the model that ran
-had, and their state."""
+"""Hooks the tests of real runs import (``custom_imports``): what SN layers
+the model that ran had, their state, what a run did to them, and a kill
+mid-run."""
+import os
 import os.path as osp
+import signal
 
 import torch
 from mmengine.dist import get_rank
@@ -82,3 +85,58 @@ class SNFirstStepHook(Hook):
             torch.save(
                 self.record,
                 osp.join(runner.work_dir, f'first_step_rank{get_rank()}.pth'))
+
+
+@HOOKS.register_module()
+class SNRunRecordHook(Hook):
+    """What a run did to its SN layers, written after training to
+    ``work_dir/sn_run_rank{rank}.pth``: the dtypes of the inputs they saw
+    in training,
+    whether the runner compiled ``train_step``, and every SN entry of the
+    model (not an average of it) after each iteration."""
+
+    def before_train(self, runner):
+        self.dtypes = set()
+        self.steps = []
+        self.compiled = hasattr(runner.model.train_step,
+                                '_torchdynamo_orig_callable')
+        # (A hook that dynamo traced would make it recompile.)
+        for module in runner.model.modules() if not self.compiled else ():
+            if isinstance(module, SwitchableNorm):
+                module.register_forward_pre_hook(self.keep_dtype)
+
+    def keep_dtype(self, module, args):
+        if module.training:  # (not validation's)
+            self.dtypes.add(str(args[0].dtype))
+
+    def after_train_iter(self,
+                         runner,
+                         batch_idx,
+                         data_batch=None,
+                         outputs=None):
+        model = runner.model.module if is_model_wrapper(
+            runner.model) else runner.model
+        self.steps.append({
+            f'{name}.{key}': value.detach().clone()
+            for name, module in model.named_modules()
+            if isinstance(module, SwitchableNorm)
+            for key, value in module.state_dict().items()
+        })
+
+    def after_train(self, runner):
+        torch.save(
+            dict(dtypes=self.dtypes, compiled=self.compiled, steps=self.steps),
+            osp.join(runner.work_dir, f'sn_run_rank{get_rank()}.pth'))
+
+
+@HOOKS.register_module()
+class KillAtIterHook(Hook):
+    """SIGKILL this process before training iteration ``iter`` (counted
+    over the whole run): a run killed mid-epoch."""
+
+    def __init__(self, iter):
+        self.iter = iter
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        if runner.iter == self.iter:
+            os.kill(os.getpid(), signal.SIGKILL)

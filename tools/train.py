@@ -10,6 +10,8 @@ The flags are mmdet's and mmseg's own. Examples::
 """
 import argparse
 
+import torch
+
 import sn_mm  # noqa: F401  (registers SN, SyncSN, hooks, constructors)
 from sn_mm.cli import (build_runner, end_distributed, load_config,
                        parse_tool_args)
@@ -21,7 +23,14 @@ def parse_args(argv=None):
     parser.add_argument(
         '--amp',
         action='store_true',
-        help='automatic mixed precision (needs a GPU)')
+        help='automatic mixed precision: on GPUs mmengine\'s '
+        'AmpOptimWrapper (float16 with dynamic loss scaling, or '
+        '--amp-dtype bfloat16); on the CPU bfloat16 (BF16OptimWrapper)')
+    parser.add_argument(
+        '--amp-dtype',
+        choices=['float16', 'bfloat16'],
+        help='the --amp dtype (default: float16 on GPUs; the CPU runs '
+        'bfloat16 only)')
     parser.add_argument(
         '--auto-scale-lr',
         action='store_true',
@@ -37,13 +46,28 @@ def parse_args(argv=None):
     return parse_tool_args(parser, argv)
 
 
+def use_amp(cfg, dtype=None):
+    """Mixed precision as mmdet's --amp sets it on GPUs; bfloat16 on the
+    CPU, where mmengine's AmpOptimWrapper does not run."""
+    if torch.cuda.is_available():
+        cfg.optim_wrapper.type = 'AmpOptimWrapper'
+        cfg.optim_wrapper.loss_scale = 'dynamic'
+        if dtype is not None:
+            cfg.optim_wrapper.dtype = dtype
+    elif dtype == 'float16':
+        raise SystemExit('--amp-dtype float16: the CPU runs bfloat16 only')
+    else:
+        cfg.optim_wrapper.type = 'BF16OptimWrapper'
+
+
 def main(argv=None):
     args = parse_args(argv)
     cfg = load_config(args.config, args.work_dir, args.cfg_options,
                       args.launcher)
     if args.amp:
-        cfg.optim_wrapper.type = 'AmpOptimWrapper'
-        cfg.optim_wrapper.loss_scale = 'dynamic'
+        use_amp(cfg, args.amp_dtype)
+    elif args.amp_dtype:
+        raise SystemExit('--amp-dtype: add --amp')
     if args.auto_scale_lr:
         if 'base_batch_size' not in cfg.get('auto_scale_lr', {}):
             raise SystemExit('--auto-scale-lr: the config has no '

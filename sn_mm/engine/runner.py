@@ -99,6 +99,8 @@ class SNRunner(Runner):
     - On one process (no launcher), SyncSN layers become SN layers, as
       mmengine's own ``wrap_model`` turns SyncBN into BN: there is nothing to
       synchronise with, and SN computes the same thing.
+    - ``compile=True`` compiles the model's part of ``train_step`` (data
+      preprocessing, forward, loss); the optimizer's update runs eagerly.
     - With a launcher but no CUDA (e.g. ``torchrun --nproc_per_node 2
       tools/train.py CFG --launcher pytorch`` on a CPU machine), mmengine
       0.10.7 would call ``torch.cuda.set_device`` and give DDP a device id;
@@ -141,6 +143,21 @@ class SNRunner(Runner):
             # An explicit None beats the LOCAL_RANK device id mmengine adds.
             model_wrapper_cfg['device_ids'] = None
         return super().wrap_model(model_wrapper_cfg, model)
+
+    def _maybe_compile(self, target: str) -> None:
+        # mmengine compiles the whole train_step, optimizer step included;
+        # torch 2.14's dynamo fails inside SGD.step on mmengine's param
+        # groups (InternalTorchDynamoError, whatever the model's norm
+        # layers). The optimizer wrapper's update (backward, step) runs
+        # eagerly; the data preprocessor, forward and loss are compiled.
+        if self.cfg.get('compile') and target == 'train_step' and hasattr(
+                self, 'optim_wrapper') and not getattr(
+                    self.optim_wrapper, '_sn_eager_update', False):
+            wrapper = self.optim_wrapper
+            wrapper.update_params = torch.compiler.disable(
+                wrapper.update_params)
+            wrapper._sn_eager_update = True
+        super()._maybe_compile(target)
 
     def resume(self, *args, **kwargs):
         with trusted_torch_load():

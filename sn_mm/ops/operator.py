@@ -405,7 +405,8 @@ def switchable_norm(x: Tensor,
     check_input(x, weight.shape[0], layer)
     if not training or running_mean is None:
         group = None  # only the batch's BN statistics are shared
-    elif _compat.in_backward() and not is_tracing():
+    elif not is_tracing() and _compat.in_backward():
+        # (is_tracing first: dynamo cannot trace the engine query.)
         # Activation checkpointing (with_cp=True) runs this forward again
         # in the backward; the step's forward has updated the statistics
         # already, so this one updates copies. (Training-mode outputs and
