@@ -92,6 +92,7 @@ def sn_resnet18_state(path, unbiased):
     net = ResNet(
         depth=18,
         norm_cfg=dict(type='SN', unbiased=unbiased),
+        norm_eval=False,
         out_indices=(0, 1, 2, 3))
     with torch.no_grad():
         for m in net.modules():

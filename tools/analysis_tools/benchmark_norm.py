@@ -595,7 +595,9 @@ def route_host_costs(device, rounds=5, calls=300):
 
 def torchvision_detector_step(device, repeats, toy):
     """One training step of torchvision's Mask R-CNN R50-FPN, 2 images of
-    800x1216 (64x96 with ``toy``), bf16 autocast, SGD, with GN(32), SN (as
+    800x1216 (64x96 with ``toy``), bf16 autocast on GPUs (float32 on the
+    CPU, where bfloat16 convolutions without native support took 18 s a toy
+    step on an AVX2 CPU), SGD, with GN(32), SN (as
     it runs, and on CUDA through the dispatcher: the route A/B) and SyncSN
     (a one-rank NCCL group) in the same layers; None where torchvision is
     missing."""
@@ -604,6 +606,7 @@ def torchvision_detector_step(device, repeats, toy):
     except ImportError:
         return None
     _one_rank_group(device)
+    bf16 = device == 'cuda'
     gen = torch.Generator().manual_seed(0)
     h, w = (64, 96) if toy else (800, 1216)
     images = [torch.rand(3, h, w, generator=gen).to(device) for _ in '12']
@@ -634,7 +637,8 @@ def torchvision_detector_step(device, repeats, toy):
 
         def step(model=model, optim=optim, via=via):
             with cuda_route(via):
-                with torch.autocast(device, dtype=torch.bfloat16):
+                with torch.autocast(
+                        device, dtype=torch.bfloat16, enabled=bf16):
                     loss = sum(model(images, targets).values())
                 optim.zero_grad(set_to_none=True)
                 loss.backward()
@@ -693,7 +697,8 @@ RESNET_NORMS = {
 
 
 def resnet_step_times(device, repeats, batch, size):
-    """A ResNet-50 training step (bf16 autocast, channels_last, SGD) with
+    """A ResNet-50 training step (bf16 autocast on GPUs, float32 on the
+    CPU as in :func:`torchvision_detector_step`; channels_last, SGD) with
     each norm in every norm layer."""
     torch.manual_seed(0)
     x = torch.randn(
@@ -709,7 +714,8 @@ def resnet_step_times(device, repeats, batch, size):
         optim = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
         def step(model=model, optim=optim):
-            with torch.autocast(device, dtype=torch.bfloat16):
+            with torch.autocast(
+                    device, dtype=torch.bfloat16, enabled=device == 'cuda'):
                 loss = nn.functional.cross_entropy(model(x), target)
             optim.zero_grad(set_to_none=True)
             loss.backward()
@@ -912,21 +918,23 @@ def gpu_sections(args, shapes, report):
             f'{k["kernel"]} {k["us"]}' +
             (f' ({k["bw_fraction"]})' if 'bw_fraction' in k else '')
             for k in r['kernels']))
+    precision = 'bf16' if device == 'cuda' else 'float32'
     rows = torchvision_detector_step(device, max(args.repeats // 2, 1), toy)
     report['mask_rcnn_step'] = rows
     if rows is None:
         print('\nMask R-CNN step: torchvision is not installed, skipped')
     else:
         print('\n| torchvision Mask R-CNN R50-FPN train step, 2 images '
-              f'{"64x96" if toy else "800x1216"}, bf16 | ms | vs GN(32) |')
+              f'{"64x96" if toy else "800x1216"}, {precision} | ms | '
+              'vs GN(32) |')
         print('|---|---|---|')
         for r in rows:
             print(f'| {r["norm"]} | {r["ms"]:.1f} | {r["vs_gn"]:.2f} |')
     batch, size = (2, 64) if toy else (32, 224)
     rows = resnet_step_times(device, max(args.repeats // 2, 1), batch, size)
     report['resnet50_step'] = dict(batch=batch, size=size, rows=rows)
-    print(f'\n| ResNet-50 train step, batch {batch}, {size}x{size}, bf16, '
-          'channels_last | ms | vs GN(32) |')
+    print(f'\n| ResNet-50 train step, batch {batch}, {size}x{size}, '
+          f'{precision}, channels_last | ms | vs GN(32) |')
     print('|---|---|---|')
     for r in rows:
         print(f'| {r["norm"]} | {r["ms"]:.1f} | {r["vs_gn"]:.2f} |')
