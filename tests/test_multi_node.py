@@ -10,7 +10,7 @@ import sys
 import torch
 from helpers import free_port
 from mmengine.config import Config
-from mmengine.registry import MODELS, init_default_scope
+from mmengine.registry import MODELS, DefaultScope
 from tool_runner import ROOT, run_python_together
 
 from sn_mm import SwitchableNorm, revert_sync_sn
@@ -129,8 +129,8 @@ def test_dist_train_on_two_nodes_equals_sn_on_the_combined_batch(
     ]
     # SN over the combined batch, from the state both ranks started with.
     cfg = Config.fromfile(str(cwd / 'two_nodes.py'))
-    init_default_scope('mmseg')
-    backbone = revert_sync_sn(MODELS.build(cfg.model.backbone))
+    with DefaultScope.overwrite_default_scope('mmseg'):
+        backbone = revert_sync_sn(MODELS.build(cfg.model.backbone))
     backbone.load_state_dict(ranks[0]['before'])
     backbone.train()
     backbone(torch.cat([r['input'] for r in ranks]))

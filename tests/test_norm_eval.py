@@ -5,7 +5,7 @@ mmaction2's backbones, built as a user builds them."""
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.registry import MODELS, init_default_scope
+from mmengine.registry import MODELS, DefaultScope
 
 import sn_mm  # noqa: F401  (registers SN and SyncSN)
 import sn_mm.video  # noqa: F401  (mmaction2 imports)
@@ -50,8 +50,8 @@ def build_backbone(tmp_path, config, changes, norm_cfg):
     path.write_text(f"_base_ = '{config}'\n"
                     f"model = dict(backbone={backbone!r})\n")
     cfg = Config.fromfile(str(path))
-    init_default_scope(cfg.get('default_scope', 'mmengine'))
-    return MODELS.build(cfg.model).backbone
+    with DefaultScope.overwrite_default_scope(cfg.get('default_scope')):
+        return MODELS.build(cfg.model).backbone
 
 
 def sn_layers(module):
