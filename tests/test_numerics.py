@@ -99,27 +99,36 @@ def test_float32_with_large_offsets_matches_float64(offset, scale, kernels):
 
 
 @pytest.mark.parametrize('offset', OFFSETS)
+@pytest.mark.parametrize('steps,start', [(5, 'data'), (3, 'layer'),
+                                         (20, 'layer')])
 @pytest.mark.parametrize(
     'kernels,shape', [('native', (4, 16, 8, 8)), ('triton', (4, 16, 8, 8)),
                       ('torch', (4, 16, 8, 8)), ('native', (2, 4, 60, 80))],
     ids=['native', 'triton', 'torch', 'native_rows_in_chunks'])
-def test_float32_as_precise_as_pytorch_norms(kernels, shape, offset):
+def test_float32_as_precise_as_pytorch_norms(kernels, shape, offset, steps,
+                                             start):
     """SN's float32 output (train and eval) within 2x the largest error of
     PyTorch's BN, IN and LN on the same inputs, and its running statistics
     within 2x BN's (floor 1e-6: float32's own rounding of a moving average
-    over a few steps). Rows of 4800 values: the C++ kernels' moments in
-    chunks of 2048 (chunked_rows)."""
+    over a few steps). Running statistics from the data's (a fast start)
+    or the layer's own start, 0 and 1: eval after 3 or 20 steps then puts
+    the output thousands of spreads from zero at offset 1e4, where an
+    error of LN's variance (the IN means' differences between channels)
+    shows. Rows of 4800 values: the C++ kernels' moments in chunks of 2048
+    (chunked_rows)."""
     require_kernels(kernels)
-    steps = 5
+    if kernels == 'triton' and steps == 20 and offset != 1e4:
+        pytest.skip('Triton\'s interpreter takes 20 s a case: 20 steps at '
+                    'the largest offset only')
     for scale in SCALES:
         inputs = offset_inputs(shape, offset, scale, steps + 1)
         theirs = {
-            name: float32_errors(make, inputs, offset, scale)
+            name: float32_errors(make, inputs, offset, scale, start)
             for name, make in pytorch_norms(shape[1]).items()
         }
         ours = float32_errors(
             lambda: SwitchableNorm(shape[1], kernels=kernels), inputs, offset,
-            scale)
+            scale, start)
         bounds = dict(
             train=2 * max(e['train'] for e in theirs.values()),
             eval=2 * max(e['eval'] for e in theirs.values()),

@@ -85,39 +85,39 @@ def combine_statistics(n: int, mean_c: Tensor, m2_c: Tensor, group):
     return _SyncStatistics.apply(mean_c, m2_c, n, group)
 
 
-def in_moments(x3: Tensor, correction: int, shifted: bool = False):
-    """Per-row (mean, variance) of ``x3`` (N, C, L) and the per-channel
-    shift the means are taken about: with ``shifted``, each channel's first
-    value (of sample 0), so that the means keep the precision of their
-    differences between samples, which BN's variance sums (held as
-    absolute float32 values, means of 1e4 would round those differences to
-    1e-3); else 0."""
+def in_moments(x3: Tensor, correction: int):
+    """Per-row (mean, variance) of ``x3`` (N, C, L), the means taken about
+    a per-channel shift, each channel's first value (of sample 0), which is
+    returned too: so the means keep the precision of their differences
+    between samples and between channels, which BN's and LN's variances
+    sum (held as absolute float32 values, means of 1e4 would round those
+    differences to 1e-3)."""
     if not x3.numel():
         # Zeros that stay in the graph: an empty batch's statistics still
         # carry (zero) gradients, and SyncSN's backward collective needs
         # every rank's to.
         zeros = x3.sum(-1)
         return zeros, zeros, zeros.sum(0)
-    if shifted:
-        # A constant: the moments' value and gradient do not depend on it.
-        shift = x3[0, :, 0].detach()
-        var, mean = torch.var_mean(
-            x3 - shift.unsqueeze(-1), dim=-1, correction=correction)
-        return mean, var, shift
-    var, mean = torch.var_mean(x3, dim=-1, correction=correction)
-    return mean, var, torch.zeros_like(mean[0])
+    # A constant: the moments' value and gradient do not depend on it.
+    shift = x3[0, :, 0].detach()
+    var, mean = torch.var_mean(
+        x3 - shift.unsqueeze(-1), dim=-1, correction=correction)
+    return mean, var, shift
 
 
-def ln_moments(mean_in: Tensor, var_in: Tensor):
-    """LN's (N, 1) mean and variance from IN's, ``var_ln = mean_c(var_in) +
+def ln_moments(dmean_in: Tensor, var_in: Tensor, shift: Tensor):
+    """LN's (N, 1) mean and variance from IN's (means about ``shift``, as
+    :func:`in_moments` gives them), ``var_ln = mean_c(var_in) +
     mean_c((mean_in - mean_ln)**2)``: the released ``mean(var_in +
-    mean_in**2) - mean**2`` without its cancellation."""
-    if not mean_in.shape[0]:
-        empty = mean_in.new_zeros(0, 1)
+    mean_in**2) - mean**2`` without its cancellation. The channels' means
+    are compared about the first channel's shift: the shifts' differences
+    are exact, and the means' differences keep their precision."""
+    if not dmean_in.shape[0]:
+        empty = dmean_in.new_zeros(0, 1)
         return empty, empty
     var_mean_ln, mean_ln = torch.var_mean(
-        mean_in, 1, correction=0, keepdim=True)
-    return mean_ln, var_in.mean(1, keepdim=True) + var_mean_ln
+        dmean_in + (shift - shift[0]), 1, correction=0, keepdim=True)
+    return shift[0] + mean_ln, var_in.mean(1, keepdim=True) + var_mean_ln
 
 
 def bn_moments(mean_in: Tensor, var_in: Tensor, shift: Tensor, group):
@@ -159,10 +159,10 @@ def reference_forward(x3: Tensor,
     has_in = length > 1
     bn_batch = running_mean is not None and training
     # One position has no variance: Bessel's correction would divide by 0.
-    dmean_in, var_in, shift = in_moments(
-        x3, 1 if unbiased and has_in else 0, shifted=bn_batch)
-    mean_in = dmean_in + shift if bn_batch else dmean_in
-    mean_ln, var_ln = ln_moments(mean_in, var_in)
+    dmean_in, var_in, shift = in_moments(x3,
+                                         1 if unbiased and has_in else 0)
+    mean_in = dmean_in + shift
+    mean_ln, var_ln = ln_moments(dmean_in, var_in, shift)
     mean_bn = var_bn = has = None
     if bn_batch:
         total, mean_bn, var_bn = bn_moments(dmean_in, var_in, shift, group)

@@ -343,11 +343,15 @@ def _ln_stats(ws_ptr, n, N, C, L, chunk, divisor, SPLIT: tl.constexpr,
     idx = tl.arange(0, CB)
     acc = tl.zeros((CB, ), tl.float32)
     shifts = ws_ptr + _ws_shift(R, C, SPLIT)
+    # The channels' means about the first channel's shift: the shifts'
+    # differences are exact and the means' keep their precision (as
+    # absolute float32 values, means of 1e4 would round them to 1e-3).
+    shift0 = tl.load(shifts)
     for c0 in range(0, C, CB):
         ok = c0 + idx < C
         mean, _ = _row_moments(ws_ptr, n * C + c0 + idx, ok, R, L, chunk,
                                divisor, SPLIT)
-        mean += tl.load(shifts + c0 + idx, mask=ok, other=0.0)
+        mean += tl.load(shifts + c0 + idx, mask=ok, other=0.0) - shift0
         acc += tl.where(ok, mean, 0.0)
     mean_ln = tl.sum(acc, 0) / C
     acc = tl.zeros((CB, ), tl.float32)
@@ -355,10 +359,10 @@ def _ln_stats(ws_ptr, n, N, C, L, chunk, divisor, SPLIT: tl.constexpr,
         ok = c0 + idx < C
         mean, var = _row_moments(ws_ptr, n * C + c0 + idx, ok, R, L, chunk,
                                  divisor, SPLIT)
-        mean += tl.load(shifts + c0 + idx, mask=ok, other=0.0)
+        mean += tl.load(shifts + c0 + idx, mask=ok, other=0.0) - shift0
         dev = mean - mean_ln
         acc += tl.where(ok, var + dev * dev, 0.0)
-    tl.store(ws_ptr + out + n, mean_ln)
+    tl.store(ws_ptr + out + n, shift0 + mean_ln)
     tl.store(ws_ptr + out + N + n, tl.sum(acc, 0) / C)
 
 

@@ -27,15 +27,21 @@ def offset_inputs(shape,
     return inputs
 
 
-def float32_errors(make: Callable[[], nn.Module], inputs, offset: float,
-                   spread: float) -> Dict[str, float]:
+def float32_errors(make: Callable[[], nn.Module],
+                   inputs,
+                   offset: float,
+                   spread: float,
+                   start: str = 'data') -> Dict[str, float]:
     """A layer's float32 errors against its float64 copy: training steps on
-    ``inputs[:-1]`` (running statistics starting at the data's mean and
-    variance), then eval on ``inputs[-1]``. ``train``/``eval``: the largest
-    absolute output error; ``running_mean``/``running_var``: the largest
-    relative error after training (0 for layers without them)."""
+    ``inputs[:-1]``, then eval on ``inputs[-1]``. The running statistics
+    start at the data's mean and variance (``start='data'``) or where the
+    layer starts them (``'layer'``: 0 and 1, so that in eval after a few
+    steps the output is far from zero and magnifies any error of the
+    variance). ``train``/``eval``: the largest absolute output error;
+    ``running_mean``/``running_var``: the largest relative error after
+    training (0 for layers without them)."""
     m32 = make()
-    if getattr(m32, 'running_mean', None) is not None:
+    if start == 'data' and getattr(m32, 'running_mean', None) is not None:
         with torch.no_grad():
             m32.running_mean.fill_(offset)
             m32.running_var.fill_(spread**2)

@@ -11,6 +11,7 @@ SN on each kernel set (Triton in its interpreter where there is no GPU).
 Example::
 
     python tools/analysis_tools/precision_norm.py --kernels native torch
+    python tools/analysis_tools/precision_norm.py --steps 3 --start layer
 """
 import argparse
 import os
@@ -29,6 +30,14 @@ def parse_args(argv=None):
         type=int,
         default=10,
         help='training steps before eval (default: 10)')
+    parser.add_argument(
+        '--start',
+        choices=['data', 'layer'],
+        default='data',
+        help='where the running statistics start: at the data\'s mean and '
+        'variance, or at the layer\'s own 0 and 1 (eval after a few steps '
+        'then sits far from the data and magnifies any error of the '
+        'variances)')
     parser.add_argument(
         '--kernels',
         nargs='+',
@@ -55,7 +64,8 @@ def main(argv=None):
     for k in args.kernels:
         layers[f'SN {k}'] = (lambda k=k: SwitchableNorm(shape[1], kernels=k))
     print(f'float32 vs float64, input {"x".join(map(str, shape))}, '
-          f'{args.steps} training steps then eval; outputs: largest '
+          f'{args.steps} training steps from running statistics at the '
+          f'{args.start}\'s start, then eval; outputs: largest '
           f'absolute error, running statistics: largest relative error; '
           f'worst/ours: SN\'s worst kernel set over the worst PyTorch norm '
           f'(running statistics: over BN). Device: {device}.\n')
@@ -74,7 +84,8 @@ def main(argv=None):
                     lambda make=make: make().to(device),
                     inputs,
                     offset,
-                    spread)
+                    spread,
+                    args.start)
                 for name, make in layers.items()
             }
             for metric in METRICS:

@@ -181,8 +181,9 @@ void reductions_into(const scalar_t* pm, const scalar_t* pv, int64_t samples,
                      scalar_t* pbm, scalar_t* pb2, const scalar_t* pdm,
                      const scalar_t* pshift) {
   if (pbm == nullptr) {
-    run(LnStatsArgs<scalar_t>{pm, pv, channels, plm, plv, nullptr}, 0,
-        samples);
+    run(LnStatsArgs<scalar_t>{pm, pv, channels, plm, plv, nullptr, pdm,
+                              pshift},
+        0, samples);
     return;
   }
   // Pass 1: per sample the LN statistics (its row is in cache twice);
@@ -550,12 +551,20 @@ constexpr int64_t kChunkBytes = int64_t(8) << 10;
 // docs/performance.md, special paths: prefetch, has the figures.
 constexpr int64_t kPrefetchInputBytes = int64_t(32) << 20;
 
+// The rows' means are also kept about each channel's first value (of
+// sample 0), s.shift: LN's and BN's variances sum the means' differences
+// between channels and between samples, which as absolute float32 values
+// (means of 1e4) would be rounded to 1e-3.
 template <typename T>
 MomentsArgs<T> moments_args(const Forward& f, const Stats<T>& s) {
-  const int64_t spatial = f.x3.size(2);
+  const int64_t channels = f.x3.size(1), spatial = f.x3.size(2);
   MomentsArgs<T> a{
       f.x3.data_ptr<T>(), s.mean_in, s.var_in, spatial,
       static_cast<T>(std::max<int64_t>(spatial - f.correction, 1))};
+  for (int64_t c = 0; c < channels; ++c) s.shift[c] = a.x[c * spatial];
+  a.shift = s.shift;
+  a.dmean = s.dmean;
+  a.channels = channels;
   a.short_rows = short_rows(spatial, Pass::kFirst);
   const int64_t chunk = kChunkBytes / int64_t(sizeof(T));
   if (take(kPathChunkedRows, spatial > chunk)) a.chunk = chunk;
@@ -571,14 +580,7 @@ void moments_and_reductions(const Forward& f, const Stats<T>& s,
   const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
                 spatial = f.x3.size(2), rows = samples * channels;
   if (f.x3.numel()) {
-    MomentsArgs<T> margs = moments_args(f, s);
-    if (bn_sums) {  // each channel's shift: its first value
-      for (int64_t c = 0; c < channels; ++c) s.shift[c] = margs.x[c * spatial];
-      margs.shift = s.shift;
-      margs.dmean = s.dmean;
-      margs.channels = channels;
-    }
-    run_rows(margs, rows, spatial);
+    run_rows(moments_args(f, s), rows, spatial);
   } else {
     std::fill_n(s.mean_in, 2 * rows, T(0));
     std::fill_n(s.dmean, rows, T(0));
@@ -705,8 +707,8 @@ void forward_by_sample(Forward& f, at::Tensor& y, const at::Tensor& weight,
   const GroupRatios<T> w(f.ratios, channels, run_stats.using_bn);
   const auto args = normalize_args(f, s, bn, w, weight, bias, eps, y);
   const MomentsArgs<T> moments = moments_args(f, s);
-  const LnStatsArgs<T> ln{s.mean_in, s.var_in, channels,
-                          s.ln_mean, s.ln_var, nullptr};
+  const LnStatsArgs<T> ln{s.mean_in, s.var_in, channels, s.ln_mean,
+                          s.ln_var,    nullptr,  s.dmean,  s.shift};
   const int64_t blocks = (samples + block - 1) / block;
   // Each thread walks its own contiguous share of the blocks in order, so
   // that its reads and writes stay one stream each; a thread that finishes
