@@ -115,37 +115,12 @@ def test_path_benchmark_times_each_path_on_and_off():
     if not native_available():
         pytest.skip('extension not built')
     expected = {('short_rows', 'eval'), ('short_rows', 'train'),
-                ('by_sample', 'eval'), ('one_sample', 'eval'),
-                ('one_sample', 'train'), ('chunked_rows', 'eval'),
+                ('by_sample', 'eval'), ('chunked_rows', 'eval'),
                 ('chunked_rows', 'train'), ('prefetch', 'eval'),
                 ('prefetch', 'train')}
-    if cpu_isas()[0] != 'baseline':  # baseline has no streaming stores
-        expected |= {('streaming_stores', 'eval'),
-                     ('streaming_stores', 'train')}
     check_path_table(
         ['--toy', '--rounds', '1', '--threads', '1', '--isa',
          cpu_isas()[0]], None, expected)
-
-
-def test_path_benchmark_says_where_a_path_is_not_taken():
-    """Under baseline, which stores nothing past the caches,
-    streaming_stores' rows say that no call took the path rather than
-    leaving the rows out."""
-    from sn_mm.ops import cpu_isas, native_available
-    if not native_available():
-        pytest.skip('extension not built')
-    if 'baseline' not in cpu_isas():
-        pytest.skip('no baseline set')
-    result = run_python([
-        tool('analysis_tools', 'benchmark_paths.py'), '--toy', '--rounds', '1',
-        '--threads', '1', '--isa', 'baseline', '--path', 'streaming_stores'
-    ],
-                        cwd=ROOT,
-                        timeout=300)
-    rows = re.findall(
-        r'\| streaming_stores \| baseline \| [\dx]+ \| (\w+) \| - \| - \| '
-        r'- \| 0, 0: not taken \|', result.stdout)
-    assert sorted(rows) == ['eval', 'train'], result.stdout
 
 
 def test_sync_benchmark_times_both_routes():

@@ -236,18 +236,16 @@ def test_samples_normalised_one_by_one(case):
             training=True),
     ],
     ids=['train', 'eval', 'group_sn', 'train_without_bn'])
-def test_one_sample_reduced_inside_its_passes(case):
-    """One sample's forward in one parallel region (moments and LN's parts
-    per channel range, combined, then normalising) and its backward's
-    reductions inside the passes over its rows: output, running statistics
-    and every gradient against the reference on one thread and on two (two
-    ranges)."""
-    check_path_against_reference('one_sample', case)
+def test_one_sample_against_the_reference(case):
+    """One sample (batch-1 inference, a one-image training step): output,
+    running statistics and every gradient against the reference on one
+    thread and on two."""
+    check_path_against_reference(None, case)
 
 
 def check_path_against_reference(path, case):
-    """SN on ``case`` takes special path ``path`` and computes what the
-    reference computes."""
+    """SN on ``case`` takes special path ``path`` (None: any way) and
+    computes what the reference computes."""
     case = dict(case)
     shape, dtype = case.pop('shape'), case.pop('dtype')
     training = case.pop('training', False)
@@ -272,11 +270,12 @@ def check_path_against_reference(path, case):
                         sn.running_mean.fill_(0.5)
                         sn.running_var.fill_(2.0)
                 xs = x.clone().requires_grad_(training)
-                with Taken(path) as taken:
+                with Taken(path or 'short_rows') as taken:
                     y = sn(xs)
                     if training:
                         y.backward(grad)
-                assert (taken.calls > 0) == (kernels == 'native')
+                assert path is None or (taken.calls > 0) == (
+                    kernels == 'native')
                 results.append([y.detach()] + list(sn.buffers()) + (
                     [xs.grad] +
                     [p.grad for p in sn.parameters()] if training else []))
@@ -390,15 +389,8 @@ def test_the_environment_picks_the_instruction_set(isa):
     [
         ('short_rows', (6, 5, 7, 7)),
         ('by_sample', (8, 64, 24, 24)),
-        ('one_sample', (1, 64, 24, 24)),
-        # its smallest output, 16 MiB: long rows, and rows of 98 float64
-        # values (784 bytes), stored whole in 16-byte stores
-        ('streaming_stores', (2, 16, 256, 256)),
-        ('streaming_stores', (100, 214, 7, 14)),
-        # rows of 35 float64 values (280 bytes): the output as one span
-        ('streaming_stores', (235, 256, 7, 5)),
         # rows of 3050 float64 values: chunks of 1024, the last of 1002;
-        # and one sample's (one_sample)
+        # and one sample's
         ('chunked_rows', (2, 3, 50, 61)),
         ('chunked_rows', (1, 4, 40, 40)),
         # its smallest input, 32 MiB of float64: rows of 14x14 four at a
@@ -412,8 +404,6 @@ def test_each_special_path_off_computes_the_same(isa, path, shape, training):
     gives what the path gives (float64: to rounding) and every gradient."""
     if path == 'by_sample' and training:
         pytest.skip('an eval-forward path')
-    if path == 'streaming_stores' and isa == 'baseline':
-        pytest.skip('baseline has no stores past the caches')
     taken, results = on_and_off(
         path,
         lambda: make_sn(shape[1], using_bn=path != 'by_sample'),
@@ -423,48 +413,3 @@ def test_each_special_path_off_computes_the_same(isa, path, shape, training):
     assert taken[0] > 0 and taken[1] == 0, taken
     for on, off in zip(*results):
         torch.testing.assert_close(on, off, rtol=1e-12, atol=1e-12)
-
-
-@pytest.mark.skipif(not native_available(), reason='extension not built')
-def test_streaming_stores_in_float32_match_the_reference(isa):
-    """float32 outputs stored past the caches (their own instructions), as
-    one span over rows of 4099 values that start at every alignment: the
-    reference's values."""
-    if isa == 'baseline':
-        pytest.skip('baseline has no stores past the caches')
-    # 16 MiB; rows of 4099 values start at every alignment
-    x = random_input((2, 512, 4099), dtype=torch.float32)
-    sn = make_sn(512, dtype=torch.float32).eval()
-    was_on = ops.set_cpu_path('streaming_stores', True)
-    try:
-        with Taken('streaming_stores') as t, torch.no_grad():
-            y = sn(x)
-    finally:
-        ops.set_cpu_path('streaming_stores', was_on)
-    assert t.calls == 1
-    expected = reference_of(sn.double(), x.double(), False)[0]
-    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.skipif(not native_available(), reason='extension not built')
-@pytest.mark.parametrize('length', [196, 200, 208, 64, 49])
-def test_streaming_stores_take_whole_rows_that_end_on_16_bytes(isa, length):
-    """16 MiB of float32 rows shorter than the long rows' threshold: rows of
-    196, 200 and 208 values (784, 800 and 832 bytes: they start on 16, 32
-    and 64 bytes), and short rows of 64, are stored past the caches, the
-    output in forward (whole rows where they all start on a register's
-    width, else as one span) and the input's gradient in backward (whole
-    rows), with the plain path's values. Rows of 49 (196 bytes): the output
-    as one span, the input's gradient plainly (rows under kStreamingRow
-    values)."""
-    if isa == 'baseline':
-        pytest.skip('baseline has no stores past the caches')
-    rows = -(-(16 << 20) // (4 * length))
-    x = random_input((rows // 128 + 1, 128, length), dtype=torch.float32)
-    grad = random_input(x.shape, dtype=torch.float32, seed=3)
-    taken, results = on_and_off('streaming_stores',
-                                lambda: make_sn(128, dtype=torch.float32), x,
-                                grad)
-    assert taken == ([1, 0] if length == 49 else [2, 0])  # forward, backward
-    for on, off in zip(*results):
-        torch.testing.assert_close(on, off, rtol=0, atol=0)

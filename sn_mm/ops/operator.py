@@ -121,8 +121,7 @@ if NATIVE:
 
 def cpu_path_counts() -> dict:
     """How many calls took each of the C++ kernels' special paths
-    ('short_rows', 'by_sample', 'one_sample', 'streaming_stores',
-    'chunked_rows', 'prefetch'; see
+    ('short_rows', 'by_sample', 'chunked_rows', 'prefetch'; see
     docs/performance.md#special-paths-on-the-cpu) since the process began;
     empty without the extension."""
     if not NATIVE:
@@ -133,9 +132,7 @@ def cpu_path_counts() -> dict:
 def set_cpu_path(name: str, enabled: bool) -> bool:
     """Let calls take special path ``name`` where it applies, or never (the
     general way, which computes the same): for A/B timings and tests.
-    Returns whether it was on. Every path is on by default but
-    'streaming_stores', which is on on AMD CPUs, where it measured faster
-    (docs/performance.md#special-paths-on-the-cpu)."""
+    Returns whether it was on. Every path is on by default."""
     if not NATIVE:
         raise RuntimeError('set_cpu_path: the native extension was not '
                            'built')

@@ -159,8 +159,7 @@ def reference_forward(x3: Tensor,
     has_in = length > 1
     bn_batch = running_mean is not None and training
     # One position has no variance: Bessel's correction would divide by 0.
-    dmean_in, var_in, shift = in_moments(x3,
-                                         1 if unbiased and has_in else 0)
+    dmean_in, var_in, shift = in_moments(x3, 1 if unbiased and has_in else 0)
     mean_in = dmean_in + shift
     mean_ln, var_ln = ln_moments(dmean_in, var_in, shift)
     mean_bn = var_bn = has = None

@@ -228,39 +228,87 @@ def _time_layer(layer, x, grad, t, queued, calls):
         t['both_x10'].append(per_call(both, 10))
 
 
-def resnet_eval_times(repeats, device):
-    """Eval forward of mmdet's ResNet-50 at batch 1, 224x224, with BN,
-    GN(32) and SN in every norm layer: the batch-1 inference a fixed cost
+def resnet_eval_call(norm_cfg, device='cpu'):
+    """An eval forward of mmdet's ResNet-50 at batch 1, 224x224, with
+    ``norm_cfg`` in every norm layer: the batch-1 inference a fixed cost
     per layer call would show in."""
     from mmdet.models.backbones import ResNet
+    x = torch.randn(1, 3, 224, 224, device=device)
+    torch.manual_seed(0)
+    model = ResNet(depth=50, norm_cfg=norm_cfg, norm_eval=False).to(device)
+    model.eval()  # (mmdet's ResNet.train() returns None)
+
+    def call():
+        with torch.no_grad():
+            model(x)
+
+    return call
+
+
+def resnet_eval_times(repeats, device):
+    """:func:`resnet_eval_call`'s time with BN, GN(32) and SN."""
     variants = {
         'BN': dict(type='BN'),
         'GN(32)': dict(type='GN', num_groups=32),
         'SN': dict(type='SN')
     }
-    x = torch.randn(1, 3, 224, 224, device=device)
-    calls = {}
-    for name, norm in variants.items():
-        torch.manual_seed(0)
-        model = ResNet(depth=50, norm_cfg=norm, norm_eval=False).to(device)
-        model.eval()  # (mmdet's ResNet.train() returns None)
-        calls[name] = lambda model=model: model(x)
-    with torch.no_grad():
-        for call in calls.values():
-            for _ in range(3):  # warm-up
-                call()
-        return median_times(calls, repeats)
+    calls = {
+        name: resnet_eval_call(norm, device)
+        for name, norm in variants.items()
+    }
+    for call in calls.values():
+        for _ in range(3):  # warm-up
+            call()
+    return median_times(calls, repeats)
 
 
-def detector_step_times(repeats, device):
+def detector_step_call(norm_cfg, device='cpu'):
+    """One training step of mmdet's Mask R-CNN R50-FPN on 2 images of
+    512x512, with ``norm_cfg`` in the backbone, the FPN and the 4conv1fc box
+    and mask heads (None: the config's own frozen BN)."""
     from mmdet.registry import MODELS
     from mmdet.testing import demo_mm_inputs
     from mmengine.config import Config
-    from mmengine.registry import init_default_scope
-    init_default_scope('mmdet')
+    from mmengine.registry import DefaultScope
+
     # mmdet:: paths resolve inside _base_ only.
-    base = Config.fromstring(
-        "_base_ = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'", '.py')
+    cfg = Config.fromstring(
+        "_base_ = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'",
+        '.py').model
+    cfg.backbone.init_cfg = None
+    if norm_cfg is not None:
+        cfg.backbone.norm_cfg = norm_cfg
+        cfg.backbone.norm_eval = False
+        cfg.neck.norm_cfg = norm_cfg
+        cfg.roi_head.bbox_head.type = 'Shared4Conv1FCBBoxHead'
+        cfg.roi_head.bbox_head.conv_out_channels = 256
+        cfg.roi_head.bbox_head.norm_cfg = norm_cfg
+        cfg.roi_head.mask_head.norm_cfg = norm_cfg
+    torch.manual_seed(0)
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        model = MODELS.build(cfg).to(device).train()
+    optim = torch.optim.SGD([p for p in model.parameters() if p.requires_grad],
+                            lr=1e-4)
+    packed = demo_mm_inputs(
+        batch_size=2,
+        image_shapes=[(3, 512, 512)] * 2,
+        num_items=[5, 5],
+        num_classes=80,
+        with_mask=True)
+    data = model.data_preprocessor(packed, True)
+
+    def step():
+        losses = model(**data, mode='loss')
+        loss, _ = model.parse_losses(losses)
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+
+    return step
+
+
+def detector_step_times(repeats, device):
+    """:func:`detector_step_call`'s time with frozen BN, GN and SN."""
     variants = {
         'frozen BN': None,
         'GN everywhere': dict(type='GN', num_groups=32, requires_grad=True),
@@ -268,35 +316,7 @@ def detector_step_times(repeats, device):
     }
     results = {}
     for name, norm in variants.items():
-        cfg = base.model.copy()
-        cfg.backbone.init_cfg = None
-        if norm is not None:
-            cfg.backbone.norm_cfg = norm
-            cfg.backbone.norm_eval = False
-            cfg.neck.norm_cfg = norm
-            cfg.roi_head.bbox_head.type = 'Shared4Conv1FCBBoxHead'
-            cfg.roi_head.bbox_head.conv_out_channels = 256
-            cfg.roi_head.bbox_head.norm_cfg = norm
-            cfg.roi_head.mask_head.norm_cfg = norm
-        torch.manual_seed(0)
-        model = MODELS.build(cfg).to(device).train()
-        optim = torch.optim.SGD(
-            [p for p in model.parameters() if p.requires_grad], lr=1e-4)
-        packed = demo_mm_inputs(
-            batch_size=2,
-            image_shapes=[(3, 512, 512)] * 2,
-            num_items=[5, 5],
-            num_classes=80,
-            with_mask=True)
-        data = model.data_preprocessor(packed, True)
-
-        def step():
-            losses = model(**data, mode='loss')
-            loss, _ = model.parse_losses(losses)
-            optim.zero_grad()
-            loss.backward()
-            optim.step()
-
+        step = detector_step_call(norm, device)
         step()  # warm-up
         results[name] = median_time(step, repeats)
     return results

@@ -3,16 +3,14 @@
 the Triton plans' on a GPU.
 
 Each special path of the C++ kernels (``sn_mm.ops.cpu_path_counts``: short
-rows taken several at a time, eval by sample, one sample's reductions
-inside its passes, large outputs stored past the caches, long rows'
-moments in chunks, large inputs' moments with software prefetches) is timed
-on and off at the detector shapes where it applies (and, for the chunks
-and the prefetches, at batch-1 inference's largest), SN's eval
-forward and (where the path applies there) training forward+backward, in
-alternating rounds (each round starting one candidate further along), under
-every instruction set this CPU runs (or those given; where no call takes the
-path, as under baseline, which has no such stores, its row says so and
-holds no times; the --json rows leave it out).
+rows taken several at a time, eval by sample, long rows' moments in chunks,
+large inputs' moments with software prefetches) is timed on and off at the
+detector shapes where it applies (and, for the chunks and the prefetches,
+at batch-1 inference's largest), SN's eval forward and (where the path
+applies there) training forward+backward, in alternating rounds (each
+round starting one candidate further along), under every instruction set
+this CPU runs (or those given; where no call takes the path, its row says
+so and holds no times; the --json rows leave it out).
 With ``--triton``, instead the Triton plans' layouts
 (``sn_mm.ops.triton_fused.path_counts``: rows split across programs, tiles
 across channels for channels_last inputs) on the GPU, at the detector shapes
@@ -22,13 +20,19 @@ median times, the ratio off/on (above 1: the path pays) and the calls that
 took the path, which must be more than zero with it on and zero with it
 off.
 
+With ``--models``, instead each path on and off in the two model-level
+figures (mmdet ResNet-50 batch-1 eval, the Mask R-CNN R50-FPN training
+step), with the SN calls that took it per model call.
+
 Example::
 
     python tools/analysis_tools/benchmark_paths.py --rounds 5
+    python tools/analysis_tools/benchmark_paths.py --models --rounds 9
     python tools/analysis_tools/benchmark_paths.py --isa avx2 --path by_sample
     python tools/analysis_tools/benchmark_paths.py --triton --rounds 5
 """
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -47,11 +51,6 @@ PATH_SHAPES = {
     'short_rows': [(512, 256, 7, 7), (16, 256, 7, 7), (1, 2048, 7, 7),
                    (1, 64, 8, 8)],
     'by_sample': [(1024, 256, 14, 14), (512, 256, 7, 7)],
-    'one_sample': [(1, 2048, 7, 7), (1, 512, 28, 28), (1, 256, 7, 7),
-                   (1, 64, 8, 8)],
-    'streaming_stores': [(2, 256, 200, 304), (2, 512, 100, 152),
-                         (2, 1024, 50, 76), (8, 256, 56, 56),
-                         (1024, 256, 14, 14), (512, 256, 7, 7)],
     # and batch-1 inference at ResNet's stem (mmdet tests one image of
     # 800x1216 at a time)
     'chunked_rows': [(2, 256, 200, 304), (2, 512, 100, 152), (2, 1024, 50, 76),
@@ -77,16 +76,12 @@ TRITON_TOY_SHAPES = {
 MODES = {
     'short_rows': ('eval', 'train'),
     'by_sample': ('eval', ),
-    'one_sample': ('eval', 'train'),
-    'streaming_stores': ('eval', 'train'),
     'chunked_rows': ('eval', 'train'),
     'prefetch': ('eval', 'train')
 }
 TOY_SHAPES = {
     'short_rows': [(8, 16, 7, 7)],
     'by_sample': [(8, 64, 24, 24)],
-    'one_sample': [(1, 64, 24, 24)],
-    'streaming_stores': [(2, 128, 128, 128)],  # its smallest output, 16 MiB
     'chunked_rows': [(2, 16, 48, 48)],  # rows of 2304 values, two chunks
     'prefetch': [(2, 64, 256, 256)]  # its smallest input, 32 MiB
 }
@@ -118,6 +113,12 @@ def parse_args(argv=None):
     parser.add_argument('--threads', type=int, default=None)
     parser.add_argument(
         '--toy', action='store_true', help='small shapes (to test the tool)')
+    parser.add_argument(
+        '--models',
+        action='store_true',
+        help='instead, each path on and off in the two model-level '
+        'figures: mmdet ResNet-50 batch-1 eval (224x224) and the Mask '
+        'R-CNN R50-FPN training step (2 x 512x512), SN in every norm layer')
     parser.add_argument('--json', default=None)
     add_allocator_option(parser)
     return parser.parse_args(argv)
@@ -280,8 +281,8 @@ def print_row(path, isa, shape, mode, on, off, n_on, n_off) -> dict:
 
 
 def print_not_taken(path, isa, shape, mode) -> None:
-    """A row for a path no call took, on or off (under this instruction
-    set it does not apply: baseline stores nothing past the caches)."""
+    """A row for a path no call took, on or off (at this shape and
+    instruction set it does not apply)."""
     print(
         f'| {path} | {isa} | {"x".join(map(str, shape))} | {mode} '
         '| - | - | - | 0, 0: not taken |',
@@ -291,7 +292,12 @@ def print_not_taken(path, isa, shape, mode) -> None:
 def main(argv=None):
     args = parse_args(argv)
     run_with_steady_malloc(args.allocator)
-    rows = triton_rows(args) if args.triton else cpu_rows(args)
+    if args.triton:
+        rows = triton_rows(args)
+    elif args.models:
+        rows = model_rows(args)
+    else:
+        rows = cpu_rows(args)
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(rows, f, indent=1)
@@ -330,6 +336,89 @@ def cpu_rows(args):
                         rows.append(
                             print_row(path, isa, shape, mode, on, off, n_on,
                                       n_off))
+    finally:
+        set_cpu_isa(before)
+    return rows
+
+
+def benchmark_norm():
+    """tools/analysis_tools/benchmark_norm.py, whose model calls the model
+    rows time."""
+    path = os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), 'benchmark_norm.py')
+    spec = importlib.util.spec_from_file_location('benchmark_norm', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def model_ab(path, call, rounds):
+    """:func:`ab` for a model call: median seconds with the path on and off
+    and the SN calls that took it per model call, in each."""
+    taken = {}
+
+    def variant(on):
+
+        def run():
+            set_cpu_path(path, on)
+            before = cpu_path_counts()[path]
+            call()
+            taken[on] = cpu_path_counts()[path] - before
+
+        return run
+
+    was_on = set_cpu_path(path, True)
+    fns = {'on': variant(True), 'off': variant(False)}
+    for fn in fns.values():
+        fn()  # warm-up
+    times = median_times(fns, rounds)
+    set_cpu_path(path, was_on)
+    return times['on'], times['off'], taken[True], taken[False]
+
+
+def model_rows(args):
+    """Each path on and off in the two model-level figures, under every
+    instruction set given (default: this CPU's best)."""
+    if not native_available():
+        sys.exit('benchmark_paths: the C++ kernels were not built')
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    bench = benchmark_norm()
+    models = {
+        'ResNet-50 eval, batch 1':
+        bench.resnet_eval_call(dict(type='SN')),
+        'Mask R-CNN train step, 2 x 512x512':
+        bench.detector_step_call(dict(type='SN', requires_grad=True)),
+    }
+    paths = [p for p in args.path or PATH_SHAPES if p in PATH_SHAPES]
+    before = cpu_isa()
+    print(f'torch {torch.__version__}, {torch.get_num_threads()} threads; '
+          f'medians of {args.rounds} alternating rounds\n')
+    print('| path | instruction set | model | on ms | off ms | off / on | '
+          'SN calls on path per model call (on, off) |')
+    print('|---|---|---|---|---|---|---|')
+    rows = []
+    try:
+        for isa in args.isa or cpu_isas()[:1]:
+            set_cpu_isa(isa)
+            for path in paths:
+                for model, call in models.items():
+                    on, off, n_on, n_off = model_ab(path, call, args.rounds)
+                    row = dict(
+                        path=path,
+                        isa=isa,
+                        model=model,
+                        on_ms=on * 1e3,
+                        off_ms=off * 1e3,
+                        gain=off / on,
+                        taken_on=n_on,
+                        taken_off=n_off)
+                    rows.append(row)
+                    print(
+                        f'| {path} | {isa} | {model} | {on * 1e3:.1f} | '
+                        f'{off * 1e3:.1f} | {off / on:.3f} | {n_on}, '
+                        f'{n_off} |',
+                        flush=True)
     finally:
         set_cpu_isa(before)
     return rows

@@ -84,15 +84,6 @@ void set_cpu_isa(const std::string& name) {
                     "' (expected avx512, avx2 or baseline)");
 }
 
-bool cpu_streams_by_default() {
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-  __builtin_cpu_init();
-  return __builtin_cpu_is("amd");
-#else
-  return false;
-#endif
-}
-
 // SN_MM_CPU_ISA where set, else the best the CPU runs.
 static void choose_cpu_isa() {
   const char* wanted = std::getenv("SN_MM_CPU_ISA");

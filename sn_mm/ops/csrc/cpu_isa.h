@@ -20,8 +20,4 @@ std::vector<std::string> cpu_isas();
 // otherwise.
 void set_cpu_isa(const std::string& name);
 
-// Whether stores past the caches pay on this CPU by default: AMD's
-// (docs/performance.md, special paths: streaming_stores).
-bool cpu_streams_by_default();
-
 }  // namespace sn_mm_cpu

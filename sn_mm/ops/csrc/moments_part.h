@@ -1,10 +1,9 @@
 // The count, mean and sum of squared deviations (M2) of a part of some
 // values, and Chan's formula that combines two parts (in double): the row
 // kernels combine a long row's chunks with it (row_kernels_impl.h,
-// chunked_rows), the host side one sample's parts of LN's statistics
-// (sn_passes.cpp, one_sample). It has internal linkage, so that each
-// instruction set's kernels compile their own copy and none is shared with
-// code that runs on another set.
+// chunked_rows). It has internal linkage, so that each instruction set's
+// kernels compile their own copy and none is shared with code that runs on
+// another set.
 #pragma once
 
 namespace sn_mm_rows {

@@ -62,9 +62,6 @@ struct NormalizeArgs {
   T *y, *mu, *rstd;
   int64_t channels, length;
   bool short_rows = false;  // rows in whole vectors, no scalar tail
-  // The output stored past the caches, where the set has such stores
-  // (AVX2, AVX-512): no read of each output line before its write.
-  bool streaming = false;
 };
 template <typename T>
 struct InputGradArgs {
@@ -75,7 +72,6 @@ struct InputGradArgs {
   T* dx;
   int64_t channels, length;
   bool short_rows = false;  // rows in whole vectors, no scalar tail
-  bool streaming = false;   // dx stored past the caches (NormalizeArgs')
 };
 template <typename T>
 struct LnStatsArgs {
@@ -86,9 +82,6 @@ struct LnStatsArgs {
   // Where given: the means about the channels' shifts (MomentsArgs), which
   // LN's statistics add back in double and col sums as they are.
   const T *dmean = nullptr, *shift = nullptr;
-  // Where given: per sample n the LN mean and variance also in double, at
-  // ln_double[2 n] and [2 n + 1] (for combining those of channel ranges).
-  double* ln_double = nullptr;
 };
 template <typename T>
 struct BnDevArgs {
@@ -111,11 +104,6 @@ struct GradReduceArgs {
   // instead: 4 x C + 4.
   double* acc;
   bool per_channel = true;
-  // Channels [c_begin, c_end) only (c_end 0: all). Where totals is given
-  // (one sample): d_mu_n, d_var_n and the four products' sums (per_channel
-  // false) are added into totals[0..5] in double instead.
-  int64_t c_begin = 0, c_end = 0;
-  double* totals = nullptr;
 };
 
 // One instruction set's kernels; each takes a range of rows (for the (N, C)
@@ -140,7 +128,6 @@ struct RowKernels {
   const char* isa;
   KernelSet<float> f32;
   KernelSet<double> f64;
-  bool streams;  // NormalizeArgs::streaming stores past the caches
 };
 
 // Each instruction set's table; nullptr where this build has none (not

@@ -579,179 +579,14 @@ struct ShortStore {
   }
 };
 
-// Whether this set stores a register past the caches (store_streaming):
-// x86's non-temporal stores of AVX2 and AVX-512; baseline (SSE2, NEON)
-// stores plainly and needs no fence.
-#if SN_REGISTER_BYTES >= 32
-constexpr bool kStreams = true;
-#else
-constexpr bool kStreams = false;
-#endif
-
-// A vector of Bytes (16, or up to a register's) stored past the caches at
-// p, aligned to Bytes.
-template <int Bytes, typename T, typename V>
-SN_INLINE void store_streaming(T* p, V v) {
-  static_assert(Bytes >= 16 && Bytes <= kRegisterBytes, "store width");
-#if SN_REGISTER_BYTES >= 32
-  if constexpr (Bytes == 16) {
-    if constexpr (sizeof(T) == 4)
-      __builtin_ia32_movntps(p, v);
-    else
-      __builtin_ia32_movntpd(p, v);
-  } else if constexpr (Bytes == 32) {
-    if constexpr (sizeof(T) == 4)
-      __builtin_ia32_movntps256(p, v);
-    else
-      __builtin_ia32_movntpd256(p, v);
-  } else {
-#if SN_REGISTER_BYTES == 64
-    if constexpr (sizeof(T) == 4)
-      __builtin_ia32_movntps512(p, v);
-    else
-      __builtin_ia32_movntpd512(p, v);
-#endif
-  }
-#else
-  store<Bytes / sizeof(T)>(p, v);
-#endif
-}
-
-// Orders store_streaming's stores before the pass ends.
-SN_INLINE void fence_streaming() {
-#if SN_REGISTER_BYTES >= 32
-  __builtin_ia32_sfence();
-#endif
-}
-
-// A long row, its stores past the caches from the first register-aligned
-// output on.
-struct StreamedStore {
-  template <typename T, typename F, typename... In>
-  static SN_INLINE void row(T* __restrict__ y, int64_t n, F value,
-                            const In* __restrict__... in) {
-    constexpr int L = kLanes<T>;
-    int64_t i = 0;
-    for (; i < n && reinterpret_cast<uintptr_t>(y + i) % kRegisterBytes; ++i)
-      y[i] = value(in[i]...);
-    for (; i + L <= n; i += L)
-      store_streaming<kRegisterBytes>(y + i, value(load<L>(in + i)...));
-    for (; i < n; ++i) y[i] = value(in[i]...);
-  }
-};
-
-// A row that starts and ends on a Bytes boundary, every store past the
-// caches: no plain store shares a cache line with a streamed one (rows of
-// 196 float32 values: 16 bytes).
-template <int Bytes>
-struct StreamedWholeStore {
-  template <typename T, typename F, typename... In>
-  static SN_INLINE void row(T* __restrict__ y, int64_t n, F value,
-                            const In* __restrict__... in) {
-    constexpr int L = Bytes / sizeof(T);
-    for (int64_t i = 0; i < n; i += L)
-      store_streaming<Bytes>(y + i, value(load<L>(in + i)...));
-  }
-};
-
-// The widest stores past the caches that every row of `length` values from
-// y starts on (y's address and a row's bytes): 64, 32 or 16 bytes, or 0
-// where that is under 16.
-template <typename T>
-SN_INLINE int streaming_width(const T* y, int64_t length) {
-  const uintptr_t bits = reinterpret_cast<uintptr_t>(y) |
-                         static_cast<uintptr_t>(length * sizeof(T));
-  const uintptr_t aligned = bits & (~bits + 1);  // its lowest set bit
-  for (int bytes = kRegisterBytes; bytes >= 16; bytes /= 2)
-    if (aligned >= static_cast<uintptr_t>(bytes)) return bytes;
-  return 0;
-}
-
-// fn(std::integral_constant<int, streaming_width(y, length)>()).
-template <typename T, typename Fn>
-SN_INLINE void with_streaming_width(const T* y, int64_t length, Fn fn) {
-  const int width = streaming_width(y, length);
-  if constexpr (kRegisterBytes >= 64)
-    if (width == 64) return fn(std::integral_constant<int, 64>());
-  if constexpr (kRegisterBytes >= 32)
-    if (width == 32) return fn(std::integral_constant<int, 32>());
-  if (width == 16) return fn(std::integral_constant<int, 16>());
-  fn(std::integral_constant<int, 0>());
-}
-
-// Whether a pass's rows are stored past the caches.
-template <typename Args>
-SN_INLINE bool streams(const Args& a) {
-  return kStreams && a.streaming;
-}
-
-// fn(store), `store` the way the pass's rows of a.length values from y are
-// written. Streaming first: rows that all start on 16 bytes or more
-// stream whole, in whole vectors (as ShortStore would store short ones);
-// other rows from their first register-aligned output on.
-template <typename Args, typename T, typename Fn>
-SN_INLINE void with_row_store(const Args& a, const T* y, Fn fn) {
-  if (streams(a)) {
-    with_streaming_width(y, a.length, [&](auto width) {
-      constexpr int kBytes = decltype(width)::value;
-      if constexpr (kBytes == 0)
-        fn(StreamedStore());
-      else
-        fn(StreamedWholeStore<kBytes>());
-    });
-  } else if (a.short_rows && a.length >= kLanes<T>) {
+// fn(store), `store` the way the pass's rows of a.length values are
+// written: short rows in whole vectors (ShortStore), others plainly.
+template <typename T, typename Args, typename Fn>
+SN_INLINE void with_row_store(const Args& a, Fn fn) {
+  if (a.short_rows && a.length >= kLanes<T>)
     fn(ShortStore());
-  } else {
+  else
     fn(PlainStore());
-  }
-}
-
-// Normalised rows begin..end that do not all start on a register's width,
-// as one span stored past the caches a whole aligned register at a time:
-// the register that straddles two rows takes each lane's statistics from
-// its row, and only the span's first and last values are stored plainly.
-// Rows of 7 x 7 values (196 bytes), streamed a row at a time, would share
-// cache lines between each row's plain first and last stores and its
-// neighbours' streamed ones; rows of 14 x 14 (784 bytes) would stream
-// whole in 16-byte stores, which took 1.08-1.14x the time of the span at
-// 1024x256x14x14 eval under AVX2 and AVX-512 (docs/performance.md, special
-// paths: streaming_stores). Rows of at least kLanes<T> values: a register
-// holds parts of two rows at most.
-template <typename T>
-SN_INLINE void normalize_span(const NormalizeArgs<T>& a, int64_t begin,
-                              int64_t end) {
-  constexpr int L = kLanes<T>;
-  using V = typename Vec<T, L>::type;
-  V lane;
-  for (int k = 0; k < L; ++k) lane[k] = T(k);
-  const T* __restrict__ x = a.x;
-  T* __restrict__ y = a.y;
-  const int64_t n = a.length, stop = end * n;
-  int64_t p = begin * n, c = begin % a.channels;
-  T mu = a.mu[begin], s = a.weight[c] * a.rstd[begin], b = a.bias[c];
-  for (; p < stop && reinterpret_cast<uintptr_t>(y + p) % kRegisterBytes; ++p)
-    y[p] = (x[p] - mu) * s + b;
-  for (int64_t r = begin; r + 1 < end; ++r) {
-    const int64_t row_end = (r + 1) * n;
-    for (; p + L <= row_end; p += L)
-      store_streaming<kRegisterBytes>(y + p, (load<L>(x + p) - mu) * s + b);
-    if (++c == a.channels) c = 0;
-    const T mu1 = a.mu[r + 1], s1 = a.weight[c] * a.rstd[r + 1],
-            b1 = a.bias[c];
-    if (p < row_end) {
-      const auto first = lane < T(row_end - p);
-      const V vm = first ? mu + V{} : mu1 + V{},
-              vs = first ? s + V{} : s1 + V{}, vb = first ? b + V{} : b1 + V{};
-      store_streaming<kRegisterBytes>(y + p, (load<L>(x + p) - vm) * vs + vb);
-      p += L;
-    }
-    mu = mu1;
-    s = s1;
-    b = b1;
-  }
-  for (; p + L <= stop; p += L)
-    store_streaming<kRegisterBytes>(y + p, (load<L>(x + p) - mu) * s + b);
-  for (; p < stop; ++p) y[p] = (x[p] - mu) * s + b;
 }
 
 // Per row (n, c): mix the statistics, mu = wm_in * mean_in + wm_n * mu_n +
@@ -774,23 +609,17 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
     });
     r0 = r1;
   }
-  if (streams(a) && a.length >= kLanes<T> &&
-      streaming_width(a.y, a.length) < kRegisterBytes) {
-    normalize_span(a, begin, end);
-  } else {
-    with_row_store(a, a.y, [&](auto store) {
-      int64_t c = begin % a.channels;
-      for (int64_t r = begin; r < end; ++r) {
-        const T mu = a.mu[r], s = a.weight[c] * a.rstd[r], b = a.bias[c];
-        const int64_t o = r * a.length;
-        decltype(store)::row(
-            a.y + o, a.length, [=](auto x) { return (x - mu) * s + b; },
-            a.x + o);
-        if (++c == a.channels) c = 0;
-      }
-    });
-  }
-  if (streams(a)) fence_streaming();
+  with_row_store<T>(a, [&](auto store) {
+    int64_t c = begin % a.channels;
+    for (int64_t r = begin; r < end; ++r) {
+      const T mu = a.mu[r], s = a.weight[c] * a.rstd[r], b = a.bias[c];
+      const int64_t o = r * a.length;
+      decltype(store)::row(
+          a.y + o, a.length, [=](auto x) { return (x - mu) * s + b; },
+          a.x + o);
+      if (++c == a.channels) c = 0;
+    }
+  });
 }
 
 // dx = g * scale + a * (x - mean_in) + b per row, a and b from the gradients
@@ -828,7 +657,7 @@ SN_INLINE void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin,
             shift[j] = d_mean_in * inv_length;
           }
         });
-    with_row_store(a, a.dx, [&](auto store) {
+    with_row_store<T>(a, [&](auto store) {
       for (int64_t j = 0; j < rows; ++j) {
         const int64_t r = r0 + j, o = r * a.length;
         const T s = scale[j], cx = coef_x[j], m = a.mean_in[r], sh = shift[j];
@@ -840,7 +669,6 @@ SN_INLINE void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin,
     });
     r0 = r1;
   }
-  if (streams(a)) fence_streaming();
 }
 
 // ------------------------------------------------- (N, C) reductions --
@@ -927,10 +755,6 @@ SN_INLINE void ln_stats_kernel(const LnStatsArgs<T>& a, int64_t begin,
     const double var = (lanes_sum(sv) + tv + lanes_sum(sd) + td) / C;
     a.ln_mean[n] = static_cast<T>(mean);
     a.ln_var[n] = static_cast<T>(var);
-    if (a.ln_double) {
-      a.ln_double[2 * n] = mean;
-      a.ln_double[2 * n + 1] = var;
-    }
   }
 }
 
@@ -957,14 +781,14 @@ SN_INLINE void bn_dev_kernel(const BnDevArgs<T>& a, int64_t begin,
 template <typename T>
 SN_INLINE void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
                                   int64_t end) {
-  const int64_t C = a.channels, c0 = a.c_begin, c1 = a.c_end ? a.c_end : C;
+  const int64_t C = a.channels;
   double* acc = a.acc;
   for (int64_t n = begin; n < end; ++n) {
     const int64_t o = n * C;
     const double ml = a.mean_ln[n], vl = a.var_ln[n];
     DV dots[4] = {};
     double t_dots[4] = {}, d_mu_n = 0, d_var_n = 0;
-    for_each_group(a.w, c0, c1, [&](int64_t cb, int64_t ce, const T* w) {
+    for_each_group(a.w, 0, C, [&](int64_t cb, int64_t ce, const T* w) {
       DV group_mu = {}, group_var = {};
       double t_mu = 0, t_var = 0;
       int64_t c = cb;
@@ -1019,16 +843,11 @@ SN_INLINE void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
       d_mu_n += w[sn_mm_rows::kWmLn] * (lanes_sum(group_mu) + t_mu);
       d_var_n += w[sn_mm_rows::kWvLn] * (lanes_sum(group_var) + t_var);
     });
-    double* totals = a.totals ? a.totals + 2 : acc + 4 * C;
     if (!a.per_channel)
-      for (int j = 0; j < 4; ++j) totals[j] += lanes_sum(dots[j]) + t_dots[j];
-    if (a.totals) {
-      a.totals[0] += d_mu_n;
-      a.totals[1] += d_var_n;
-    } else {
-      a.d_mu_n[n] = static_cast<T>(d_mu_n);
-      a.d_var_n[n] = static_cast<T>(d_var_n);
-    }
+      for (int j = 0; j < 4; ++j)
+        acc[4 * C + j] += lanes_sum(dots[j]) + t_dots[j];
+    a.d_mu_n[n] = static_cast<T>(d_mu_n);
+    a.d_var_n[n] = static_cast<T>(d_var_n);
   }
 }
 
@@ -1062,9 +881,9 @@ constexpr sn_mm_rows::KernelSet<T> kernel_set() {
 
 // Defines sn_mm_rows::row_kernels_<name>() returning this compilation's
 // table.
-#define SN_DEFINE_ROW_KERNELS(name)                                    \
-  const sn_mm_rows::RowKernels* sn_mm_rows::row_kernels_##name() {     \
-    static constexpr RowKernels table{#name, kernel_set<float>(),      \
-                                      kernel_set<double>(), kStreams}; \
-    return &table;                                                     \
+#define SN_DEFINE_ROW_KERNELS(name)                                \
+  const sn_mm_rows::RowKernels* sn_mm_rows::row_kernels_##name() { \
+    static constexpr RowKernels table{#name, kernel_set<float>(),  \
+                                      kernel_set<double>()};       \
+    return &table;                                                 \
   }

@@ -24,12 +24,7 @@
 #include <type_traits>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "cpu_isa.h"
-#include "moments_part.h"
 #include "row_kernels.h"
 
 namespace sn_mm_cpu {
@@ -40,7 +35,6 @@ using sn_mm_rows::GradSumsArgs;
 using sn_mm_rows::InputGradArgs;
 using sn_mm_rows::LnStatsArgs;
 using sn_mm_rows::MomentsArgs;
-using sn_mm_rows::MomentsPart;
 using sn_mm_rows::NormalizeArgs;
 
 #define SN_RUN(kernel, Args)                                    \
@@ -74,17 +68,13 @@ int64_t grain(int64_t length) {
 enum Path {
   kPathShortRows,
   kPathBySample,
-  kPathOneSample,
-  kPathStreaming,
   kPathChunkedRows,
   kPathPrefetch,
   kPathCount
 };
-const char* const kPathNames[kPathCount] = {"short_rows",   "by_sample",
-                                            "one_sample",   "streaming_stores",
+const char* const kPathNames[kPathCount] = {"short_rows", "by_sample",
                                             "chunked_rows", "prefetch"};
-std::atomic<bool> path_on[kPathCount] = {
-    true, true, true, cpu_streams_by_default(), true, true};
+std::atomic<bool> path_on[kPathCount] = {true, true, true, true};
 std::atomic<int64_t> path_taken[kPathCount] = {};
 
 // Whether a call takes path p where it applies.
@@ -114,8 +104,8 @@ Path path_named(const std::string& name) {
   for (int p = 0; p < kPathCount; ++p)
     if (name == kPathNames[p]) return static_cast<Path>(p);
   TORCH_CHECK_VALUE(false, "SN's CPU kernels: unknown path '", name,
-                    "' (expected short_rows, by_sample, one_sample, "
-                    "streaming_stores, chunked_rows or prefetch)");
+                    "' (expected short_rows, by_sample, chunked_rows or "
+                    "prefetch)");
 }
 
 std::vector<std::pair<std::string, int64_t>> path_counts() {
@@ -616,34 +606,6 @@ std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
   return {bn_m, bn_v};
 }
 
-// Outputs (y, and in backward the input's gradient) from kStreamingBytes on
-// are stored past the caches where the path is on (streaming_stores): such an
-// output leaves the last-level cache before the next layer reads much of it,
-// and the stores skip reading each line before writing it. Rows whose bytes
-// are a multiple of 16 stream whole, the normalised output's where they all
-// start on a register's width (else as one span, below). The normalised
-// output's other rows of kSpanRow values or more stream as one span over a
-// thread's rows (normalize_span; at 512x256x7x7 eval 0.81-0.87x the time of
-// plain stores, docs/performance.md, special paths). The input gradient's
-// rows of 1024x256x14x14 (196 values, 784 bytes) stream whole in 16-byte
-// stores; its other rows stream from their first
-// register-aligned value on, if they have kStreamingRow values or more: their
-// plain first and last stores share cache lines with their neighbours'
-// streamed ones, which cost more than the path saved at rows of 196
-// (0.62-0.92x; docs/performance.md, special paths, has the figures).
-constexpr int64_t kStreamingBytes = int64_t(16) << 20, kStreamingRow = 1024,
-                  kSpanRow = 16;
-
-// Whether an output tensor `out` in rows of `length` values is stored past
-// the caches (`span`: the normalised output, which streams as one span);
-// counts the pass in streaming_stores' calls.
-bool streamed(const at::Tensor& out, int64_t length, bool span) {
-  const bool whole_rows = length * out.element_size() % 16 == 0;
-  return take(kPathStreaming,
-              kernels().streams && out.nbytes() >= kStreamingBytes &&
-                  (whole_rows || length >= (span ? kSpanRow : kStreamingRow)));
-}
-
 template <typename T>
 NormalizeArgs<T> normalize_args(const Forward& f, const Stats<T>& s,
                                 std::pair<const T*, const T*> bn,
@@ -669,7 +631,6 @@ NormalizeArgs<T> normalize_args(const Forward& f, const Stats<T>& s,
   a.channels = f.x3.size(1);
   a.length = f.x3.size(2);
   a.short_rows = short_rows(a.length, Pass::kLater);
-  a.streaming = streamed(y, a.length, true);
   return a;
 }
 
@@ -708,7 +669,7 @@ void forward_by_sample(Forward& f, at::Tensor& y, const at::Tensor& weight,
   const auto args = normalize_args(f, s, bn, w, weight, bias, eps, y);
   const MomentsArgs<T> moments = moments_args(f, s);
   const LnStatsArgs<T> ln{s.mean_in, s.var_in, channels, s.ln_mean,
-                          s.ln_var,    nullptr,  s.dmean,  s.shift};
+                          s.ln_var,  nullptr,  s.dmean,  s.shift};
   const int64_t blocks = (samples + block - 1) / block;
   // Each thread walks its own contiguous share of the blocks in order, so
   // that its reads and writes stay one stream each; a thread that finishes
@@ -742,103 +703,6 @@ void forward_by_sample(Forward& f, at::Tensor& y, const at::Tensor& weight,
   });
 }
 
-// One sample (batch-1 inference, a one-image training step) in one
-// parallel region: each thread takes its channels' IN moments and their
-// part of LN's statistics, the threads meet once to combine the parts
-// (Chan's formula, in double, in thread order, so that every thread gets
-// the same), and each normalises its channels while they are in its cache.
-// The general way forks twice and reads every channel's statistics on one
-// thread between the passes (docs/performance.md, special paths:
-// one_sample). It needs OpenMP's barrier, which ATen's parallel_for lacks.
-#ifdef _OPENMP
-constexpr bool kOneSampleRegion = true;
-#else
-constexpr bool kOneSampleRegion = false;
-#endif
-
-template <typename T>
-void one_sample_region(const MomentsArgs<T>& margs,
-                       const NormalizeArgs<T>& args, const Stats<T>& s,
-                       int64_t channels, int64_t spatial) {
-  const int64_t tasks =
-      at::in_parallel_region()
-          ? 1
-          : std::min<int64_t>(
-                at::get_num_threads(),
-                (channels + grain(spatial) - 1) / grain(spatial));
-  std::vector<MomentsPart> parts(tasks);
-  // Thread t of nt: its channels' moments and LN part.
-  auto channels_of = [&](int64_t t, int64_t nt) {
-    const int64_t chunk = (channels + nt - 1) / nt;
-    const int64_t begin = std::min(channels, t * chunk);
-    return std::make_pair(begin, std::min(channels, begin + chunk));
-  };
-  auto moments = [&](int64_t t, int64_t nt) {
-    const auto [begin, end] = channels_of(t, nt);
-    if (begin == end) return;
-    run(margs, begin, end);
-    T mean, var;
-    double both[2];
-    LnStatsArgs<T> part{s.mean_in + begin,
-                        s.var_in + begin,
-                        end - begin,
-                        &mean,
-                        &var,
-                        nullptr};
-    part.ln_double = both;
-    run(part, 0, 1);
-    parts[t] =
-        MomentsPart{double(end - begin), both[0], both[1] * (end - begin)};
-  };
-  auto normalize = [&](int64_t t, int64_t nt) {
-    MomentsPart ln;
-    for (int64_t i = 0; i < nt; ++i) ln = combined(ln, parts[i]);
-    T mean = static_cast<T>(ln.mean), var = static_cast<T>(ln.m2 / ln.count);
-    if (t == 0) {  // for backward; the others read their own copies
-      s.ln_mean[0] = mean;
-      s.ln_var[0] = var;
-    }
-    const auto [begin, end] = channels_of(t, nt);
-    NormalizeArgs<T> mine = args;
-    mine.mu_n = &mean;
-    mine.var_n = &var;
-    if (begin < end) run(mine, begin, end);
-  };
-  if (tasks == 1) {
-    moments(0, 1);
-    normalize(0, 1);
-    return;
-  }
-#ifdef _OPENMP
-#pragma omp parallel num_threads(tasks)
-  {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    moments(t, nt);
-#pragma omp barrier
-    normalize(t, nt);
-  }
-#endif
-}
-
-template <typename T>
-void forward_one_sample(Forward& f, at::Tensor& y, const at::Tensor& weight,
-                        const at::Tensor& bias, const Running& run_stats,
-                        double eps, const Stats<T>& s, bool for_backward) {
-  const int64_t channels = f.x3.size(1);
-  // One sample's BN statistics are its IN statistics.
-  const bool bn_batch = run_stats.using_bn && run_stats.training;
-  const auto bn = bn_batch ? std::pair<const T*, const T*>{s.mean_in, s.var_in}
-                           : fixed_bn(f, s, run_stats, for_backward);
-  const GroupRatios<T> w(f.ratios, channels, run_stats.using_bn);
-  one_sample_region(moments_args(f, s),
-                    normalize_args(f, s, bn, w, weight, bias, eps, y), s,
-                    channels, f.x3.size(2));
-  if (bn_batch)
-    update_running(*run_stats.mean, *run_stats.var, *run_stats.count,
-                   run_stats.nonfinite, run_stats.momentum, s.mean_in,
-                   s.var_in, channels);
-}
-
 template <typename T>
 void forward_pass(Forward& f, at::Tensor& y, const at::Tensor& weight,
                   const at::Tensor& bias, const Running& run_stats, double eps,
@@ -849,10 +713,6 @@ void forward_pass(Forward& f, at::Tensor& y, const at::Tensor& weight,
   if (const int64_t block = by_sample_block<T>(f, run_stats)) {
     forward_by_sample(f, y, weight, bias, run_stats, eps, s, for_backward,
                       block);
-    return;
-  }
-  if (f.x3.numel() && take(kPathOneSample, kOneSampleRegion && samples == 1)) {
-    forward_one_sample(f, y, weight, bias, run_stats, eps, s, for_backward);
     return;
   }
   const auto bn = statistics<T>(f, s, run_stats, for_backward);
@@ -970,56 +830,6 @@ at::Tensor sync_normalize(const at::Tensor& x, const at::Tensor& ws,
     run_rows(args, samples * channels, f.x3.size(2));
   });
   return y;
-}
-
-// The (N, C) reductions of one sample's backward in the parallel pass that
-// takes its row sums, each task reducing its channels while their sums are
-// in its cache (docs/performance.md, special paths: one_sample): the
-// per-channel sums go straight to per_c, the sums over c come back from
-// each task in double.
-struct GradPart {
-  double totals[6] = {};  // d_mu_n, d_var_n, four products (GradReduceArgs)
-};
-
-template <typename T>
-void one_sample_grad_sums(const GradSumsArgs<T>& sums,
-                          const GradReduceArgs<T>& reduce, int64_t spatial,
-                          T* const per_c[4], std::vector<double>& dots) {
-  const int64_t channels = reduce.channels,
-                planes = reduce.per_channel ? 8 : 4;
-  static thread_local std::vector<double> scratch;
-  if (static_cast<int64_t>(scratch.size()) < planes * channels)
-    scratch.resize(planes * channels);
-  double* const acc = scratch.data();
-  const GradPart total = at::parallel_reduce(
-      0, channels, grain(spatial), GradPart{},
-      [&](int64_t begin, int64_t end, GradPart) {
-        run(sums, begin, end);
-        for (int64_t p = 0; p < planes; ++p)
-          std::fill(acc + p * channels + begin, acc + p * channels + end, 0.0);
-        GradPart part;
-        GradReduceArgs<T> a = reduce;
-        a.acc = acc;
-        a.c_begin = begin;
-        a.c_end = end;
-        a.totals = part.totals;
-        run(a, 0, 1);
-        for (int i = 0; i < 4; ++i)
-          for (int64_t c = begin; c < end; ++c)
-            per_c[i][c] = static_cast<T>(acc[i * channels + c]);
-        return part;
-      },
-      [](const GradPart& a, const GradPart& b) {
-        GradPart sum;
-        for (int i = 0; i < 6; ++i) sum.totals[i] = a.totals[i] + b.totals[i];
-        return sum;
-      });
-  reduce.d_mu_n[0] = static_cast<T>(total.totals[0]);
-  reduce.d_var_n[0] = static_cast<T>(total.totals[1]);
-  if (reduce.per_channel)
-    dots.assign(acc + 4 * channels, acc + 8 * channels);
-  else
-    dots.assign(total.totals + 2, total.totals + 6);
 }
 
 // Backward's intermediate sums: per row the sums of g and g * (x - mean_in),
@@ -1172,20 +982,15 @@ void grad_sums_pass(const at::Tensor& g, const Forward& f,
                                 gs.d_var_n,
                                 nullptr,
                                 w.groups > 1};
-  bool reduced = false;  // by one_sample_grad_sums, inside the sums' pass
   if (f.x3.numel()) {
     GradSumsArgs<T> sargs{
         g.data_ptr<T>(), f.x3.data_ptr<T>(), s.mean_in, gs.s1, gs.s2, spatial};
     sargs.short_rows = short_rows(spatial, Pass::kFirst);
-    reduced = take(kPathOneSample, samples == 1);
-    if (reduced)
-      one_sample_grad_sums(sargs, rargs, spatial, per_c, gs.dots);
-    else
-      run_rows(sargs, rows, spatial);
+    run_rows(sargs, rows, spatial);
   } else {
     std::fill_n(gs.s1, 2 * rows, T(0));
   }
-  if (!reduced) grad_reductions_into(rargs, samples, per_c, gs.dots);
+  grad_reductions_into(rargs, samples, per_c, gs.dots);
   ratio_grads(gs, bn.second, channels, using_bn, w, d_wm, d_wv);
 }
 
@@ -1222,7 +1027,6 @@ void input_grad_pass(const at::Tensor& g, const Forward& f,
       channels,
       spatial};
   iargs.short_rows = short_rows(spatial, Pass::kLater);
-  iargs.streaming = streamed(grad_x, spatial, false);
   run_rows(iargs, samples * channels, spatial);
 }
 
