@@ -25,7 +25,8 @@ def extensions():
         'sn_mm._ext',
         [
             f'sn_mm/ops/csrc/{name}.cpp'
-            for name in ('sn_operator', 'sn_passes', 'cpu_isa')
+            for name in ('sn_operator', 'sn_host', 'sn_forward', 'sn_backward',
+                         'cpu_isa')
         ] + [
             f'sn_mm/ops/csrc/row_kernels_{isa}.cpp'
             for isa in ('avx512', 'avx2', 'baseline')

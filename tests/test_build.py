@@ -30,7 +30,7 @@ def torch_includes():
     ]
 
 
-HOST_FILES = ('sn_operator', 'sn_passes', 'cpu_isa')
+HOST_FILES = ('sn_operator', 'sn_host', 'sn_forward', 'sn_backward', 'cpu_isa')
 
 
 @pytest.fixture(scope='module')

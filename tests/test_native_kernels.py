@@ -393,10 +393,6 @@ def test_the_environment_picks_the_instruction_set(isa):
         # and one sample's
         ('chunked_rows', (2, 3, 50, 61)),
         ('chunked_rows', (1, 4, 40, 40)),
-        # its smallest input, 32 MiB of float64: rows of 14x14 four at a
-        # time (in eval by sample), and 7x7 (short rows)
-        ('prefetch', (84, 256, 14, 14)),
-        ('prefetch', (335, 256, 7, 7))
     ])
 @pytest.mark.parametrize('training', [True, False], ids=['train', 'eval'])
 def test_each_special_path_off_computes_the_same(isa, path, shape, training):

@@ -3,10 +3,11 @@
 ``operator.py`` holds the one entry point (:func:`switchable_norm`), the
 ``torch.library`` operator ``sn_mm::switchable_norm`` and the one place
 that picks an implementation; ``reference.py`` is SN in PyTorch ops;
-``csrc/`` the C++ CPU kernels (``row_kernels_impl.h`` the row kernels,
-``sn_passes.cpp`` the passes that run them, ``sn_operator.cpp`` the
-operator's autograd and registration, ``cpu_isa.cpp`` the instruction
-set);
+``csrc/`` the C++ CPU kernels (``row_kernels_impl.h`` the row kernels and
+``reduction_kernels_impl.h`` the reductions between them,
+``sn_forward.cpp`` and ``sn_backward.cpp`` the passes that run them,
+``sn_host.cpp`` what those share, ``sn_operator.cpp`` the operator's
+autograd and registration, ``cpu_isa.cpp`` the instruction set);
 ``triton_kernels.py`` the fused Triton GPU kernels and ``triton_fused.py``
 their host side; ``ratios.py`` the rule from logits to ratio vectors.
 """

@@ -262,12 +262,11 @@ def resnet_eval_times(repeats, device):
     return median_times(calls, repeats)
 
 
-def detector_step_call(norm_cfg, device='cpu'):
-    """One training step of mmdet's Mask R-CNN R50-FPN on 2 images of
-    512x512, with ``norm_cfg`` in the backbone, the FPN and the 4conv1fc box
-    and mask heads (None: the config's own frozen BN)."""
+def mask_rcnn(norm_cfg, device='cpu'):
+    """mmdet's Mask R-CNN R50-FPN with ``norm_cfg`` in the backbone, the
+    FPN and the 4conv1fc box and mask heads (None: the config's own frozen
+    BN), in training mode."""
     from mmdet.registry import MODELS
-    from mmdet.testing import demo_mm_inputs
     from mmengine.config import Config
     from mmengine.registry import DefaultScope
 
@@ -286,7 +285,13 @@ def detector_step_call(norm_cfg, device='cpu'):
         cfg.roi_head.mask_head.norm_cfg = norm_cfg
     torch.manual_seed(0)
     with DefaultScope.overwrite_default_scope('mmdet'):
-        model = MODELS.build(cfg).to(device).train()
+        return MODELS.build(cfg).to(device).train()
+
+
+def detector_step_call(norm_cfg, device='cpu'):
+    """One training step of :func:`mask_rcnn` on 2 images of 512x512."""
+    from mmdet.testing import demo_mm_inputs
+    model = mask_rcnn(norm_cfg, device)
     optim = torch.optim.SGD([p for p in model.parameters() if p.requires_grad],
                             lr=1e-4)
     packed = demo_mm_inputs(
@@ -305,6 +310,22 @@ def detector_step_call(norm_cfg, device='cpu'):
         optim.step()
 
     return step
+
+
+def detector_test_call(norm_cfg, device='cpu'):
+    """Inference of :func:`mask_rcnn` on one image of 800x1216, as mmdet
+    tests: the RoI heads in eval over the RPN's 1000 proposals."""
+    from mmdet.testing import demo_mm_inputs
+    model = mask_rcnn(norm_cfg, device).eval()
+    packed = demo_mm_inputs(
+        batch_size=1, image_shapes=[(3, 800, 1216)], num_classes=80)
+    data = model.data_preprocessor(packed, False)
+
+    def call():
+        with torch.no_grad():
+            model(**data, mode='predict')
+
+    return call
 
 
 def detector_step_times(repeats, device):

@@ -3,10 +3,9 @@
 the Triton plans' on a GPU.
 
 Each special path of the C++ kernels (``sn_mm.ops.cpu_path_counts``: short
-rows taken several at a time, eval by sample, long rows' moments in chunks,
-large inputs' moments with software prefetches) is timed on and off at the
-detector shapes where it applies (and, for the chunks and the prefetches,
-at batch-1 inference's largest), SN's eval forward and (where the path
+rows taken several at a time, eval by sample, long rows' moments in chunks)
+is timed on and off at the detector shapes where it applies (and, for the
+chunks, at batch-1 inference's largest), SN's eval forward and (where the path
 applies there) training forward+backward, in alternating rounds (each
 round starting one candidate further along), under every instruction set
 this CPU runs (or those given; where no call takes the path, its row says
@@ -20,9 +19,10 @@ median times, the ratio off/on (above 1: the path pays) and the calls that
 took the path, which must be more than zero with it on and zero with it
 off.
 
-With ``--models``, instead each path on and off in the two model-level
-figures (mmdet ResNet-50 batch-1 eval, the Mask R-CNN R50-FPN training
-step), with the SN calls that took it per model call.
+With ``--models``, instead each path on and off in the model-level figures
+(mmdet ResNet-50 batch-1 eval, the Mask R-CNN R50-FPN training step, and
+Mask R-CNN inference, where the RoI heads run in eval over 1000 proposals:
+by_sample's only model), with the SN calls that took it per model call.
 
 Example::
 
@@ -55,9 +55,6 @@ PATH_SHAPES = {
     # 800x1216 at a time)
     'chunked_rows': [(2, 256, 200, 304), (2, 512, 100, 152), (2, 1024, 50, 76),
                      (8, 256, 56, 56), (1, 64, 400, 608)],
-    # inputs of 32 MiB or more
-    'prefetch': [(1024, 256, 14, 14), (2, 512, 100, 152), (2, 256, 200, 304),
-                 (1, 64, 400, 608)],
 }
 # The Triton plans' layouts: split rows where the GPU's plan splits them
 # (decided per shape at run time), channels_last tiles on channels_last
@@ -72,18 +69,26 @@ TRITON_TOY_SHAPES = {
     'split_rows': [(1, 2, 32, 33)],  # two rows of 1056: split in two
     'channels_last_tiles': [(2, 8, 5, 6)]
 }
+# The model-level figures: their names, benchmark_norm.py's factories and
+# the norm_cfg.
+MODELS = {
+    'resnet': ('ResNet-50 eval, batch 1', 'resnet_eval_call', dict(type='SN')),
+    'step': ('Mask R-CNN train step, 2 x 512x512', 'detector_step_call',
+             dict(type='SN', requires_grad=True)),
+    # by_sample's: eval with many samples, the RoI heads at inference.
+    'inference': ('Mask R-CNN inference, 1 x 800x1216', 'detector_test_call',
+                  dict(type='SN')),
+}
 # by_sample applies where there are no batch BN statistics: eval.
 MODES = {
     'short_rows': ('eval', 'train'),
     'by_sample': ('eval', ),
     'chunked_rows': ('eval', 'train'),
-    'prefetch': ('eval', 'train')
 }
 TOY_SHAPES = {
     'short_rows': [(8, 16, 7, 7)],
     'by_sample': [(8, 64, 24, 24)],
     'chunked_rows': [(2, 16, 48, 48)],  # rows of 2304 values, two chunks
-    'prefetch': [(2, 64, 256, 256)]  # its smallest input, 32 MiB
 }
 
 
@@ -116,9 +121,15 @@ def parse_args(argv=None):
     parser.add_argument(
         '--models',
         action='store_true',
-        help='instead, each path on and off in the two model-level '
-        'figures: mmdet ResNet-50 batch-1 eval (224x224) and the Mask '
-        'R-CNN R50-FPN training step (2 x 512x512), SN in every norm layer')
+        help='instead, each path on and off in the model-level figures: '
+        'mmdet ResNet-50 batch-1 eval (224x224), the Mask R-CNN R50-FPN '
+        'training step (2 x 512x512) and its inference (1 x 800x1216), SN '
+        'in every norm layer')
+    parser.add_argument(
+        '--model',
+        nargs='*',
+        choices=list(MODELS),
+        help='with --models, these only (default: all)')
     parser.add_argument('--json', default=None)
     add_allocator_option(parser)
     return parser.parse_args(argv)
@@ -385,10 +396,9 @@ def model_rows(args):
         torch.set_num_threads(args.threads)
     bench = benchmark_norm()
     models = {
-        'ResNet-50 eval, batch 1':
-        bench.resnet_eval_call(dict(type='SN')),
-        'Mask R-CNN train step, 2 x 512x512':
-        bench.detector_step_call(dict(type='SN', requires_grad=True)),
+        name: getattr(bench, factory)(norm)
+        for key, (name, factory, norm) in MODELS.items()
+        if not args.model or key in args.model
     }
     paths = [p for p in args.path or PATH_SHAPES if p in PATH_SHAPES]
     before = cpu_isa()

@@ -1,5 +1,5 @@
 // What SN's CPU row kernels (row_kernels_impl.h) and the operator's host
-// side (sn_passes.cpp) share: each kernel's arguments as one plain struct,
+// side (sn_host.h) share: each kernel's arguments as one plain struct,
 // and the table of one instruction set's kernels. The kernels are compiled
 // once per instruction set (row_kernels_<isa>.cpp); the host side picks a
 // table at run time (cpu_isa.cpp). Nothing here holds code, so that no
@@ -41,8 +41,6 @@ struct MomentsArgs {
   // Where positive: each row in chunks of this many values, each chunk's
   // mean and squared deviations while it is in L1 (chunked_rows).
   int64_t chunk = 0;
-  // Each block of rows (or chunk) asks for the bytes ahead of it (prefetch).
-  bool prefetch = false;
 };
 template <typename T>
 struct GradSumsArgs {

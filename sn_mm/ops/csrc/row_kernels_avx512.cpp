@@ -6,7 +6,7 @@
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")
 #define SN_REGISTER_BYTES 64
-#include "row_kernels_impl.h"
+#include "reduction_kernels_impl.h"
 SN_DEFINE_ROW_KERNELS(avx512)
 #else
 const sn_mm_rows::RowKernels* sn_mm_rows::row_kernels_avx512() {

@@ -1,17 +1,15 @@
 // SN's CPU row kernels: the full-size passes over a contiguous (N, C, L)
 // input, each over a range of its N x C rows, and the reductions of the
-// (N, C) statistics between them. Included by row_kernels_<isa>.cpp, each
-// of which compiles it for one instruction set; everything here has
-// internal linkage, and it calls no library function (no std::min, no
-// std::sqrt), so that nothing compiled for one instruction set is linked
-// into another's callers.
+// (N, C) statistics between them. row_kernels_<isa>.cpp compiles this once
+// per instruction set; everything here has internal linkage and calls no
+// library function, so that no code compiled for one set is linked into
+// another's callers.
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 #include <utility>
 
-#include "moments_part.h"
 #include "row_kernels.h"
 
 // Vectors pass by value only between inlined functions: GCC's note that
@@ -101,9 +99,8 @@ SN_INLINE T row_sq_dev(const T* __restrict__ x, int64_t n, T shift,
   return fold<Lanes>(acc) + tail;
 }
 
-// Lanes values as one SIMD register (GCC/Clang vector extension): the
-// sums below keep two accumulators each, which the auto-vectoriser does not
-// reliably map to registers.
+// Lanes values as one SIMD register (GCC/Clang vector extension), where the
+// auto-vectoriser would not keep the sums' accumulators in registers.
 template <typename T, int Lanes>
 struct Vec {
   typedef T type __attribute__((vector_size(sizeof(T) * Lanes)));
@@ -121,12 +118,10 @@ SN_INLINE void store(T* p, typename Vec<T, Lanes>::type v) {
   __builtin_memcpy(p, &v, sizeof(v));
 }
 
-// Bytes in one of this instruction set's vector registers, as the file
-// that compiles it says (SN_REGISTER_BYTES): GCC's target pragma enables
-// AVX2 or AVX-512 without defining __AVX2__ or __AVX512F__, so the macros
-// would say 16 everywhere. Loops that work a register at a time use this
-// width: a wider vector type, which GCC splits into this set's registers,
-// goes through the stack on the way.
+// Bytes in one of this set's vector registers, as the file that compiles it
+// says (GCC's target pragma defines no __AVX2__ to read it from). Loops
+// work a register at a time: GCC splits wider vector types through the
+// stack.
 #ifndef SN_REGISTER_BYTES
 #error "define SN_REGISTER_BYTES (16, 32 or 64) before including this file"
 #endif
@@ -147,12 +142,9 @@ SN_INLINE V pair_sums(V a, V b, std::integer_sequence<int, I...>) {
          __builtin_shufflevector(a, b, (2 * I + 1)...);
 }
 
-// The lane sums of eight W-lane vectors v[0..7], in order, into s[0..7]: a
-// transposing tree (log2 W levels of paired shuffles and adds), where
-// folding each vector alone would take log2 W shuffles and adds per vector.
-// At W = 8 the first two levels pair lanes within each 128-bit half (one
-// instruction each for float32 under AVX2) and the last crosses the
-// halves once.
+// The lane sums of eight W-lane vectors v[0..7] into s[0..7]: a transposing
+// tree of log2 W levels of paired shuffles and adds. At W = 8 the first two
+// levels stay within 128-bit halves (one AVX2 instruction each).
 template <int W, typename V, typename T>
 SN_INLINE void transpose_sums(V* v, T* __restrict__ s) {
   if constexpr (W == 8) {
@@ -197,9 +189,8 @@ struct ShortRow {
   ShortRow(int64_t n, int lanes) : whole(n - n % lanes), rem(n % lanes) {}
 };
 
-// v (W lanes) with all but its last `rem` lanes zeroed, by a bitwise and
-// with a lane mask (exact, and a vector ?: is not portable between GCC and
-// Clang).
+// v (W lanes) with all but its last `rem` lanes zeroed (a bitwise and: a
+// vector ?: is not portable between GCC and Clang).
 template <int W, typename V, int... K>
 SN_INLINE V keep_last(V v, int rem, std::integer_sequence<int, K...>) {
   using I = std::conditional_t<sizeof(v[0]) == 4, int32_t, int64_t>;
@@ -212,11 +203,10 @@ SN_INLINE V keep_last(V v, int rem) {
 }
 
 // For 4 consecutive short rows of n >= 8 values at x: sums of (x - shift)
-// and (x - shift)^2 in one pass, shift each row's first value, into
-// s[0..3] and s[4..7]. Four rows at once keep several independent chains
-// of additions in flight (one short row's chain is mostly latency).
-// Cancellation in s2 - s1^2 / n costs at most a factor n <= kShortRow of
-// relative precision, since (mean - shift)^2 <= n * var.
+// and (x - shift)^2 in one pass, shift each row's first value, into s[0..3]
+// and s[4..7]; four rows keep independent chains of additions in flight.
+// s2 - s1^2 / n loses at most a factor n <= kShortRow of relative
+// precision, since (mean - shift)^2 <= n * var.
 template <typename T>
 SN_INLINE void rows_shifted_sums(const T* __restrict__ x, int64_t n,
                                  ShortRow shape, T* __restrict__ s) {
@@ -249,12 +239,9 @@ SN_INLINE void rows_shifted_sums(const T* __restrict__ x, int64_t n,
 }
 
 // For 4 consecutive rows of n >= W values at x (W = kSumLanes<T>): each
-// row's mean less its first value (its shift) into mean_dev[0..3], then its
-// squared deviations from that mean, summed into m2[0..3]: two passes over
-// the four rows while they are in L1, exact centring as in moments_rows.
-// The first pass reads the rows one after the other, in the order of
-// memory, the second interleaves them (eight chains of additions in
-// flight); one transposing tree per pass folds the lanes of all four rows.
+// row's mean less its first value into mean_dev[0..3], then its squared
+// deviations from that mean into m2[0..3]: two passes while the rows are in
+// L1, the first in memory order, the second interleaving the rows.
 template <typename T>
 SN_INLINE void rows_two_pass_moments(const T* __restrict__ x, int64_t n,
                                      ShortRow shape, T* __restrict__ mean_dev,
@@ -368,22 +355,6 @@ SN_INLINE void store_mean(const MomentsArgs<T>& a, int64_t r, T first,
   if (a.dmean) a.dmean[r] = (first - a.shift[r % a.channels]) + mean_dev;
 }
 
-// Where the input is not in the caches (the prefetch path), the moments
-// read it from memory, and between one block of rows (or chunk of a row)
-// and the next they compute from L1 (the squared deviations, the lane
-// sums): no load misses then, and the hardware's prefetcher, which runs
-// ahead of the loads that miss, falls behind. So each block asks for its
-// own bytes' counterpart kPrefetchBytes further on.
-constexpr int64_t kPrefetchBytes = int64_t(8) << 10;
-
-// Prefetches the bytes of `values` values from kPrefetchBytes past block.
-template <typename T>
-SN_INLINE void prefetch_ahead(const T* block, int64_t values) {
-  const char* p = reinterpret_cast<const char*>(block) + kPrefetchBytes;
-  const int64_t bytes = values * int64_t(sizeof(T));
-  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
-}
-
 // Rows one at a time (what the four-row kernels leave, and rows shorter
 // than their vectors): the mean, then the squared deviations from it while
 // the row is still in cache (exact centring, no full-size temporary).
@@ -410,31 +381,33 @@ SN_INLINE void moments_rows(const MomentsArgs<T>& a, int64_t begin,
   }
 }
 
-// A long row read from memory once: chunk by chunk, the chunk's mean and
-// then its squared deviations from it while the chunk is in L1, the chunks
-// combined by Chan's formula (moments_part.h). Deviations from the row's
-// first value, as in moments_rows.
+// A long row read from memory once (chunked_rows): chunk by chunk, the
+// chunk's mean and then its squared deviations while the chunk is in L1,
+// the chunks combined by Chan's formula in double. Deviations from the
+// row's first value, as in moments_rows.
 template <int Lanes, typename T>
 SN_INLINE void moments_chunked_row(const MomentsArgs<T>& a, int64_t r) {
   const T* row = a.x + r * a.length;
   const T shift = row[0];
-  sn_mm_rows::MomentsPart dev;  // of x - shift
+  double count = 0, mean = 0, m2 = 0;  // of x - shift
   for (int64_t i = 0; i < a.length; i += a.chunk) {
     const int64_t n = min_of(a.chunk, a.length - i);
-    if (a.prefetch) prefetch_ahead(row + i, n);
     const T chunk_mean =
         row_sum_shifted<Lanes>(row + i, n, shift) / static_cast<T>(n);
-    const T chunk_m2 = row_sq_dev<Lanes>(row + i, n, shift, chunk_mean);
-    dev = combined(dev, {double(n), double(chunk_mean), double(chunk_m2)});
+    const double d = double(chunk_mean) - mean, total = count + n;
+    m2 += double(row_sq_dev<Lanes>(row + i, n, shift, chunk_mean)) +
+          d * d * count * n / total;
+    mean += d * n / total;
+    count = total;
   }
-  store_mean(a, r, shift, static_cast<T>(dev.mean));
-  a.var[r] = static_cast<T>(dev.m2) / a.divisor;
+  store_mean(a, r, shift, static_cast<T>(mean));
+  a.var[r] = static_cast<T>(m2) / a.divisor;
 }
 
 // Rows begin..end four at a time, `four(x, n, shape, mean_dev, m2)` giving
 // the four rows' means less their first values and their sums of squared
-// deviations (the prefetch path asking for the bytes ahead of each block);
-// the rest (fewer than four rows, or rows under 8 values) one at a time.
+// deviations; the rest (fewer than four rows, or rows under 8 values) one at a
+// time.
 template <typename T, typename Four>
 SN_INLINE void moments_in_fours(const MomentsArgs<T>& a, int64_t begin,
                                 int64_t end, Four four) {
@@ -445,7 +418,6 @@ SN_INLINE void moments_in_fours(const MomentsArgs<T>& a, int64_t begin,
   if (n >= 8)
     for (; r + 4 <= end; r += 4) {
       const T* x = a.x + r * n;
-      if (a.prefetch) prefetch_ahead(x, 4 * n);
       four(x, n, shape, mean_dev, m2);
       for (int j = 0; j < 4; ++j) {
         store_mean(a, r + j, x[j * n], mean_dev[j]);
@@ -525,12 +497,9 @@ SN_INLINE void for_each_group(const sn_mm_rows::GroupRatioArgs<T>& w,
 }
 
 // One sample's mixed statistics for channels [c0, c1) of one ratio group:
-// mu = mean_in + wm_n * (mu_n - mean_in) + wm_c * (mu_c - mean_in) (the
-// row's mean plus weighted differences from it, as the ratios sum to 1: no
-// |mean|-sized products to round) and 1 / sqrt(var + eps) of the mixed
-// variance. The pointers are restrict parameters so that the loop
-// vectorises, square roots included (GCC ignores restrict on local
-// copies).
+// mu = mean_in + wm_n * (mu_n - mean_in) + wm_c * (mu_c - mean_in) (no
+// |mean|-sized products to round) and 1 / sqrt(mixed var + eps). Restrict
+// parameters, so that the loop vectorises (GCC ignores restrict on locals).
 template <typename T>
 SN_INLINE void mixed_stats(const T* __restrict__ mean_in,
                            const T* __restrict__ var_in, T mu_n, T var_n,
@@ -551,10 +520,8 @@ SN_INLINE void mixed_stats(const T* __restrict__ mean_in,
 
 // ---------------------------------------------------------- row stores --
 // The normalise and input-gradient passes write each value of a row as
-// value(v...) of the same value of one or two inputs; `value` is a generic
-// lambda, so that it takes scalars and vectors alike. One store loop per
-// way of writing a row; the inputs stay `__restrict__` parameters, which
-// GCC's vectoriser needs to go without run-time overlap checks.
+// value(v...) of one or two inputs' values (a generic lambda: scalars and
+// vectors alike), the inputs restrict parameters for GCC's vectoriser.
 
 // A row of any length, in a loop GCC vectorises.
 struct PlainStore {
@@ -671,219 +638,4 @@ SN_INLINE void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin,
   }
 }
 
-// ------------------------------------------------- (N, C) reductions --
-// Per sample, loops over its C statistics, summed in double a register at a
-// time: explicit vectors, as the auto-vectoriser keeps running sums scalar
-// (it may not reorder floating-point additions).
-constexpr int kDL = kLanes<double>;
-using DV = Vec<double, kDL>::type;
-
-template <typename T>
-SN_INLINE DV load_d(const T* p) {
-  return __builtin_convertvector(load<kDL>(p), DV);
-}
-
-SN_INLINE void add_to(double* p, DV v) { store<kDL>(p, load<kDL>(p) + v); }
-
-// The sum of a DV's lanes (once per sample: a scalar fold will do).
-SN_INLINE double lanes_sum(DV v) {
-  double lanes[kDL];
-  store<kDL>(lanes, v);
-  return fold<kDL>(lanes);
-}
-
-// The sum of term(c), a DV of the kDL values from c, over c = 0, kDL, ...
-// below end (a multiple of kDL), in kSums running sums, so that the adds
-// do not wait on each other's latency. Against one sum, four took 0.88-0.94x
-// the time of an eval at 1x2048x7x7 and 16x256x7x7 at baseline (2 doubles a
-// register) and 0.99-1.02x under AVX2 and AVX-512 (docs/performance.md,
-// special paths).
-constexpr int kSums = 4;
-template <typename F>
-SN_INLINE DV sum_vectors(int64_t end, const F& term) {
-  DV s[kSums] = {};
-  int64_t c = 0;
-  for (; c + kSums * kDL <= end; c += kSums * kDL)
-#pragma GCC unroll 4
-    for (int k = 0; k < kSums; ++k) s[k] += term(c + k * kDL);
-  for (; c < end; c += kDL) s[0] += term(c);
-  for (int k = 1; k < kSums; ++k) s[0] += s[k];
-  return s[0];
-}
-
-// Per sample: LN's mean and its variance in the stable form mean_c(var_in)
-// + mean_c((mean_in - mean_ln)^2).
-template <typename T>
-SN_INLINE void ln_stats_kernel(const LnStatsArgs<T>& a, int64_t begin,
-                               int64_t end) {
-  const int64_t C = a.channels, CV = C - C % kDL;
-  double* col = a.col;
-  for (int64_t n = begin; n < end; ++n) {
-    const T* m = (a.dmean ? a.dmean : a.mean_in) + n * C;
-    const T* v = a.var_in + n * C;
-    // The absolute means in double: m plus the shift where there is one.
-    const auto mean_at = [&](int64_t c) {
-      return a.shift ? load_d(a.shift + c) + load_d(m + c) : load_d(m + c);
-    };
-    const auto mean_of = [&](int64_t c) {
-      return a.shift ? double(a.shift[c]) + double(m[c]) : double(m[c]);
-    };
-    const DV sm = sum_vectors(CV, mean_at);
-    const DV sv = sum_vectors(CV, [&](int64_t c) { return load_d(v + c); });
-    double tm = 0, tv = 0;
-    if (col)
-      for (int64_t c = 0; c < CV; c += kDL) {
-        add_to(col + c, load_d(m + c));
-        add_to(col + C + c, load_d(v + c));
-      }
-    for (int64_t c = CV; c < C; ++c) {
-      tm += mean_of(c);
-      tv += v[c];
-      if (col) {
-        col[c] += m[c];
-        col[C + c] += v[c];
-      }
-    }
-    const double mean = (lanes_sum(sm) + tm) / C;
-    const DV sd = sum_vectors(CV, [&](int64_t c) {
-      const DV d = mean_at(c) - mean;
-      return d * d;
-    });
-    double td = 0;
-    for (int64_t c = CV; c < C; ++c)
-      td += (mean_of(c) - mean) * (mean_of(c) - mean);
-    const double var = (lanes_sum(sv) + tv + lanes_sum(sd) + td) / C;
-    a.ln_mean[n] = static_cast<T>(mean);
-    a.ln_var[n] = static_cast<T>(var);
-  }
-}
-
-template <typename T>
-SN_INLINE void bn_dev_kernel(const BnDevArgs<T>& a, int64_t begin,
-                             int64_t end) {
-  const int64_t C = a.channels, CV = C - C % kDL;
-  for (int64_t n = begin; n < end; ++n) {
-    const T* m = a.mean_in + n * C;
-    for (int64_t c = 0; c < CV; c += kDL) {
-      const DV d = load_d(m + c) - load<kDL>(a.centre + c);
-      add_to(a.col + c, d * d);
-    }
-    for (int64_t c = CV; c < C; ++c) {
-      const double d = m[c] - a.centre[c];
-      a.col[c] += d * d;
-    }
-  }
-}
-
-// Per sample, from the row sums (grad_reductions_into, sn_passes.cpp): the
-// sums over c of d_mu and d_var weighted by each channel's LN ratio (a
-// group's sums, then times its ratio), and into acc the per-channel sums.
-template <typename T>
-SN_INLINE void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
-                                  int64_t end) {
-  const int64_t C = a.channels;
-  double* acc = a.acc;
-  for (int64_t n = begin; n < end; ++n) {
-    const int64_t o = n * C;
-    const double ml = a.mean_ln[n], vl = a.var_ln[n];
-    DV dots[4] = {};
-    double t_dots[4] = {}, d_mu_n = 0, d_var_n = 0;
-    for_each_group(a.w, 0, C, [&](int64_t cb, int64_t ce, const T* w) {
-      DV group_mu = {}, group_var = {};
-      double t_mu = 0, t_var = 0;
-      int64_t c = cb;
-      for (; c + kDL <= ce; c += kDL) {
-        const DV s1 = load_d(a.s1 + o + c), r = load_d(a.rstd + o + c),
-                 mi = load_d(a.mean_in + o + c);
-        const DV centred =
-            load_d(a.s2 + o + c) - (load_d(a.mu + o + c) - mi) * s1;
-        const DV scale = load_d(a.weight + c) * r;
-        const DV d_mu = -scale * s1;
-        const DV d_var = -0.5 * scale * r * r * centred;
-        add_to(acc + c, centred * r);
-        add_to(acc + C + c, s1);
-        add_to(acc + 2 * C + c, d_mu);
-        add_to(acc + 3 * C + c, d_var);
-        const DV products[4] = {d_mu * (ml - mi),
-                                d_mu * (load_d(a.mean_c + c) - mi),
-                                d_var * load_d(a.var_in + o + c), d_var * vl};
-        for (int j = 0; j < 4; ++j) {
-          if (a.per_channel)
-            add_to(acc + (4 + j) * C + c, products[j]);
-          else
-            dots[j] += products[j];
-        }
-        group_mu += d_mu;
-        group_var += d_var;
-      }
-      for (; c < ce; ++c) {
-        const int64_t r = o + c;
-        const double centred =
-            a.s2[r] - (double(a.mu[r]) - double(a.mean_in[r])) * a.s1[r];
-        const double scale = double(a.weight[c]) * a.rstd[r];
-        const double d_mu = -scale * a.s1[r];
-        const double d_var = -0.5 * scale * a.rstd[r] * a.rstd[r] * centred;
-        acc[c] += centred * a.rstd[r];
-        acc[C + c] += a.s1[r];
-        acc[2 * C + c] += d_mu;
-        acc[3 * C + c] += d_var;
-        const double products[4] = {
-            d_mu * (ml - double(a.mean_in[r])),
-            d_mu * (double(a.mean_c[c]) - double(a.mean_in[r])),
-            d_var * a.var_in[r], d_var * vl};
-        for (int j = 0; j < 4; ++j) {
-          if (a.per_channel)
-            acc[(4 + j) * C + c] += products[j];
-          else
-            t_dots[j] += products[j];
-        }
-        t_mu += d_mu;
-        t_var += d_var;
-      }
-      d_mu_n += w[sn_mm_rows::kWmLn] * (lanes_sum(group_mu) + t_mu);
-      d_var_n += w[sn_mm_rows::kWvLn] * (lanes_sum(group_var) + t_var);
-    });
-    if (!a.per_channel)
-      for (int j = 0; j < 4; ++j)
-        acc[4 * C + j] += lanes_sum(dots[j]) + t_dots[j];
-    a.d_mu_n[n] = static_cast<T>(d_mu_n);
-    a.d_var_n[n] = static_cast<T>(d_var_n);
-  }
-}
-
-// The table of this instruction set's kernels.
-template <typename T>
-constexpr sn_mm_rows::KernelSet<T> kernel_set() {
-  return {[](const MomentsArgs<T>& a, int64_t b, int64_t e) {
-            moments_kernel(a, b, e);
-          },
-          [](const GradSumsArgs<T>& a, int64_t b, int64_t e) {
-            grad_sums_kernel(a, b, e);
-          },
-          [](const NormalizeArgs<T>& a, int64_t b, int64_t e) {
-            normalize_kernel(a, b, e);
-          },
-          [](const InputGradArgs<T>& a, int64_t b, int64_t e) {
-            input_grad_kernel(a, b, e);
-          },
-          [](const LnStatsArgs<T>& a, int64_t b, int64_t e) {
-            ln_stats_kernel(a, b, e);
-          },
-          [](const BnDevArgs<T>& a, int64_t b, int64_t e) {
-            bn_dev_kernel(a, b, e);
-          },
-          [](const GradReduceArgs<T>& a, int64_t b, int64_t e) {
-            grad_reduce_kernel(a, b, e);
-          }};
-}
-
 }  // namespace
-
-// Defines sn_mm_rows::row_kernels_<name>() returning this compilation's
-// table.
-#define SN_DEFINE_ROW_KERNELS(name)                                \
-  const sn_mm_rows::RowKernels* sn_mm_rows::row_kernels_##name() { \
-    static constexpr RowKernels table{#name, kernel_set<float>(),  \
-                                      kernel_set<double>()};       \
-    return &table;                                                 \
-  }

@@ -1,10 +1,10 @@
 // SN's CPU operator, registered as the CPU and AutogradCPU kernels of
 // sn_mm::switchable_norm (its schema is in sn_mm/ops/operator.py): a whole
 // forward, a whole backward, or an eval forward in one call each
-// (sn_passes.cpp), with its autograd here in C++; and the module sn_mm._ext
-// whose import registers them. The CPU kernel is the forward without
-// autograd (eval, no_grad); the AutogradCPU kernel saves what the backward
-// needs, and the backward is one call too. The settings the tests and
+// (sn_forward.cpp, sn_backward.cpp), with its autograd here in C++; and the
+// module sn_mm._ext whose import registers them. The CPU kernel is the forward
+// without autograd (eval, no_grad); the AutogradCPU kernel saves what the
+// backward needs, and the backward is one call too. The settings the tests and
 // benchmarks use (instruction set, special paths) are operators as well, so
 // that the module needs no binding library: torch's autograd and library
 // headers compile about a third faster than torch/extension.h.

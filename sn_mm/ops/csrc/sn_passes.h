@@ -1,5 +1,6 @@
-// The CPU operator's forward and backward (sn_passes.cpp), as the
-// operator's autograd and registration (sn_operator.cpp) call them.
+// The CPU operator's forward (sn_forward.cpp) and backward
+// (sn_backward.cpp), as the operator's autograd and registration
+// (sn_operator.cpp) call them.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -114,7 +115,7 @@ at::Tensor rows_of(const at::Tensor& x);
 // Where the BN mean (then the variance) sits in Forward::ws.
 int64_t bn_offset(int64_t samples, int64_t channels);
 
-// The special paths' calls so far, and their switch (sn_passes.cpp), which
+// The special paths' calls so far, and their switch (sn_host.cpp), which
 // returns whether the path was on.
 std::vector<std::pair<std::string, int64_t>> path_counts();
 bool set_path(const std::string& name, bool on);

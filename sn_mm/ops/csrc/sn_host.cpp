@@ -1,0 +1,223 @@
+// The CPU operator's host side that its forward (sn_forward.cpp) and
+// backward (sn_backward.cpp) share: the kernels' dispatch, the special
+// paths' switches and counts, the ratios a call mixes with, the input's
+// checks and rows.
+#include "sn_host.h"
+
+#include <ATen/Dispatch.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <string>
+
+#include "cpu_isa.h"
+
+namespace sn_mm_cpu {
+
+#define SN_RUN(kernel, Args)                                    \
+  void run(const Args<float>& a, int64_t begin, int64_t end) {  \
+    kernels().f32.kernel(a, begin, end);                        \
+  }                                                             \
+  void run(const Args<double>& a, int64_t begin, int64_t end) { \
+    kernels().f64.kernel(a, begin, end);                        \
+  }
+SN_RUN(moments, MomentsArgs)
+SN_RUN(grad_sums, GradSumsArgs)
+SN_RUN(normalize, NormalizeArgs)
+SN_RUN(input_grad, InputGradArgs)
+SN_RUN(ln_stats, LnStatsArgs)
+SN_RUN(bn_dev, BnDevArgs)
+SN_RUN(grad_reduce, GradReduceArgs)
+#undef SN_RUN
+
+const char* const kPathNames[kPathCount] = {"short_rows", "by_sample",
+                                            "chunked_rows"};
+std::atomic<bool> path_on[kPathCount] = {true, true, true};
+std::atomic<int64_t> path_taken[kPathCount] = {};
+
+bool take(Path p, bool applies) {
+  if (!applies || !path_on[p].load(std::memory_order_relaxed)) return false;
+  path_taken[p].fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+// Whether a call's later pass follows path p, which its first pass took
+// (take() counted the call there).
+bool taken(Path p, bool applies) {
+  return applies && path_on[p].load(std::memory_order_relaxed);
+}
+
+bool short_rows(int64_t length, Pass pass) {
+  const bool applies = length < sn_mm_rows::kShortRow;
+  return pass == Pass::kFirst ? take(kPathShortRows, applies)
+                              : taken(kPathShortRows, applies);
+}
+
+Path path_named(const std::string& name) {
+  for (int p = 0; p < kPathCount; ++p)
+    if (name == kPathNames[p]) return static_cast<Path>(p);
+  TORCH_CHECK_VALUE(false, "SN's CPU kernels: unknown path '", name,
+                    "' (expected short_rows, by_sample or chunked_rows)");
+}
+
+std::vector<std::pair<std::string, int64_t>> path_counts() {
+  std::vector<std::pair<std::string, int64_t>> counts;
+  for (int p = 0; p < kPathCount; ++p)
+    counts.emplace_back(kPathNames[p], path_taken[p].load());
+  return counts;
+}
+
+bool set_path(const std::string& name, bool on) {
+  return path_on[path_named(name)].exchange(on);
+}
+
+std::vector<double> read_doubles(const at::Tensor& t) {
+  auto c = t.is_contiguous() ? t : t.contiguous();
+  std::vector<double> out(c.numel());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.scalar_type(),
+                                  "read", [&] {
+                                    const scalar_t* p = c.data_ptr<scalar_t>();
+                                    for (int64_t i = 0; i < c.numel(); ++i)
+                                      out[i] = static_cast<double>(p[i]);
+                                  });
+  return out;
+}
+
+// Which ratio vectors are fixed: 2 x G flags (mean's groups, then the
+// variance's), from ratio_fixed (2,) or, for group SN, (2, G).
+std::vector<bool> read_fixed(const c10::optional<at::Tensor>& fixed,
+                             int64_t groups) {
+  if (!(fixed.has_value() && fixed->defined()))
+    return std::vector<bool>(2 * groups, false);
+  auto f = fixed->scalar_type() == at::kBool && fixed->is_contiguous()
+               ? *fixed
+               : fixed->to(at::kBool).contiguous();
+  TORCH_CHECK(f.numel() == 2 * groups,
+              "switchable_norm: ratio_fixed must "
+              "hold 2 x ",
+              groups, " flags, got ", f.sizes());
+  const bool* p = f.data_ptr<bool>();
+  return std::vector<bool>(p, p + 2 * groups);
+}
+
+// G: the rows of (G, K) logits (group SN), else 1.
+int64_t ratio_groups(const at::Tensor& logits) {
+  return logits.dim() == 2 ? logits.size(0) : 1;
+}
+
+// Where IN is undefined: the other terms of src (k values) renormalised
+// into dst (k - 1), or LN alone if the vector selected IN alone
+// (sn_mm/ops/ratios.py's ratio_without_in).
+void without_in(const double* src, int64_t k, double* dst) {
+  double total = 0;
+  for (int64_t i = 1; i < k; ++i) total += src[i];
+  for (int64_t i = 1; i < k; ++i)
+    dst[i - 1] = total > 0 ? src[i] / std::max(total, 1e-30) : 0.0;
+  if (!(total > 0)) dst[0] = 1;
+}
+
+Ratios mixing_ratios(const at::Tensor& mean_logits,
+                     const at::Tensor& var_logits,
+                     const std::vector<bool>& is_fixed,
+                     const c10::optional<at::Tensor>& fixed_ratios,
+                     bool has_in, bool ratios_given) {
+  Ratios out;
+  out.has_in = has_in;
+  out.k_ln = has_in ? 1 : 0;
+  out.groups = ratio_groups(mean_logits);
+  const int64_t groups = out.groups, k = mean_logits.numel() / groups;
+  const int64_t terms = has_in ? k : k - 1;
+  std::vector<double> fixed_values;
+  if (std::find(is_fixed.begin(), is_fixed.end(), true) != is_fixed.end())
+    fixed_values = read_doubles(*fixed_ratios);
+  const at::Tensor* logits[2] = {&mean_logits, &var_logits};
+  // In place, group by group: group SN's host work stays a few hundred
+  // flops, without an allocation per group.
+  for (int row = 0; row < 2; ++row) {
+    const std::vector<double> all = read_doubles(*logits[row]);
+    std::vector<double>& rows = row == 0 ? out.mean : out.var;
+    rows.resize(groups * terms);
+    for (int64_t g = 0; g < groups; ++g) {
+      double* r = rows.data() + g * terms;
+      if (is_fixed[row * groups + g]) {
+        const double* src = fixed_values.data() + (row * groups + g) * k;
+        if (has_in)
+          std::copy_n(src, k, r);
+        else
+          without_in(src, k, r);
+        continue;
+      }
+      std::copy_n(all.data() + g * k + (has_in ? 0 : 1), terms, r);
+      if (!ratios_given) {  // softmax; given ratios come renormalised
+        const double top = *std::max_element(r, r + terms);
+        double total = 0;
+        for (int64_t i = 0; i < terms; ++i)
+          total += (r[i] = std::exp(r[i] - top));
+        for (int64_t i = 0; i < terms; ++i) r[i] /= total;
+      }
+    }
+  }
+  return out;
+}
+
+void check_input(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() >= 2, "switchable_norm: expected (N, C, *), got ",
+              x.sizes());
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(
+      x.device().is_cpu() && (dtype == at::kFloat || dtype == at::kDouble),
+      "switchable_norm: float32/float64 CPU tensors only, got ", dtype, " on ",
+      x.device());
+}
+
+void check_params(const at::Tensor& x, const at::Tensor& weight,
+                  const at::Tensor& bias) {
+  check_input(x);
+  const auto dtype = x.scalar_type();
+  for (const auto* t : {&weight, &bias})
+    TORCH_CHECK(t->scalar_type() == dtype && t->numel() == x.size(1) &&
+                    t->device().is_cpu(),
+                "switchable_norm: weight and bias must be ", x.size(1),
+                " CPU values of the input's dtype");
+}
+
+// x as (N, C, L) contiguous rows.
+at::Tensor rows_of(const at::Tensor& x) {
+  int64_t spatial = 1;
+  for (int64_t d = 2; d < x.dim(); ++d) spatial *= x.size(d);
+  auto x3 = x.reshape({x.size(0), x.size(1), spatial});
+  return x3.is_contiguous() ? x3 : x3.contiguous();
+}
+
+// A call's input as (N, C, L) rows, checked, and the variances' correction.
+Forward rows_for(const at::Tensor& x, bool unbiased) {
+  check_input(x);
+  Forward f;
+  f.x3 = rows_of(x);
+  f.correction = (unbiased && f.x3.size(2) > 1) ? 1 : 0;
+  return f;
+}
+
+// rows_for's, and the ratios the call mixes with.
+Forward prepared(const at::Tensor& x, const at::Tensor& mean_logits,
+                 const at::Tensor& var_logits, const OptTensor& fixed,
+                 const OptTensor& fixed_ratios, bool unbiased,
+                 bool ratios_given) {
+  Forward f = rows_for(x, unbiased);
+  const bool has_in = f.x3.size(2) > 1;
+  const int64_t groups = ratio_groups(mean_logits);
+  TORCH_CHECK(groups >= 1 && x.size(1) % groups == 0 &&
+                  var_logits.sizes() == mean_logits.sizes(),
+              "switchable_norm: ", groups, " ratio groups do not divide ",
+              x.size(1), " channels (or the logits' shapes differ)");
+  f.ratios = mixing_ratios(mean_logits, var_logits, read_fixed(fixed, groups),
+                           fixed_ratios, has_in, ratios_given);
+  return f;
+}
+
+int64_t bn_offset(int64_t samples, int64_t channels) {
+  return Stats<float>::bn_offset(samples, channels);
+}
+
+}  // namespace sn_mm_cpu
