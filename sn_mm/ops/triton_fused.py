@@ -152,8 +152,8 @@ def _plan(n: int, c: int, length: int, stride_c: int, stride_l: int,
         nb=nb,
         grid=(tiles, split),
         channels_last=channels_last,
-        ws=kernels.ws_size.fn(rows_total, c, split),
-        bws=kernels.bws_size.fn(rows_total, c, split))
+        ws=kernels.ws_at.fn(kernels.WS_END, rows_total, c, split),
+        bws=kernels.bws_at.fn(kernels.BWS_END, rows_total, c, split))
     _PLANS[key] = plan
     return plan
 
@@ -293,7 +293,7 @@ def _forward(x3,
 def _bn_slots(ws, n, c, plan):
     """Views of the BN mean and variance (C each) and the group's sample
     count (1) in the workspace."""
-    start = kernels.ws_bn.fn(n * c, c, plan['split'])
+    start = kernels.ws_at.fn(kernels.WS_BN, n * c, c, plan['split'])
     return (ws[start:start + c], ws[start + c:start + 2 * c],
             ws[start + 2 * c:start + 2 * c + 1])
 
@@ -395,7 +395,7 @@ class TritonSwitchableNorm(torch.autograd.Function):
                 device_index)
         if sync:
             # The shared BN statistics collect gradient from every rank.
-            start = kernels.bws_bn.fn(n * c, c, split)
+            start = kernels.bws_at.fn(kernels.BWS_BN, n * c, c, split)
             torch.distributed.all_reduce(bws[start:start + 2 * c], group=group)
         _launch(kernels.input_grad_kernel, key and ('ig', ) + key, grid,
                 (grad_y, x3, dx, ws, bws, pg, weight, mean_logits, var_logits,

@@ -48,13 +48,16 @@ def _row_moments(ws_ptr, r, ok, R, L, chunk, divisor, SPLIT: tl.constexpr):
     centred second moments (Chan et al.'s combination)."""
     if SPLIT == 1:
         mean = tl.load(ws_ptr + r, mask=ok, other=0.0)
-        m2 = tl.load(ws_ptr + _ws_m2(R, SPLIT) + r, mask=ok, other=0.0)
+        m2 = tl.load(
+            ws_ptr + ws_at(WS_M2, R, 1, SPLIT) + r, mask=ok, other=0.0)
     else:
         s = tl.arange(0, SPLIT)
-        idx = r[:, None] * SPLIT + s[None, :]
+        idx = _chunk_at(r[:, None], s[None, :], SPLIT)
         pm = tl.load(ws_ptr + idx, mask=ok[:, None], other=0.0)
         pm2 = tl.load(
-            ws_ptr + _ws_m2(R, SPLIT) + idx, mask=ok[:, None], other=0.0)
+            ws_ptr + ws_at(WS_M2, R, 1, SPLIT) + idx,
+            mask=ok[:, None],
+            other=0.0)
         cnt = tl.minimum(tl.maximum(L - s * chunk, 0), chunk).to(tl.float32)
         mean = tl.sum(pm * cnt[None, :], 1) / L
         dev = pm - mean[:, None]
@@ -72,69 +75,66 @@ def _row_moments(ws_ptr, r, ok, R, L, chunk, divisor, SPLIT: tl.constexpr):
 # A backward's `bws`: the chunks' partial sums of g and of g (x - mean_in)
 # (R x SPLIT each); the LN statistics' gradients (2 x N); the BN
 # statistics' gradients (2 x C); each channel's terms of the ratio
-# gradients (5 x C). Each plane's offset is defined once, below; the
-# host calls the same functions through their ``.fn``.
+# gradients (5 x C). Each plane's size is stated once, in ws_at and
+# bws_at; the host calls them too, through their ``.fn``.
+
+# The planes of each, in order: ws_at(WS_LN, ...) is where LN's statistics
+# start, ws_at(WS_END, ...) the workspace's size.
+WS_M2 = tl.constexpr(1)
+WS_ROWS = tl.constexpr(2)
+WS_LN = tl.constexpr(3)
+WS_BN = tl.constexpr(4)
+WS_SHIFT = tl.constexpr(5)
+WS_END = tl.constexpr(6)
+BWS_GX = tl.constexpr(1)
+BWS_LN = tl.constexpr(2)
+BWS_BN = tl.constexpr(3)
+BWS_PARTS = tl.constexpr(4)
+BWS_END = tl.constexpr(5)
 
 
 @triton.jit
-def _ws_m2(R, SPLIT: tl.constexpr):
-    return R * SPLIT
+def ws_at(plane: tl.constexpr, R, C, SPLIT: tl.constexpr):
+    """Where ``plane`` starts in a forward's workspace: the sizes of the
+    planes before it, each stated once (C may be any value before WS_BN)."""
+    at = R * 0
+    if plane > 0:  # the chunks' partial means
+        at += R * SPLIT
+    if plane > 1:  # their partial centred second moments
+        at += R * SPLIT
+    if plane > 2:  # mean_in, var_in, mu, rstd
+        at += 4 * R
+    if plane > 3:  # LN's mean and variance
+        at += 2 * (R // C)
+    if plane > 4:  # BN's mean and variance, their sample count
+        at += 2 * C + 1
+    if plane > 5:  # the channels' shifts
+        at += C
+    return at
 
 
 @triton.jit
-def _ws_rows(R, SPLIT: tl.constexpr):
-    """mean_in, var_in, mu, rstd: R each."""
-    return 2 * R * SPLIT
+def bws_at(plane: tl.constexpr, R, C, SPLIT: tl.constexpr):
+    """Where ``plane`` starts in a backward's workspace (C may be any value
+    before BWS_BN)."""
+    at = R * 0
+    if plane > 0:  # the chunks' partial sums of g
+        at += R * SPLIT
+    if plane > 1:  # and of g (x - mean_in)
+        at += R * SPLIT
+    if plane > 2:  # the LN mean's and variance's gradients
+        at += 2 * (R // C)
+    if plane > 3:  # the BN mean's and variance's gradients
+        at += 2 * C
+    if plane > 4:  # each channel's terms of the ratio gradients
+        at += 5 * C
+    return at
 
 
 @triton.jit
-def _ws_ln(R, SPLIT: tl.constexpr):
-    """LN mean, LN variance: N each."""
-    return 2 * R * SPLIT + 4 * R
-
-
-@triton.jit
-def ws_bn(R, C, SPLIT: tl.constexpr):
-    """BN mean, BN variance: C each; then their sample count."""
-    return 2 * R * SPLIT + 4 * R + 2 * (R // C)
-
-
-@triton.jit
-def _ws_shift(R, C, SPLIT: tl.constexpr):
-    return 2 * R * SPLIT + 4 * R + 2 * (R // C) + 2 * C + 1
-
-
-@triton.jit
-def ws_size(R, C, SPLIT: tl.constexpr):
-    return 2 * R * SPLIT + 4 * R + 2 * (R // C) + 3 * C + 1
-
-
-@triton.jit
-def _bws_gx(R, SPLIT: tl.constexpr):
-    return R * SPLIT
-
-
-@triton.jit
-def _bws_ln(R, SPLIT: tl.constexpr):
-    """The LN mean's and variance's gradients: N each."""
-    return 2 * R * SPLIT
-
-
-@triton.jit
-def bws_bn(R, C, SPLIT: tl.constexpr):
-    """The BN mean's and variance's gradients: C each."""
-    return 2 * R * SPLIT + 2 * (R // C)
-
-
-@triton.jit
-def _bws_parts(R, C, SPLIT: tl.constexpr):
-    """Each channel's terms of the ratio gradients: five planes of C."""
-    return 2 * R * SPLIT + 2 * (R // C) + 2 * C
-
-
-@triton.jit
-def bws_size(R, C, SPLIT: tl.constexpr):
-    return 2 * R * SPLIT + 2 * (R // C) + 2 * C + 5 * C
+def _chunk_at(r, s, SPLIT: tl.constexpr):
+    """Where row r's chunk s sits in a plane of R x SPLIT partials."""
+    return r * SPLIT + s
 
 
 @triton.jit
@@ -246,16 +246,18 @@ def _row_grads(ws_ptr, bws_ptr, r, ok, w, R, SPLIT: tl.constexpr):
     mean and variance, and the saved statistics."""
     if SPLIT == 1:
         s1 = tl.load(bws_ptr + r, mask=ok, other=0.0)
-        s2 = tl.load(bws_ptr + _bws_gx(R, SPLIT) + r, mask=ok, other=0.0)
+        s2 = tl.load(
+            bws_ptr + bws_at(BWS_GX, R, 1, SPLIT) + r, mask=ok, other=0.0)
     else:
         s = tl.arange(0, SPLIT)
-        idx = r[:, None] * SPLIT + s[None, :]
+        idx = _chunk_at(r[:, None], s[None, :], SPLIT)
         s1 = tl.sum(tl.load(bws_ptr + idx, mask=ok[:, None], other=0.0), 1)
         s2 = tl.sum(
             tl.load(
-                bws_ptr + _bws_gx(R, SPLIT) + idx, mask=ok[:, None],
+                bws_ptr + bws_at(BWS_GX, R, 1, SPLIT) + idx,
+                mask=ok[:, None],
                 other=0.0), 1)
-    base = _ws_rows(R, SPLIT)
+    base = ws_at(WS_ROWS, R, 1, SPLIT)
     mean_in = tl.load(ws_ptr + base + r, mask=ok, other=0.0)
     var_in = tl.load(ws_ptr + base + R + r, mask=ok, other=0.0)
     mu = tl.load(ws_ptr + base + 2 * R + r, mask=ok, other=0.0)
@@ -287,7 +289,7 @@ def moments_kernel(x_ptr, ws_ptr, R, C, L, chunk, sxn, sxc, sxl,
         x_ptr + c.to(tl.int64) * sxc, mask=row_ok, other=0.0).to(tl.float32)
     if s == 0:
         tl.store(
-            ws_ptr + _ws_shift(R, C, SPLIT) + c,
+            ws_ptr + ws_at(WS_SHIFT, R, C, SPLIT) + c,
             c_shift,
             mask=row_ok & (n == 0))
     if ONE_STEP:
@@ -330,19 +332,19 @@ def moments_kernel(x_ptr, ws_ptr, R, C, L, chunk, sxn, sxc, sxl,
             m2 = tl.where(ok, m2 + d * (v - mean), m2)
             cnt = tl.where(ok, step * 1.0, cnt)
         mean_r, m2_r, _ = tl.reduce((mean, m2, cnt), 1, _welford_combine)
-    idx = r * SPLIT + s
+    idx = _chunk_at(r, s, SPLIT)
     tl.store(ws_ptr + idx, mean_r, mask=row_ok)
-    tl.store(ws_ptr + _ws_m2(R, SPLIT) + idx, m2_r, mask=row_ok)
+    tl.store(ws_ptr + ws_at(WS_M2, R, 1, SPLIT) + idx, m2_r, mask=row_ok)
 
 
 @triton.jit
 def _ln_stats(ws_ptr, n, N, C, L, chunk, divisor, SPLIT: tl.constexpr,
               CB: tl.constexpr):
     R = N * C
-    out = _ws_ln(R, SPLIT)
+    out = ws_at(WS_LN, R, 1, SPLIT)
     idx = tl.arange(0, CB)
     acc = tl.zeros((CB, ), tl.float32)
-    shifts = ws_ptr + _ws_shift(R, C, SPLIT)
+    shifts = ws_ptr + ws_at(WS_SHIFT, R, C, SPLIT)
     # The channels' means about the first channel's shift: the shifts'
     # differences are exact and the means' keep their precision (as
     # absolute float32 values, means of 1e4 would round them to 1e-3).
@@ -370,7 +372,7 @@ def _ln_stats(ws_ptr, n, N, C, L, chunk, divisor, SPLIT: tl.constexpr,
 def _bn_stats(ws_ptr, c, N, C, L, chunk, divisor, SPLIT: tl.constexpr,
               NB: tl.constexpr, LOCAL: tl.constexpr):
     R = N * C
-    out = ws_bn(R, C, SPLIT)
+    out = ws_at(WS_BN, R, C, SPLIT)
     idx = tl.arange(0, NB)
     acc = tl.zeros((NB, ), tl.float32)
     for n0 in range(0, N, NB):
@@ -386,7 +388,7 @@ def _bn_stats(ws_ptr, c, N, C, L, chunk, divisor, SPLIT: tl.constexpr,
                                  divisor, SPLIT)
         dev = mean - mean_bn
         acc += tl.where(ok, var + dev * dev, 0.0)
-    shift = tl.load(ws_ptr + _ws_shift(R, C, SPLIT) + c)
+    shift = tl.load(ws_ptr + ws_at(WS_SHIFT, R, C, SPLIT) + c)
     tl.store(ws_ptr + out + c, shift + mean_bn)
     if LOCAL:  # this rank's share: the centred second moment, not / N
         tl.store(ws_ptr + out + C + c, tl.sum(acc, 0))
@@ -418,7 +420,7 @@ def _update_running(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr, bad_ptr, N, C,
     one program: skipped, and counted at ``bad_ptr``, where any of them is
     not finite."""
     R = N * C
-    bn = ws_ptr + ws_bn(R, C, SPLIT)
+    bn = ws_ptr + ws_at(WS_BN, R, C, SPLIT)
     idx = tl.arange(0, CB)
     bad = tl.zeros((CB, ), tl.int32)
     for c0 in range(0, C, CB):
@@ -468,14 +470,14 @@ def normalize_kernel(x_ptr, y_ptr, ws_ptr, w_ptr, b_ptr, mlog_ptr, vlog_ptr,
     mean_in, var_in = _row_moments(ws_ptr, r, row_ok, R, L, chunk, divisor,
                                    SPLIT)
     mean_in += tl.load(
-        ws_ptr + _ws_shift(R, C, SPLIT) + c, mask=row_ok, other=0.0)
+        ws_ptr + ws_at(WS_SHIFT, R, C, SPLIT) + c, mask=row_ok, other=0.0)
     grp = _group_of(c, C, G, GROUPED)
     wm0, wm1, wm2 = _ratios(mlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr,
                             grp, K, HAS_IN, RATIOS_GIVEN, HAS_FIXED)
     wv0, wv1, wv2 = _ratios(vlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr,
                             G + grp, K, HAS_IN, RATIOS_GIVEN, HAS_FIXED)
-    stats = _ws_rows(R, SPLIT)
-    ln = _ws_ln(R, SPLIT)
+    stats = ws_at(WS_ROWS, R, 1, SPLIT)
+    ln = ws_at(WS_LN, R, 1, SPLIT)
     # The mean as the row's plus weighted differences from it (the ratios
     # sum to 1): no |mean|-sized products to round.
     mu = mean_in + wm1 * (
@@ -484,7 +486,7 @@ def normalize_kernel(x_ptr, y_ptr, ws_ptr, w_ptr, b_ptr, mlog_ptr, vlog_ptr,
         ws_ptr + ln + N + n, mask=row_ok, other=0.0)
     if K == 3:
         if BN_BATCH:
-            bn = ws_bn(R, C, SPLIT)
+            bn = ws_at(WS_BN, R, C, SPLIT)
             mean_bn = tl.load(ws_ptr + bn + c, mask=row_ok, other=0.0)
             var_bn = tl.load(ws_ptr + bn + C + c, mask=row_ok, other=0.0)
         else:
@@ -529,7 +531,8 @@ def grad_sums_kernel(g_ptr, x_ptr, ws_ptr, bws_ptr, R, C, L, chunk, sgn, sgc,
     row_ok = r < R
     _, _, xbase = _row_offsets(r, C, sxn, sxc)
     _, _, gbase = _row_offsets(r, C, sgn, sgc)
-    mean_in = tl.load(ws_ptr + _ws_rows(R, SPLIT) + r, mask=row_ok, other=0.0)
+    mean_in = tl.load(
+        ws_ptr + ws_at(WS_ROWS, R, 1, SPLIT) + r, mask=row_ok, other=0.0)
     cols = tl.arange(0, BLOCK)
     acc_g = tl.zeros((ROWS, BLOCK), tl.float32)
     acc_gx = tl.zeros((ROWS, BLOCK), tl.float32)
@@ -545,9 +548,12 @@ def grad_sums_kernel(g_ptr, x_ptr, ws_ptr, bws_ptr, R, C, L, chunk, sgn, sgc,
             other=0.0).to(tl.float32)
         acc_g += g
         acc_gx += g * tl.where(ok, v - mean_in[:, None], 0.0)
-    idx = r * SPLIT + s
+    idx = _chunk_at(r, s, SPLIT)
     tl.store(bws_ptr + idx, tl.sum(acc_g, 1), mask=row_ok)
-    tl.store(bws_ptr + _bws_gx(R, SPLIT) + idx, tl.sum(acc_gx, 1), mask=row_ok)
+    tl.store(
+        bws_ptr + bws_at(BWS_GX, R, 1, SPLIT) + idx,
+        tl.sum(acc_gx, 1),
+        mask=row_ok)
 
 
 @triton.jit
@@ -560,7 +566,7 @@ def _sample_grads(ws_ptr, bws_ptr, w_ptr, mlog_ptr, vlog_ptr, fixed_ptr,
     channels of the mixed statistics' gradients, each weighted by its
     channel's LN ratios."""
     R = N * C
-    out = _bws_ln(R, SPLIT)
+    out = bws_at(BWS_LN, R, 1, SPLIT)
     idx = tl.arange(0, CB)
     acc_mu = tl.zeros((CB, ), tl.float32)
     acc_var = tl.zeros((CB, ), tl.float32)
@@ -593,9 +599,9 @@ def _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
     products of the mixed statistics' gradients with each normaliser's
     statistics), which _logit_grads sums over each group's channels."""
     R = N * C
-    ln = _ws_ln(R, SPLIT)
-    bn = ws_bn(R, C, SPLIT)
-    parts = bws_ptr + _bws_parts(R, C, SPLIT) + c
+    ln = ws_at(WS_LN, R, 1, SPLIT)
+    bn = ws_at(WS_BN, R, C, SPLIT)
+    parts = bws_ptr + bws_at(BWS_PARTS, R, C, SPLIT) + c
     idx = tl.arange(0, NB)
     w = tl.load(w_ptr + c)
     if K == 3:
@@ -638,7 +644,7 @@ def _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
                         HAS_IN, RATIOS_GIVEN, HAS_FIXED)
     _, _, wv2 = _ratios(vlog_ptr + grp * K, fixed_ptr, fixed_ratio_ptr,
                         G + grp, K, HAS_IN, RATIOS_GIVEN, HAS_FIXED)
-    bn_grads = bws_bn(R, C, SPLIT)
+    bn_grads = bws_at(BWS_BN, R, C, SPLIT)
     tl.store(bws_ptr + bn_grads + c, wm2 * tl.sum(acc_mu, 0))
     tl.store(bws_ptr + bn_grads + C + c, wv2 * d_var_c)
     tl.store(pg_ptr + c, tl.sum(acc_w, 0))
@@ -683,7 +689,7 @@ def _logit_grads(bws_ptr, pg_ptr, mlog_ptr, vlog_ptr, fixed_ptr,
     """The logit gradients of every ratio group, GB groups at a time: the
     channels' ratio-gradient terms summed over each group's C / G channels
     (WB at a time)."""
-    parts = bws_ptr + _bws_parts(N * C, C, SPLIT)
+    parts = bws_ptr + bws_at(BWS_PARTS, N * C, C, SPLIT)
     width = C // G
     gi = tl.arange(0, GB)
     wi = tl.arange(0, WB)
@@ -744,7 +750,7 @@ def input_grad_kernel(g_ptr, x_ptr, dx_ptr, ws_ptr, bws_ptr, pg_ptr, w_ptr,
     w = tl.load(w_ptr + c, mask=row_ok, other=0.0)
     _, _, d_mu, d_var, mean_in, _, rstd = _row_grads(ws_ptr, bws_ptr, r,
                                                      row_ok, w, R, SPLIT)
-    ln_grads = _bws_ln(R, SPLIT)
+    ln_grads = bws_at(BWS_LN, R, 1, SPLIT)
     # Back through LN's (per sample; the sums carry their ratios) and BN's
     # (per channel) statistics to each row's IN mean and variance (Eq. 5
     # reversed).
@@ -752,13 +758,12 @@ def input_grad_kernel(g_ptr, x_ptr, dx_ptr, ws_ptr, bws_ptr, pg_ptr, w_ptr,
     d_var_in = dvar_n + wv0 * d_var
     d_mean_in = (
         tl.load(bws_ptr + ln_grads + n, mask=row_ok, other=0.0) / C +
-        wm0 * d_mu + 2.0 * dvar_n *
-        (mean_in -
-         tl.load(ws_ptr + _ws_ln(R, SPLIT) + n, mask=row_ok, other=0.0)))
+        wm0 * d_mu + 2.0 * dvar_n * (mean_in - tl.load(
+            ws_ptr + ws_at(WS_LN, R, 1, SPLIT) + n, mask=row_ok, other=0.0)))
     if K == 3:
         if BN_BATCH:
-            bn = ws_bn(R, C, SPLIT)
-            bn_grads = bws_bn(R, C, SPLIT)
+            bn = ws_at(WS_BN, R, C, SPLIT)
+            bn_grads = bws_at(BWS_BN, R, C, SPLIT)
             if SYNC:  # the batch over the group
                 count = tl.load(ws_ptr + bn + 2 * C)
             else:
