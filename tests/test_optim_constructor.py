@@ -4,7 +4,8 @@ import torch.nn as nn
 from mmengine.optim import DefaultOptimWrapperConstructor
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS
 
-from sn_mm import SwitchableNorm, SyncSwitchableNorm
+from sn_mm import (SwitchableNorm, SwitchableWhitening, SyncSwitchableNorm,
+                   SyncSwitchableWhitening)
 from sn_mm.engine import SNOptimWrapperConstructor
 
 BASE_LR, BASE_WD = 0.02, 1e-4
@@ -18,6 +19,8 @@ class Net(nn.Module):
         self.sn = SwitchableNorm(4)
         self.head = nn.Sequential(nn.Conv2d(4, 4, 1), SyncSwitchableNorm(4))
         self.bn = nn.BatchNorm2d(4)
+        self.sw = SwitchableWhitening(4, num_pergroup=2, sw_type=5)
+        self.sync_sw = SyncSwitchableWhitening(4, num_pergroup=2)
 
 
 def groups(paramwise_cfg, constructor=SNOptimWrapperConstructor):
@@ -55,12 +58,15 @@ def test_sn_affine_is_norm_and_ratios_take_their_multipliers():
             bias_decay_mult=0.5,
             ratio_lr_mult=10.,
             ratio_decay_mult=0.))
-    for prefix in ('sn', 'head.1', 'bn'):
+    for prefix in ('sn', 'head.1', 'bn', 'sw', 'sync_sw'):
         assert g[f'{prefix}.weight'] == (BASE_LR, 0.)
         # bias_lr_mult leaves norm biases alone, as mmengine does for BN.
         assert g[f'{prefix}.bias'] == (BASE_LR, 0.)
     for prefix in ('sn', 'head.1'):
         for name in ('mean_weight', 'var_weight'):
+            assert g[f'{prefix}.{name}'] == (BASE_LR * 10, 0.)
+    for prefix in ('sw', 'sync_sw'):  # Switchable Whitening's
+        for name in ('sw_mean_weight', 'sw_var_weight'):
             assert g[f'{prefix}.{name}'] == (BASE_LR * 10, 0.)
     # Everything else keeps mmengine's rules.
     assert g['conv.weight'] == (BASE_LR, BASE_WD)

@@ -21,7 +21,10 @@ def trained(toy_seg_workspace):
     (cwd / 'hooks_config.py').write_text(
         f"_base_ = '{SEG_CONFIG}'\n"
         "custom_hooks = [dict(type='SNRatioHook', interval=2),\n"
-        "                dict(type='SNBatchAverageHook', num_batches=2)]\n")
+        "                dict(type='SNBatchAverageHook', num_batches=2)]\n"
+        # Switchable Whitening in the auxiliary head: its weights logged too.
+        "model = dict(auxiliary_head=dict(norm_cfg=dict(\n"
+        "    type='SW', num_pergroup=16, sw_type=5)))\n")
     result = run([
         osp.join(ROOT, 'tools', 'train.py'), 'hooks_config.py', '--work-dir',
         'wd', '--cfg-options', 'train_cfg.max_iters=4',
@@ -42,6 +45,12 @@ def test_ratio_hook_logs_layers_and_averages(trained):
     assert 'sn_ratio/decode_head.bottleneck.sn/var_in' in keys
     assert 'sn_var_ln' in keys
     assert 'sn_nonfinite_batches' in keys
+    # The SW layer's five importance weights, per layer and averaged.
+    assert 'SW importance weights at iter 4:' in log
+    assert 'auxiliary_head.convs.0.sw: mean bw=' in log
+    for term in ('bw', 'iw', 'bn', 'in', 'ln'):
+        assert f'sw_weight/auxiliary_head.convs.0.sw/var_{term}' in keys
+        assert f'sw_mean_{term}' in keys
 
 
 def test_batch_average_hook_runs_before_the_final_checkpoint(trained):
@@ -59,7 +68,7 @@ def test_batch_average_tool(trained):
     src, out = cwd / 'wd' / 'iter_4.pth', cwd / 'averaged.pth'
     result = run([
         osp.join(ROOT, 'tools', 'analysis_tools', 'batch_average.py'),
-        SEG_CONFIG, src, '--num-batches', '3', '--out', out
+        cwd / 'hooks_config.py', src, '--num-batches', '3', '--out', out
     ], cwd)
     assert 'over 3 training batches' in result.stdout
     before = torch.load(src, weights_only=False)
@@ -74,7 +83,7 @@ def test_batch_average_tool(trained):
     # An existing output is not overwritten.
     again = run([
         osp.join(ROOT, 'tools', 'analysis_tools', 'batch_average.py'),
-        SEG_CONFIG, src, '--out', out
+        cwd / 'hooks_config.py', src, '--out', out
     ],
                 cwd,
                 ok=False)
@@ -139,6 +148,18 @@ def test_plot_ratios(trained, tmp_path, kind):
             expected = torch.stack(
                 [expected_ratios(state, layer)[stat][t] for layer in layers])
             torch.testing.assert_close(heights, expected, rtol=1e-6, atol=1e-6)
+    if kind == 'trained':  # the SW layer's table and figure
+        sw_out = tmp_path / 'ratios_sw.png'
+        assert sw_out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+        layer = 'auxiliary_head.convs.0.sw'
+        row = next(r for r in lines if r.startswith(layer + ' '))
+        values = torch.tensor([float(v) for v in row.split()[1:11]],
+                              dtype=torch.float64)
+        expected = torch.cat([
+            torch.softmax(state[f'{layer}.sw_{stat}_weight'].double(), 0)
+            for stat in ('mean', 'var')
+        ])
+        torch.testing.assert_close(values, expected, rtol=0, atol=6e-4)
 
 
 def test_plot_ratios_refuses_checkpoint_without_sn(tmp_path):
@@ -148,4 +169,4 @@ def test_plot_ratios_refuses_checkpoint_without_sn(tmp_path):
         [osp.join(ROOT, 'tools', 'analysis_tools', 'plot_ratios.py'), ckpt],
         tmp_path,
         ok=False)
-    assert result.returncode != 0 and 'no SN layers' in result.stderr
+    assert result.returncode != 0 and 'no SN or SW layers' in result.stderr

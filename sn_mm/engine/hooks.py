@@ -6,8 +6,9 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 from mmengine.runner import IterBasedTrainLoop
 
-from ..analysis import average_ratios, sn_ratios
-from ..models import SwitchableNorm, fuse_conv_sn
+from ..analysis import SW_TERMS, average_ratios, sn_ratios, sw_weights
+from ..models import SwitchableNorm, SwitchableWhitening, fuse_conv_sn
+from ..ops.ratios import TERMS
 from .batch_average import sn_batch_average
 
 
@@ -97,10 +98,14 @@ class SNRatioHook(Hook):
     layer's ratios go to the visualizer backends as ``sn_ratio/<layer>/
     {mean,var}_{in,ln,bn}`` and, with ``log_layers``, to the text log.
 
+    Switchable Whitening layers (SW, SyncSW) log their importance weights
+    the same way: ``train/sw_{mean,var}_{bw,iw,bn,in,ln}`` (``var``: the
+    covariance's) and ``sw_weight/<layer>/...``.
+
     It also logs ``train/sn_nonfinite_batches``, the training batches whose
-    BN statistics were not finite (summed over the layers' counts; such a
-    batch leaves the running statistics as they were), with a warning
-    naming the layers whenever the count has grown.
+    batch statistics were not finite (summed over the SN and SW layers'
+    counts; such a batch leaves the running statistics as they were), with a
+    warning naming the layers whenever the count has grown.
     """
 
     def __init__(self, interval: int = 500, log_layers: bool = True) -> None:
@@ -113,8 +118,9 @@ class SNRatioHook(Hook):
     def _log_nonfinite(self, runner, model) -> None:
         counts = {
             name: int(m.nonfinite_batches)
-            for name, m in model.named_modules() if
-            isinstance(m, SwitchableNorm) and m.nonfinite_batches is not None
+            for name, m in model.named_modules()
+            if isinstance(m, (SwitchableNorm, SwitchableWhitening))
+            and m.nonfinite_batches is not None
         }
         total = sum(counts.values())
         runner.message_hub.update_scalar('train/sn_nonfinite_batches', total)
@@ -134,31 +140,40 @@ class SNRatioHook(Hook):
                 or self.is_last_train_iter(runner)):
             return
         model = _unwrap(runner.model)
-        ratios = sn_ratios(model)
-        if not ratios:
-            return
-        self._log_nonfinite(runner, model)
-        for stat, terms in average_ratios(ratios).items():
-            for term, value in terms.items():
-                runner.message_hub.update_scalar(f'train/sn_{stat}_{term}',
+        found = False
+        for kind, ratios, terms, tag in (('SN ratios', sn_ratios(model), TERMS,
+                                          'sn'), ('SW importance weights',
+                                                  sw_weights(model), SW_TERMS,
+                                                  'sw')):
+            if ratios:
+                found = True
+                self._log(runner, kind, ratios, terms, tag)
+        if found:
+            self._log_nonfinite(runner, model)
+
+    def _log(self, runner, kind, ratios, terms, tag) -> None:
+        for stat, values in average_ratios(ratios, terms).items():
+            for term, value in values.items():
+                runner.message_hub.update_scalar(f'train/{tag}_{stat}_{term}',
                                                  value)
+        prefix = 'sn_ratio' if tag == 'sn' else 'sw_weight'
         runner.visualizer.add_scalars(
             {
-                f'sn_ratio/{layer}/{stat}_{term}': value
+                f'{prefix}/{layer}/{stat}_{term}': value
                 for layer, r in ratios.items()
-                for stat, terms in r.items()
-                for term, value in terms.items()
+                for stat, values in r.items()
+                for term, value in values.items()
             },
             step=runner.iter + 1)
         if self.log_layers:
             lines = [
                 f'{layer}: ' +
                 '  '.join(f'{stat} ' + ' '.join(f'{t}={v:.3f}'
-                                                for t, v in terms.items())
-                          for stat, terms in r.items())
+                                                for t, v in values.items())
+                          for stat, values in r.items())
                 for layer, r in ratios.items()
             ]
-            runner.logger.info(f'SN ratios at iter {runner.iter + 1}:\n' +
+            runner.logger.info(f'{kind} at iter {runner.iter + 1}:\n' +
                                '\n'.join(lines))
 
 

@@ -7,14 +7,16 @@ from mmengine.logging import print_log
 from mmengine.optim import DefaultOptimWrapperConstructor
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS
 
-from ..models import SwitchableNorm
+from ..models import SwitchableNorm, SwitchableWhitening
 
-RATIO_PARAMS = ('mean_weight', 'var_weight')
+# The ratio logits: SN's, and Switchable Whitening's importance weights.
+RATIO_PARAMS = ('mean_weight', 'var_weight', 'sw_mean_weight', 'sw_var_weight')
 
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()
 class SNOptimWrapperConstructor(DefaultOptimWrapperConstructor):
-    """mmengine's default constructor, with SN and SyncSN as norm layers.
+    """mmengine's default constructor, with SN, SyncSN, SW and SyncSW as norm
+    layers.
 
     mmengine recognises norm layers by type (BN, IN, GN, LN), so
     ``norm_decay_mult`` silently misses SN's ``weight`` and ``bias``. Here
@@ -28,7 +30,9 @@ class SNOptimWrapperConstructor(DefaultOptimWrapperConstructor):
       follow the norm rules too. Sparse SN layers (``ratio_fn=
       'sparsestmax'``) have the same parameters and follow the same rules
       (SSN's authors train them at a tenth of the LR without decay:
-      ``ratio_lr_mult=0.1, ratio_decay_mult=0``).
+      ``ratio_lr_mult=0.1, ratio_decay_mult=0``). Switchable Whitening's
+      importance weights (``sw_mean_weight`` / ``sw_var_weight``) are ratio
+      logits too, and its ``weight`` and ``bias`` norm parameters.
     - ``custom_keys`` still override everything, as in mmengine.
 
     Example::
@@ -55,10 +59,10 @@ class SNOptimWrapperConstructor(DefaultOptimWrapperConstructor):
                    is_dcn_module: Optional[Union[int, float]] = None) -> None:
         start = len(params)
         super().add_params(params, module, prefix, is_dcn_module)
-        if isinstance(module, SwitchableNorm):
+        if isinstance(module, (SwitchableNorm, SwitchableWhitening)):
             self._apply_sn_rules(params[start:], module, prefix)
 
-    def _apply_sn_rules(self, groups: List[dict], module: SwitchableNorm,
+    def _apply_sn_rules(self, groups: List[dict], module: nn.Module,
                         prefix: str) -> None:
         """Correct the groups mmengine made for an SN layer's own parameters,
         which it treated as those of a plain module."""

@@ -3,11 +3,13 @@ from .fuse import SelectedNorm, SNAffine, fuse_conv_sn
 from .hard_ratios import hard_choices, harden_sn, harden_state_dict
 from .preact_resnet import PreActResNet
 from .switchable_norm import SwitchableNorm
+from .switchable_whitening import SwitchableWhitening, SyncSwitchableWhitening
 from .sync_switchable_norm import (SyncSwitchableNorm, convert_sync_sn,
                                    revert_sync_sn)
 
 __all__ = [
     'convert_sn', 'SelectedNorm', 'SNAffine', 'fuse_conv_sn', 'hard_choices',
     'harden_sn', 'harden_state_dict', 'PreActResNet', 'SwitchableNorm',
-    'SyncSwitchableNorm', 'convert_sync_sn', 'revert_sn', 'revert_sync_sn'
+    'SwitchableWhitening', 'SyncSwitchableNorm', 'SyncSwitchableWhitening',
+    'convert_sync_sn', 'revert_sn', 'revert_sync_sn'
 ]

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Plot the IN/LN/BN ratios of every SN layer in a checkpoint.
+"""Plot the IN/LN/BN ratios of every SN layer in a checkpoint, and the
+importance weights of every Switchable Whitening (SW) layer.
 
 Like the paper's Fig. 4: per SN layer, in network order, stacked bars of the
 ratios for the mean and for the variance, plus a panel with the symmetric KL
@@ -18,6 +19,11 @@ segmentation, converted ImageNet backbones. The checkpoint is loaded with
 weights_only=False (mmengine training checkpoints need it): use it on
 checkpoints you trust.
 
+A checkpoint with SW layers also gets their table and figure (the five
+weights BW, IW, BN, IN, LN of the mean and of the covariance, per layer),
+in ``--out``'s name with ``_sw`` before the suffix (or in ``--out`` itself
+when there is no SN layer).
+
 Example::
 
     python tools/analysis_tools/plot_ratios.py work_dirs/demo/iter_100.pth \\
@@ -26,6 +32,7 @@ Example::
         --compare soft.pth
 """
 import argparse
+import os.path as osp
 import sys
 
 import matplotlib
@@ -34,11 +41,17 @@ matplotlib.use('Agg')  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from sn_mm.analysis import average_ratios, sn_ratios, symmetric_kl  # noqa
+import sn_mm.analysis as analysis  # noqa: E402
 from sn_mm.models import hard_choices  # noqa: E402
 from sn_mm.models.switchable_norm import TERMS  # noqa: E402
 
-COLOURS = {'in': '#4c72b0', 'ln': '#dd8452', 'bn': '#55a868'}
+COLOURS = {
+    'in': '#4c72b0',
+    'ln': '#dd8452',
+    'bn': '#55a868',
+    'bw': '#c44e52',
+    'iw': '#8172b2'
+}
 
 
 def parse_args(argv=None):
@@ -84,33 +97,33 @@ def layer_kind(state, layer):
     return 'other'
 
 
-def print_table(ratios, kls):
-    header = (f'{"layer":<40}' + ''.join(f' mean_{t:<3}' for t in TERMS) +
-              ''.join(f'  var_{t:<3}' for t in TERMS) + '  sym_KL')
+def print_table(ratios, kls, terms=TERMS):
+    header = (f'{"layer":<40}' + ''.join(f' mean_{t:<3}' for t in terms) +
+              ''.join(f'  var_{t:<3}' for t in terms) + '  sym_KL')
     print(header)
     for (name, r), kl in zip(ratios.items(), kls):
         print(f'{name:<40}' + ''.join(f' {r["mean"].get(t, 0.):8.3f}'
-                                      for t in TERMS) +
+                                      for t in terms) +
               ''.join(f' {r["var"].get(t, 0.):8.3f}'
-                      for t in TERMS) + f' {kl:7.3f}')
-    avg = average_ratios(ratios)
+                      for t in terms) + f' {kl:7.3f}')
+    avg = analysis.average_ratios(ratios, terms)
     print(f'{"model average":<40}' + ''.join(f' {avg["mean"][t]:8.3f}'
-                                             for t in TERMS) +
+                                             for t in terms) +
           ''.join(f' {avg["var"][t]:8.3f}'
-                  for t in TERMS) + f' {sum(kls) / len(kls):7.3f}')
+                  for t in terms) + f' {sum(kls) / len(kls):7.3f}')
 
 
-def make_figure(ratios, kls, title):
+def make_figure(ratios, kls, title, terms=TERMS):
     """The figure: axes[0] the mean ratios and axes[1] the variance ratios
-    (one bar container per term, IN/LN/BN, one bar per layer), axes[2] the
-    symmetric KL divergences."""
+    (one bar container per term, IN/LN/BN or SW's five, one bar per layer),
+    axes[2] the symmetric KL divergences."""
     names = list(ratios)
     x = range(len(names))
     fig, axes = plt.subplots(
         3, 1, figsize=(max(8, 0.22 * len(names)), 9), sharex=True)
     for ax, stat in zip(axes[:2], ('mean', 'var')):
         bottom = [0.] * len(names)
-        for term in TERMS:
+        for term in terms:
             values = [ratios[n][stat].get(term, 0.) for n in names]
             ax.bar(
                 x,
@@ -122,7 +135,7 @@ def make_figure(ratios, kls, title):
             bottom = [b + v for b, v in zip(bottom, values)]
         ax.set_ylim(0, 1)
         ax.set_ylabel(f'{stat} ratios')
-        ax.legend(loc='upper right', ncol=3, fontsize=8)
+        ax.legend(loc='upper right', ncol=len(terms), fontsize=8)
     axes[2].bar(x, kls, color='#8172b2', width=0.85)
     axes[2].set_ylabel('sym. KL(mean, var)')
     axes[2].set_xticks(list(x))
@@ -132,8 +145,8 @@ def make_figure(ratios, kls, title):
     return fig
 
 
-def plot(ratios, kls, out, title):
-    fig = make_figure(ratios, kls, title)
+def plot(ratios, kls, out, title, terms=TERMS):
+    fig = make_figure(ratios, kls, title, terms)
     fig.savefig(out, dpi=120)
     plt.close(fig)
 
@@ -194,13 +207,14 @@ def load_state(path):
     state = ckpt.get('state_dict', ckpt) if isinstance(ckpt, dict) else None
     if not isinstance(state, dict):
         sys.exit(f'{path} is not a checkpoint with a state dict')
-    if not sn_ratios(state):
-        sys.exit(f'{path} has no SN layers (no key ends in ".mean_weight")')
+    if not analysis.sn_ratios(state) and not analysis.sw_weights(state):
+        sys.exit(f'{path} has no SN or SW layers (no key ends in '
+                 '".mean_weight" or ".sw_mean_weight")')
     return state
 
 
 def hard_view(args, state):
-    choices = hard_choices(sn_ratios(state, per_group=args.groups))
+    choices = hard_choices(analysis.sn_ratios(state, per_group=args.groups))
     kinds = {n: layer_kind(state, n) for n in choices}
     print(f'{"layer":<40} {"conv":<8} mean var')
     for name, c in choices.items():
@@ -210,7 +224,8 @@ def hard_view(args, state):
           'for the mean than for the variance')
     if args.compare:
         other = hard_choices(
-            sn_ratios(load_state(args.compare), per_group=args.groups))
+            analysis.sn_ratios(
+                load_state(args.compare), per_group=args.groups))
         common = [n for n in choices if n in other]
         moved = sum(choices[n] != other[n] for n in common)
         print(f'{moved} of {len(common)} layers changed their choice '
@@ -229,13 +244,35 @@ def main(argv=None):
         sys.exit('--compare needs --hard')
     state = load_state(args.checkpoint)
     if args.hard:
+        if not analysis.sn_ratios(state):
+            sys.exit(f'--hard: {args.checkpoint} has no SN layers')
         return hard_view(args, state)
-    ratios = sn_ratios(state, per_group=args.groups)
-    kls = [symmetric_kl(r['mean'], r['var']) for r in ratios.values()]
-    print_table(ratios, kls)
-    plot(ratios, kls, args.out,
-         f'SN ratios of {len(ratios)} layers: {args.checkpoint}')
-    print(f'Wrote {args.out}')
+    ratios = analysis.sn_ratios(state, per_group=args.groups)
+    if ratios:
+        kls = [
+            analysis.symmetric_kl(r['mean'], r['var'])
+            for r in ratios.values()
+        ]
+        print_table(ratios, kls)
+        plot(ratios, kls, args.out,
+             f'SN ratios of {len(ratios)} layers: {args.checkpoint}')
+        print(f'Wrote {args.out}')
+    weights = analysis.sw_weights(state)
+    if weights:
+        stem, suffix = osp.splitext(args.out)
+        out = f'{stem}_sw{suffix}' if ratios else args.out
+        kls = [
+            analysis.symmetric_kl(r['mean'], r['var'])
+            for r in weights.values()
+        ]
+        print(f'\nSW importance weights ({len(weights)} layers; var: the '
+              'covariance\'s)')
+        print_table(weights, kls, analysis.SW_TERMS)
+        plot(
+            weights, kls, out,
+            f'SW importance weights of {len(weights)} layers: '
+            f'{args.checkpoint}', analysis.SW_TERMS)
+        print(f'Wrote {out}')
 
 
 if __name__ == '__main__':

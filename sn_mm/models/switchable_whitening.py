@@ -1,0 +1,397 @@
+"""Switchable Whitening (Pan, Zhan, Shi, Tang, Luo, ICCV 2019), registered
+as ``'SW'`` and ``'SyncSW'``.
+
+SW mixes whitenings (batch whitening BW, instance whitening IW, over groups
+of ``num_pergroup`` channels) and standardisations (BN, IN, LN) with learned
+importance weights, then whitens with the inverse square root of the mixed
+covariance, which Newton's iteration approximates on the trace-normalised
+matrix.
+
+Parameter and buffer names are those of the authors' release
+(``sw_mean_weight``, ``sw_var_weight``, ``weight``, ``bias``,
+``running_mean`` (G, c, 1), ``running_cov`` (G, c, c)), so that their
+checkpoints load as they are. Where the release is inconsistent, SW here
+decides as follows (each tested in ``tests/test_switchable_whitening.py``):
+
+- ``sw_type=5``: the release mixes the BN and IN variances with the BW and
+  IW weights (``var_weight[0]`` and ``[1]``), so that the BN and IN
+  variance weights (``[2]``, ``[3]``) take no gradient; here each of the five
+  components has its own weight in the covariance as in the mean (the
+  paper's Eq. 7).
+- SyncSW's batch mean and covariance are over all ranks' samples, each
+  rank weighted by its count (the release averages the ranks' statistics,
+  so that ranks with different batch sizes count alike, and an empty rank
+  would contribute NaNs).
+"""
+import math
+import operator
+from typing import Dict, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from mmengine.registry import MODELS
+from torch import Tensor
+
+from .norm_eval import keep_norm_eval_everywhere
+from .sync_switchable_norm import check_group, process_group
+
+# The components of each sw_type, in the order of the release's importance
+# weights.
+SW_COMPONENTS = {
+    2: ('bw', 'iw'),
+    3: ('bw', 'iw', 'ln'),
+    5: ('bw', 'iw', 'bn', 'in', 'ln'),
+}
+# Undefined on inputs with one value per channel and sample ((N, C), or a
+# single spatial position): their instance statistics are the value itself.
+INSTANCE_COMPONENTS = ('iw', 'in')
+
+
+def _positive_int(value, name: str, minimum: int = 1) -> int:
+    try:
+        number = operator.index(value)
+    except TypeError:
+        number = minimum - 1
+    if isinstance(value, bool) or number < minimum:
+        raise ValueError(f'{name} must be an integer >= {minimum}, got '
+                         f'{value!r}')
+    return number
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """Sum over a group's ranks; its gradient is the ranks' gradients summed
+    the same way (so it differentiates again)."""
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor, group) -> Tensor:
+        ctx.group = group
+        total = tensor.clone()
+        dist.all_reduce(total, group=group)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return _AllReduceSum.apply(grad.contiguous(), ctx.group), None
+
+
+def _all_reduce(tensor: Tensor, group) -> Tensor:
+    """Sum over the ranks of ``group``, differentiable; the tensor itself
+    without a group."""
+    return tensor if group is None else _AllReduceSum.apply(tensor, group)
+
+
+def batch_moments(mean_in: Tensor, cov_in: Tensor, length: int, group=None):
+    """The batch mean (G, c) and biased covariance (G, c, c) over every
+    sample of ``group``'s ranks (of this process without one), from the
+    instance means (N, G, c) and covariances (N, G, c, c) of ``length``
+    positions each, as the release's ``cov_bn`` (Eq. 5's reuse, whitened:
+    the mean of the instance covariances plus the covariance of the instance
+    means, exact and without the cancellation of raw moments)."""
+    groups, c = mean_in.shape[1:]
+    count = mean_in.new_full((1, ), float(mean_in.shape[0] * length))
+    sums = _all_reduce(
+        torch.cat([mean_in.sum(0).flatten() * length, count]), group)
+    total = sums[-1:].clamp(min=1)
+    mean_bn = (sums[:-1] / total).view(groups, c)
+    dev = mean_in - mean_bn
+    m2 = (cov_in.sum(0) + torch.einsum('ngi,ngj->gij', dev, dev)) * length
+    cov_bn = _all_reduce(m2, group) / total
+    return mean_bn, cov_bn, sums[-1]
+
+
+def newton_whitening(cov: Tensor, iterations: int) -> Tensor:
+    """cov^(-1/2) (batched) by Newton's iteration on cov / trace(cov):
+    P <- 1.5 P - 0.5 P^3 cov_N from P = I, as the release computes it."""
+    eye = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
+    r_trace = 1 / torch.diagonal(
+        cov, dim1=-2, dim2=-1).sum(-1)[..., None, None]
+    cov_n = cov * r_trace
+    p = eye.expand_as(cov)
+    for _ in range(iterations):
+        p = 1.5 * p - 0.5 * torch.matmul(torch.matrix_power(p, 3), cov_n)
+    return p * r_trace.sqrt()
+
+
+@MODELS.register_module('SW')
+class SwitchableWhitening(nn.Module):
+    """Switchable Whitening over inputs of shape (N, C, *).
+
+    The channels fall into ``C / num_pergroup`` groups of ``num_pergroup``
+    consecutive channels; each group is whitened with the inverse square
+    root of the mixture of its covariances: batch (BW, over N and the
+    positions), instance (IW, per sample) and, by ``sw_type``, LN's variance
+    (times the identity) and BN's and IN's (the diagonals). The mean is
+    mixed likewise. Then a per-channel affine transform.
+
+    On inputs with one value per channel and sample ((N, C), or one spatial
+    position) the instance components are undefined (the authors advise SW
+    without IW there): they are left out of both softmaxes.
+
+    Args:
+        num_features (int): Number of channels C.
+        num_pergroup (int): Channels per whitening group; divides C.
+            Default: 16.
+        sw_type (int): 2: BW + IW; 3: BW + IW + LN; 5: BW + IW + BN + IN +
+            LN. Default: 2.
+        T (int): Newton iterations. Default: 5.
+        tie_weight (bool): One importance-weight vector for the mean and
+            the covariance (no ``sw_var_weight``). Default: False.
+        eps (float): Added to the mixed covariance's diagonal. Default: 1e-5.
+        momentum (float): The release's convention, ``running = momentum *
+            running + (1 - momentum) * batch`` (PyTorch's BN momentum 0.01 is
+            this 0.99). Default: 0.99.
+        affine (bool): Per-channel ``weight`` and ``bias``. Default: True.
+
+    The whitening runs in float32 under autocast (and in float32 for half
+    inputs): Newton's iteration in half precision does not converge. A
+    training batch whose batch statistics are not all finite leaves the
+    running statistics as they were and is counted in
+    ``nonfinite_batches``. ``norm_eval=True`` in an OpenMMLab backbone keeps
+    SW layers in eval mode, as it keeps BN layers.
+    """
+
+    _abbr_ = 'sw'
+
+    def __init__(self,
+                 num_features: int,
+                 num_pergroup: int = 16,
+                 sw_type: int = 2,
+                 T: int = 5,
+                 tie_weight: bool = False,
+                 eps: float = 1e-5,
+                 momentum: float = 0.99,
+                 affine: bool = True) -> None:
+        super().__init__()
+        if sw_type not in SW_COMPONENTS:
+            raise ValueError(f'unknown sw_type {sw_type!r}: expected 2 (BW + '
+                             f'IW), 3 (BW + IW + LN) or 5 (BW + IW + BN + IN '
+                             f'+ LN)')
+        num_features = _positive_int(num_features, 'num_features')
+        num_pergroup = _positive_int(num_pergroup, 'num_pergroup')
+        if num_features % num_pergroup:
+            raise ValueError(f'num_pergroup={num_pergroup} must divide '
+                             f'num_features={num_features} (the channels '
+                             f'are whitened in groups of num_pergroup)')
+        if not eps > 0:
+            raise ValueError(f'eps must be > 0, got {eps!r}')
+        if not 0 <= momentum <= 1:
+            raise ValueError(f'momentum must be in [0, 1] (the weight of the '
+                             f'running statistics), got {momentum!r}')
+        keep_norm_eval_everywhere(SwitchableWhitening)
+        self.num_features = num_features
+        self.num_pergroup = num_pergroup
+        self.num_groups = num_features // num_pergroup
+        self.sw_type = sw_type
+        self.T = _positive_int(T, 'T', minimum=0)
+        self.tie_weight = bool(tie_weight)
+        self.eps = eps
+        self.momentum = momentum
+        self.affine = affine
+        k = len(SW_COMPONENTS[sw_type])
+        self.sw_mean_weight = nn.Parameter(torch.ones(k))
+        if self.tie_weight:
+            self.register_parameter('sw_var_weight', None)
+        else:
+            self.sw_var_weight = nn.Parameter(torch.ones(k))
+        if affine:
+            self.weight = nn.Parameter(torch.ones(num_features))
+            self.bias = nn.Parameter(torch.zeros(num_features))
+        else:
+            self.register_parameter('weight', None)
+            self.register_parameter('bias', None)
+        # Zeros, as the release's reset_parameters leaves them.
+        self.register_buffer('running_mean',
+                             torch.zeros(self.num_groups, num_pergroup, 1))
+        self.register_buffer(
+            'running_cov',
+            torch.zeros(self.num_groups, num_pergroup, num_pergroup))
+        self.register_buffer('nonfinite_batches',
+                             torch.tensor(0, dtype=torch.long))
+
+    @property
+    def components(self):
+        """The names of the mixed components, in the weights' order."""
+        return SW_COMPONENTS[self.sw_type]
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # The release's checkpoints do not count non-finite batches.
+        state_dict.setdefault(prefix + 'nonfinite_batches',
+                              torch.tensor(0, dtype=torch.long))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _sync_group(self):
+        """The process group sharing the batch statistics; None here."""
+        return None
+
+    def importance_weights(self, instance: bool = True):
+        """The mean's and the covariance's importance weights (softmaxes of
+        the logits), with the instance components at 0 where ``instance`` is
+        False."""
+        logits = [self.sw_mean_weight]
+        logits.append(
+            self.sw_mean_weight if self.tie_weight else self.sw_var_weight)
+        weights = []
+        for logit in logits:
+            logit = logit.float() if logit.dtype in (torch.float16,
+                                                     torch.bfloat16) else logit
+            if not instance:
+                keep = torch.tensor(
+                    [c not in INSTANCE_COMPONENTS for c in self.components],
+                    device=logit.device)
+                logit = logit.masked_fill(~keep, float('-inf'))
+            weights.append(torch.softmax(logit, 0))
+        return weights[0], weights[1]
+
+    def ratios(self) -> Dict[str, Dict[str, float]]:
+        """The importance weights, e.g. ``{'mean': {'bw': .., 'iw': ..},
+        'var': {...}}`` (``var``: the covariance's)."""
+        with torch.no_grad():
+            wm, wv = self.importance_weights()
+        return {
+            stat: dict(zip(self.components, map(float, w)))
+            for stat, w in (('mean', wm), ('var', wv))
+        }
+
+    def _check_input(self, x: Tensor) -> None:
+        if x.dim() < 2 or x.shape[1] != self.num_features:
+            raise ValueError(
+                f'{type(self).__name__} expected an input of shape (N, '
+                f'{self.num_features}, *), got {tuple(x.shape)}')
+        if not x.is_floating_point():
+            raise TypeError(f'{type(self).__name__} expected a floating-'
+                            f'point input, got {x.dtype}')
+
+    def forward(self, x: Tensor) -> Tensor:
+        self._check_input(x)
+        compute = torch.float32 if x.dtype in (torch.float16,
+                                               torch.bfloat16) else x.dtype
+        with torch.autocast(x.device.type, enabled=False):
+            y = self._whiten(
+                x.to(compute),
+                self._sync_group() if self.training else None)
+            if self.affine:
+                shape = (1, -1) + (1, ) * (x.dim() - 2)
+                y = y * self.weight.to(compute).view(shape) + \
+                    self.bias.to(compute).view(shape)
+        return y.to(x.dtype)
+
+    def _whiten(self, x: Tensor, group) -> Tensor:
+        n, g, c = x.shape[0], self.num_groups, self.num_pergroup
+        length = math.prod(x.shape[2:])
+        rows = x.reshape(n, g, c, length)
+        mean_in = rows.mean(-1)  # (N, G, c)
+        centred = rows - mean_in[..., None]
+        cov_in = torch.matmul(centred, centred.transpose(-1, -2)) / length
+        if self.training:
+            mean_bn, cov_bn, count = batch_moments(mean_in, cov_in, length,
+                                                   group)
+            self._update_running(mean_bn, cov_bn, count)
+        else:
+            mean_bn = self.running_mean[..., 0].to(x.dtype)
+            cov_bn = self.running_cov.to(x.dtype)
+        wm, wv = self.importance_weights(instance=length > 1)
+        wm, wv = wm.to(x.dtype), wv.to(x.dtype)
+        eye = torch.eye(c, dtype=x.dtype, device=x.device)
+        parts = {'bw': (mean_bn, cov_bn), 'iw': (mean_in, cov_in)}
+        if 'bn' in self.components:
+            parts['bn'] = (mean_bn,
+                           torch.diag_embed(
+                               torch.diagonal(cov_bn, dim1=-2, dim2=-1)))
+            parts['in'] = (mean_in,
+                           torch.diag_embed(
+                               torch.diagonal(cov_in, dim1=-2, dim2=-1)))
+        if 'ln' in self.components:
+            parts['ln'] = self._ln_statistics(mean_in, cov_in, length, eye)
+        mean = 0
+        cov = self.eps * eye
+        for k, name in enumerate(self.components):
+            if length == 1 and name in INSTANCE_COMPONENTS:
+                continue
+            part_mean, part_cov = parts[name]
+            mean = mean + wm[k] * part_mean
+            cov = cov + wv[k] * part_cov
+        # (N, G, c, c): the batch terms broadcast over the samples.
+        cov = cov.expand(n, g, c, c)
+        whiten = newton_whitening(cov, self.T)
+        mean = torch.as_tensor(mean).expand(n, g, c)
+        y = torch.matmul(whiten, rows - mean[..., None])
+        return y.reshape(x.shape)
+
+    def _ln_statistics(self, mean_in, cov_in, length, eye):
+        """LN's mean (N, 1, 1) and variance times the identity (N, 1, c,
+        c), the variance Bessel-corrected over a sample's C x L values as
+        the release's ``x.var``, from the instance statistics."""
+        n = mean_in.shape[0]
+        flat_mean = mean_in.reshape(n, self.num_features)
+        mean_ln = flat_mean.mean(1)
+        var_in = torch.diagonal(
+            cov_in, dim1=-2, dim2=-1).reshape(n, self.num_features)
+        values = flat_mean.shape[1] * length
+        m2 = (var_in.sum(1) + ((flat_mean - mean_ln[:, None])**2).sum(1)) * \
+            length
+        var_ln = m2 / max(values - 1, 1)
+        return mean_ln.view(n, 1, 1), var_ln.view(n, 1, 1, 1) * eye
+
+    @torch.no_grad()
+    def _update_running(self, mean_bn: Tensor, cov_bn: Tensor,
+                        count: Tensor) -> None:
+        """The release's moving averages, unless the batch is empty or its
+        statistics are not all finite (those are counted instead)."""
+        finite = torch.isfinite(mean_bn).all() & torch.isfinite(cov_bn).all()
+        bad = ~finite & (count > 0)
+        take = finite & (count > 0)
+        m = self.momentum
+        new_mean = m * self.running_mean + (1 - m) * mean_bn[..., None].to(
+            self.running_mean.dtype)
+        new_cov = m * self.running_cov + (1 - m) * cov_bn.to(
+            self.running_cov.dtype)
+        self.running_mean.copy_(torch.where(take, new_mean, self.running_mean))
+        self.running_cov.copy_(torch.where(take, new_cov, self.running_cov))
+        self.nonfinite_batches.add_(bad.long())
+
+    def extra_repr(self) -> str:
+        return (f'{self.num_features}, num_pergroup={self.num_pergroup}, '
+                f'sw_type={self.sw_type}, T={self.T}, '
+                f'tie_weight={self.tie_weight}, eps={self.eps}, '
+                f'momentum={self.momentum}, affine={self.affine}')
+
+
+@MODELS.register_module('SyncSW')
+class SyncSwitchableWhitening(SwitchableWhitening):
+    """Switchable Whitening whose batch statistics (BW's mean and
+    covariance, and BN's from them) are over every rank's samples.
+
+    Each rank's count, sum and centred second moments are summed over the
+    ranks (two differentiable all-reduces in forward, their transposes in
+    backward), so ranks may hold different numbers of samples, zero
+    included, and outputs and gradients equal those of
+    :class:`SwitchableWhitening` on the concatenated batch. Without an
+    initialised process group, or in eval, it computes what
+    :class:`SwitchableWhitening` does.
+
+    Args:
+        group: Ranks that share statistics, as :class:`SyncSwitchableNorm`'s
+            (None or ``'world'``, ``'node'``, an int k, a ProcessGroup).
+        Others: as :class:`SwitchableWhitening`.
+    """
+
+    def __init__(self,
+                 num_features: int,
+                 num_pergroup: int = 16,
+                 sw_type: int = 2,
+                 T: int = 5,
+                 tie_weight: bool = False,
+                 eps: float = 1e-5,
+                 momentum: float = 0.99,
+                 affine: bool = True,
+                 group: Optional[object] = None) -> None:
+        super().__init__(num_features, num_pergroup, sw_type, T, tie_weight,
+                         eps, momentum, affine)
+        self.group = check_group(group)
+
+    def _sync_group(self):
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        group = process_group(self.group)
+        return group if dist.get_world_size(group) > 1 else None
