@@ -1,5 +1,6 @@
-"""``init_cfg=dict(type='SNPretrained', ...)``: SN layers started from the
-norm layers of a BN, GN or SN checkpoint."""
+"""``init_cfg=dict(type='SNPretrained', ...)``: SN (and Switchable
+Whitening) layers started from the norm layers of a BN, GN or SN (SW)
+checkpoint."""
 import re
 from typing import Dict, List, Optional, Tuple
 
@@ -10,7 +11,7 @@ from mmengine.model import update_init_info
 from mmengine.registry import WEIGHT_INITIALIZERS
 from mmengine.runner import CheckpointLoader
 
-from ..models import SwitchableNorm
+from ..models import SwitchableNorm, SwitchableWhitening
 from ..models.convert import source_logits
 from ..models.switchable_norm import to_groups
 from .runner import trusted_torch_load
@@ -18,8 +19,8 @@ from .runner import trusted_torch_load
 RATIO_CHOICES = ('uniform', 'source')
 # An SN layer named e.g. 'sn1' (mmcv's build_norm_layer: the norm type's
 # abbreviation and a postfix) sits where a BN or GN network has 'bn1'/'gn1'.
-_NORM_NAME = re.compile(r'^(?:sn|bn|gn|ln|in|norm)(\d*)$')
-_SOURCE_ABBRS = ('sn', 'bn', 'gn', 'norm', 'ln', 'in')
+_NORM_NAME = re.compile(r'^(?:sn|sw|bn|gn|ln|in|norm)(\d*)$')
+_SOURCE_ABBRS = ('sn', 'sw', 'bn', 'gn', 'norm', 'ln', 'in')
 _SN_KEYS = ('mean_weight', 'var_weight', 'running_mean', 'running_var',
             'num_batches_tracked', 'ratio_fixed', 'fixed_ratios')
 
@@ -38,6 +39,8 @@ def _source_names(name: str) -> List[str]:
 
 
 def _kind(state: Dict[str, torch.Tensor], src: str) -> str:
+    if src + '.sw_mean_weight' in state:
+        return 'SW'
     if src + '.mean_weight' in state:
         return 'SN'
     if src + '.running_mean' in state:
@@ -61,7 +64,8 @@ def sn_state_from(module: nn.Module,
     plan, sources, used = {}, {}, set()
     layers = {
         n: m
-        for n, m in module.named_modules() if isinstance(m, SwitchableNorm)
+        for n, m in module.named_modules()
+        if isinstance(m, (SwitchableNorm, SwitchableWhitening))
     }
     for name, layer in layers.items():
         src = next((s for s in _source_names(name)
@@ -70,6 +74,10 @@ def sn_state_from(module: nn.Module,
             continue
         kind = _kind(state, src)
         sources[name] = (src, kind)
+        if isinstance(layer, SwitchableWhitening):
+            plan.update(
+                sw_entries(layer, name, state, src, kind, ratios, used))
+            continue
         keys = ['weight', 'bias'] + (
             list(_SN_KEYS) if kind == 'SN' else
             ['running_mean', 'running_var', 'num_batches_tracked'])
@@ -113,7 +121,42 @@ def sn_state_from(module: nn.Module,
     return new, report
 
 
-def own_keys(layer: SwitchableNorm) -> List[str]:
+def sw_entries(layer: SwitchableWhitening, name: str,
+               state: Dict[str, torch.Tensor], src: str, kind: str,
+               ratios: str, used: set) -> Dict[str, torch.Tensor]:
+    """An SW layer's entries from the norm layer ``src`` (of ``kind``) of a
+    checkpoint: an SW source's everything; else its affine parameters, and
+    a BN layer's running mean (per whitening group) and running variance as
+    a diagonal running covariance. The importance weights start equal
+    (``ratios='uniform'``), or at BN's component, else BW's, from a BN
+    source (``'source'``)."""
+    plan = {}
+    keys = [k for k in own_keys(layer)] if kind == 'SW' else ['weight', 'bias']
+    for key in keys:
+        if f'{src}.{key}' in state:
+            plan[f'{name}.{key}'] = state[f'{src}.{key}']
+            used.add(f'{src}.{key}')
+    if kind == 'BN':
+        groups, c = layer.num_groups, layer.num_pergroup
+        mean, var = state[f'{src}.running_mean'], state[f'{src}.running_var']
+        if mean.numel() == layer.num_features:
+            plan[f'{name}.running_mean'] = mean.reshape(groups, c, 1)
+            plan[f'{name}.running_cov'] = torch.diag_embed(
+                var.reshape(groups, c))
+            used.update({f'{src}.running_mean', f'{src}.running_var'})
+    if kind != 'SW' or ratios == 'uniform':
+        logits = torch.zeros(len(layer.components))
+        if ratios == 'source' and kind == 'BN':
+            target = 'bn' if 'bn' in layer.components else 'bw'
+            logits[layer.components.index(target)] = torch.log(
+                torch.tensor((1 - 1e-4) / 1e-4 * (len(logits) - 1)))
+        for key in ('sw_mean_weight', 'sw_var_weight'):
+            if getattr(layer, key) is not None:
+                plan[f'{name}.{key}'] = logits.clone()
+    return plan
+
+
+def own_keys(layer: nn.Module) -> List[str]:
     """The state-dict keys of an SN layer's own parameters and buffers."""
     return [k for k, _ in layer.named_parameters()
             ] + [k for k, v in layer.named_buffers() if v is not None]
@@ -122,7 +165,10 @@ def own_keys(layer: SwitchableNorm) -> List[str]:
 @WEIGHT_INITIALIZERS.register_module(name='SNPretrained')
 class SNPretrainedInit:
     """Start a model with SN layers from a BN, GN or SN checkpoint, as
-    mmengine's ``Pretrained`` does for matching networks.
+    mmengine's ``Pretrained`` does for matching networks. Switchable
+    Whitening layers start likewise (:func:`sw_entries`): from a BN layer
+    its affine parameters, running mean and, as a diagonal covariance, its
+    running variance.
 
     Every SN layer takes the affine ``weight`` and ``bias`` of the norm
     layer at its place in the checkpoint (``bn1`` or ``gn1`` for ``sn1``;
