@@ -81,6 +81,21 @@ def test_benchmark_group_sn_table():
         r'1\.00 \| 1\.00 \|', result.stdout)
 
 
+def test_benchmark_sw_table():
+    result = run_python([
+        tool('analysis_tools', 'benchmark_norm.py'), '--sw', '--toy',
+        '--repeats', '1'
+    ],
+                        cwd=ROOT,
+                        timeout=300)
+    for layer in ('SN', 'SW sw_type=2', 'SW sw_type=5'):
+        assert re.search(rf'\| 1x64x7x7 \| {layer} \|( [\d.]+ \|){{6}}$',
+                         result.stdout, re.M), result.stdout
+    assert re.search(
+        r'\| 2x32x8x8 \| SN \|( [\d.]+ \|){3} '
+        r'1\.00 \| 1\.00 \| 1\.00 \|', result.stdout)
+
+
 def test_benchmark_names_the_instruction_set():
     from sn_mm.ops import cpu_isas, native_available
     if not native_available():

@@ -812,6 +812,12 @@ def parse_args(argv=None):
         help='instead of the other tables: group SN '
         '(ratio_groups 2 and 32) against SN at each shape')
     parser.add_argument(
+        '--sw',
+        action='store_true',
+        help='instead of the other tables: Switchable Whitening (SW, '
+        'sw_type 2 and 5, 16 channels a group) against SN at each shape, '
+        'time and memory saved for backward')
+    parser.add_argument(
         '--cpu-isa',
         choices=['avx512', 'avx2', 'baseline'],
         help='instruction set of SN\'s C++ kernels (default: '
@@ -891,6 +897,42 @@ def group_sn_section(args, shapes, report):
                 f'{row["bwd"]:.2f} | {row["both"]:.2f} | '
                 f'{row["eval"]:.2f} | {row["both_vs_sn"]:.2f} | '
                 f'{row["eval_vs_sn"]:.2f} |',
+                flush=True)
+
+
+def sw_section(args, shapes, report):
+    """Switchable Whitening against SN, layer by layer, timed in turn:
+    SW is batched matmuls in PyTorch ops, SN its kernels."""
+    from sn_mm.models.switchable_whitening import SwitchableWhitening
+    print('| shape | layer | fwd+bwd ms | eval fwd ms | saved for backward '
+          'MB | fwd+bwd / SN | eval fwd / SN | saved / SN |')
+    print('|---' * 8 + '|')
+    rows = report.setdefault('sw', [])
+    for shape in shapes:
+        c = shape[1]
+        makers = {'SN': lambda: SwitchableNorm(c)}
+        for sw_type in (2, 5):
+            makers[f'SW sw_type={sw_type}'] = (
+                lambda t=sw_type: SwitchableWhitening(
+                    c, num_pergroup=min(16, c), sw_type=t))
+        res = bench_shape(makers, shape, args.repeats, args.device)
+        sn = res['SN']
+        for name, r in res.items():
+            row = dict(
+                shape='x'.join(map(str, shape)),
+                layer=name,
+                both=r['both'] * 1e3,
+                eval=r['eval'] * 1e3,
+                saved_mb=r['saved'] / 2**20,
+                both_vs_sn=r['both'] / sn['both'],
+                eval_vs_sn=r['eval'] / sn['eval'],
+                saved_vs_sn=r['saved'] / sn['saved'])
+            rows.append(row)
+            print(
+                f'| {row["shape"]} | {name} | {row["both"]:.2f} | '
+                f'{row["eval"]:.2f} | {row["saved_mb"]:.1f} | '
+                f'{row["both_vs_sn"]:.2f} | {row["eval_vs_sn"]:.2f} | '
+                f'{row["saved_vs_sn"]:.2f} |',
                 flush=True)
 
 
@@ -1023,6 +1065,9 @@ def main(argv=None):
     report = dict(device=where, repeats=args.repeats)
     if args.group_sn:
         group_sn_section(args, shapes, report)
+        return report
+    if args.sw:
+        sw_section(args, shapes, report)
         return report
     layer_section(args, shapes, report)
     if args.device == 'cuda' or args.gpu_sections:
