@@ -34,7 +34,7 @@ from mmengine.registry import MODELS
 from torch import Tensor
 
 from .norm_eval import keep_norm_eval_everywhere
-from .sync_switchable_norm import check_group, process_group
+from .sync_switchable_norm import check_group, sharing_group
 
 # The components of each sw_type, in the order of the release's importance
 # weights.
@@ -391,7 +391,4 @@ class SyncSwitchableWhitening(SwitchableWhitening):
         self.group = check_group(group)
 
     def _sync_group(self):
-        if not (dist.is_available() and dist.is_initialized()):
-            return None
-        group = process_group(self.group)
-        return group if dist.get_world_size(group) > 1 else None
+        return sharing_group(self.group)

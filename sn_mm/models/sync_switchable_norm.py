@@ -76,6 +76,16 @@ def process_group(group):
     return _subgroups[key]
 
 
+def sharing_group(group):
+    """The ProcessGroup over which a layer with the setting ``group`` shares
+    batch statistics in this process; None without an initialised process
+    group or where the group is this rank alone."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    group = process_group(group)
+    return group if dist.get_world_size(group) > 1 else None
+
+
 @MODELS.register_module('SyncSN')
 class SyncSwitchableNorm(SwitchableNorm):
     """Switchable Normalization whose BN term is computed over all ranks.
@@ -120,10 +130,7 @@ class SyncSwitchableNorm(SwitchableNorm):
         self.group = check_group(group)
 
     def _sync_group(self):
-        if not (dist.is_available() and dist.is_initialized()):
-            return None
-        group = process_group(self.group)
-        return group if dist.get_world_size(group) > 1 else None
+        return sharing_group(self.group)
 
 
 def _swap_norm(module: nn.Module, old_type: type, make_new) -> nn.Module:
