@@ -249,6 +249,9 @@ def test_mmcv_builds_it_and_loads_the_release_keys():
 
 def test_norm_eval_freezes_sw_in_a_stock_backbone():
     from mmdet.models.backbones import ResNet
+
+    from sn_mm import SwitchableNorm
+    SwitchableNorm(4)  # SN first: its norm_eval hook must serve SW too
     model = ResNet(
         18, norm_cfg=dict(type='SW', num_pergroup=16), norm_eval=True)
     model.train()

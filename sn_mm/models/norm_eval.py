@@ -1,4 +1,5 @@
-"""``norm_eval`` of OpenMMLab's backbones, kept for SN and SyncSN layers.
+"""``norm_eval`` of OpenMMLab's backbones, kept for SN, SyncSN, SW and SyncSW
+layers.
 
 mmdet's, mmseg's, mmpretrain's and mmaction2's backbones (ResNet and its
 variants, RegNet, HRNet, ResNet3d, ...) freeze their norm layers in
@@ -23,6 +24,9 @@ from mmengine.registry import MODELS
 _MARK = '_sn_keeps_norm_eval'
 # {id(registry): number of entries seen}: registries walked already.
 _seen = {}
+# The layer types norm_eval freezes besides BN (SN, SW, ...): one wrapper
+# per train method serves them all, whichever registered first.
+_norm_types = set()
 
 
 def takes_norm_eval(cls: type) -> bool:
@@ -36,10 +40,10 @@ def takes_norm_eval(cls: type) -> bool:
     return False
 
 
-def keep_norm_eval(cls: type, norm_type: type) -> None:
+def keep_norm_eval(cls: type) -> None:
     """Extend the ``train`` that ``cls`` runs (defined on ``cls`` or a
-    base) so that ``norm_eval`` freezes ``norm_type`` layers as it freezes
-    BN."""
+    base) so that ``norm_eval`` freezes the layers of every type given to
+    :func:`keep_norm_eval_everywhere` as it freezes BN."""
     for klass in cls.__mro__:
         if 'train' in klass.__dict__:
             break
@@ -51,8 +55,9 @@ def keep_norm_eval(cls: type, norm_type: type) -> None:
     def train_keeping_sn_frozen(self, mode: bool = True):
         result = train(self, mode)
         if mode and getattr(self, 'norm_eval', False):
+            frozen = tuple(_norm_types)
             for m in self.modules():
-                if isinstance(m, norm_type):
+                if isinstance(m, frozen):
                     m.eval()
         return result
 
@@ -68,10 +73,12 @@ def registries(root=MODELS):
 
 
 def keep_norm_eval_everywhere(norm_type: type) -> None:
-    """:func:`keep_norm_eval` for every model class registered so far that
-    takes ``norm_eval``. Cheap when nothing was registered since the last
-    call: SN layers call it as they are built, when their backbone's class
+    """Let ``norm_eval`` freeze ``norm_type`` layers too, and
+    :func:`keep_norm_eval` every model class registered so far that takes
+    ``norm_eval``. Cheap when nothing was registered since the last call:
+    SN and SW layers call it as they are built, when their backbone's class
     is registered (imported) for sure."""
+    _norm_types.add(norm_type)
     for registry in registries():
         entries = registry.module_dict
         if _seen.get(id(registry)) == len(entries):
@@ -79,5 +86,5 @@ def keep_norm_eval_everywhere(norm_type: type) -> None:
         for obj in list(entries.values()):
             if inspect.isclass(obj) and issubclass(
                     obj, nn.Module) and takes_norm_eval(obj):
-                keep_norm_eval(obj, norm_type)
+                keep_norm_eval(obj)
         _seen[id(registry)] = len(entries)
