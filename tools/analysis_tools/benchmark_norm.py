@@ -867,37 +867,45 @@ def layer_section(args, shapes, report):
 GROUPS = (2, 32)
 
 
-def group_sn_section(args, shapes, report):
-    """Group SN against SN (G = 1), layer by layer, timed in turn."""
-    print('| shape | dtype | layer | forward ms | backward ms | fwd+bwd ms | '
-          'eval fwd ms | fwd+bwd / SN | eval fwd / SN |')
-    print('|---' * 9 + '|')
-    rows = report.setdefault('group_sn', [])
+def against_sn(args, shapes, variants):
+    """Each shape's SN and ``variants(c)`` ({name: maker}) timed in turn:
+    one row per layer with its times, saved bytes and ratios to SN's."""
     for shape in shapes:
         c = shape[1]
-        makers = {'SN': lambda: SwitchableNorm(c)}
-        for g in GROUPS:
-            makers[f'SN G={g}'] = (
-                lambda g=g: SwitchableNorm(c, ratio_groups=g))
+        makers = dict(SN=lambda: SwitchableNorm(c), **variants(c))
         res = bench_shape(makers, shape, args.repeats, args.device)
         sn = res['SN']
         for name, r in res.items():
-            row = dict(
+            yield dict(
                 shape='x'.join(map(str, shape)),
                 layer=name,
                 **{
                     k: v * 1e3
                     for k, v in r.items() if k != 'saved'
                 },
+                saved_mb=r['saved'] / 2**20,
                 both_vs_sn=r['both'] / sn['both'],
-                eval_vs_sn=r['eval'] / sn['eval'])
-            rows.append(row)
-            print(
-                f'| {row["shape"]} | float32 | {name} | {row["fwd"]:.2f} | '
-                f'{row["bwd"]:.2f} | {row["both"]:.2f} | '
-                f'{row["eval"]:.2f} | {row["both_vs_sn"]:.2f} | '
-                f'{row["eval_vs_sn"]:.2f} |',
-                flush=True)
+                eval_vs_sn=r['eval'] / sn['eval'],
+                saved_vs_sn=r['saved'] / sn['saved'])
+
+
+def group_sn_section(args, shapes, report):
+    """Group SN against SN (G = 1), layer by layer, timed in turn."""
+    print('| shape | dtype | layer | forward ms | backward ms | fwd+bwd ms | '
+          'eval fwd ms | fwd+bwd / SN | eval fwd / SN |')
+    print('|---' * 9 + '|')
+    rows = report.setdefault('group_sn', [])
+    for row in against_sn(
+            args, shapes, lambda c: {
+                f'SN G={g}': (lambda g=g: SwitchableNorm(c, ratio_groups=g))
+                for g in GROUPS
+            }):
+        rows.append(row)
+        print(
+            f'| {row["shape"]} | float32 | {row["layer"]} | {row["fwd"]:.2f} '
+            f'| {row["bwd"]:.2f} | {row["both"]:.2f} | {row["eval"]:.2f} | '
+            f'{row["both_vs_sn"]:.2f} | {row["eval_vs_sn"]:.2f} |',
+            flush=True)
 
 
 def sw_section(args, shapes, report):
@@ -908,32 +916,19 @@ def sw_section(args, shapes, report):
           'MB | fwd+bwd / SN | eval fwd / SN | saved / SN |')
     print('|---' * 8 + '|')
     rows = report.setdefault('sw', [])
-    for shape in shapes:
-        c = shape[1]
-        makers = {'SN': lambda: SwitchableNorm(c)}
-        for sw_type in (2, 5):
-            makers[f'SW sw_type={sw_type}'] = (
-                lambda t=sw_type: SwitchableWhitening(
+    for row in against_sn(
+            args, shapes, lambda c: {
+                f'SW sw_type={t}': (lambda t=t: SwitchableWhitening(
                     c, num_pergroup=min(16, c), sw_type=t))
-        res = bench_shape(makers, shape, args.repeats, args.device)
-        sn = res['SN']
-        for name, r in res.items():
-            row = dict(
-                shape='x'.join(map(str, shape)),
-                layer=name,
-                both=r['both'] * 1e3,
-                eval=r['eval'] * 1e3,
-                saved_mb=r['saved'] / 2**20,
-                both_vs_sn=r['both'] / sn['both'],
-                eval_vs_sn=r['eval'] / sn['eval'],
-                saved_vs_sn=r['saved'] / sn['saved'])
-            rows.append(row)
-            print(
-                f'| {row["shape"]} | {name} | {row["both"]:.2f} | '
-                f'{row["eval"]:.2f} | {row["saved_mb"]:.1f} | '
-                f'{row["both_vs_sn"]:.2f} | {row["eval_vs_sn"]:.2f} | '
-                f'{row["saved_vs_sn"]:.2f} |',
-                flush=True)
+                for t in (2, 5)
+            }):
+        rows.append(row)
+        print(
+            f'| {row["shape"]} | {row["layer"]} | {row["both"]:.2f} | '
+            f'{row["eval"]:.2f} | {row["saved_mb"]:.1f} | '
+            f'{row["both_vs_sn"]:.2f} | {row["eval_vs_sn"]:.2f} | '
+            f'{row["saved_vs_sn"]:.2f} |',
+            flush=True)
 
 
 def _layer_row(r, gpu):

@@ -53,11 +53,9 @@ class ConversionError(Exception):
     """The source is not a released SN ResNet checkpoint we can convert."""
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        description='Convert a released SN ImageNet checkpoint (authors\' '
-        'PyTorch code) into an mmengine checkpoint for mmdet/mmseg ResNet '
-        'backbones with norm_cfg=dict(type="SN").')
+def add_common_args(parser):
+    """SRC, DST, --force and --allow-pickle: what every converter of
+    released checkpoints takes (this one and sw2mm.py)."""
     parser.add_argument('src', help='released checkpoint (.pth / .pth.tar)')
     parser.add_argument('dst', help='where to write the converted checkpoint')
     parser.add_argument(
@@ -67,6 +65,14 @@ def parse_args(argv=None):
         action='store_true',
         help='load SRC with weights_only=False: only for a file you trust '
         'whose extra entries (optimizer, ...) torch refuses to load safely')
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description='Convert a released SN ImageNet checkpoint (authors\' '
+        'PyTorch code) into an mmengine checkpoint for mmdet/mmseg ResNet '
+        'backbones with norm_cfg=dict(type="SN").')
+    add_common_args(parser)
     parser.add_argument(
         '--allow-unfixed',
         action='store_true',

@@ -46,19 +46,12 @@ def parse_args(argv=None):
         description='Convert a released Switchable Whitening ImageNet '
         'checkpoint into an mmengine checkpoint for SWResNet backbones '
         '(mmdet, mmseg) or an mmpretrain ImageClassifier.')
-    parser.add_argument('src', help='released checkpoint (.pth / .pth.tar)')
-    parser.add_argument('dst', help='where to write the converted checkpoint')
+    sn2mm.add_common_args(parser)
     parser.add_argument(
         '--to',
         choices=('mmdet', 'mmseg', 'mmpretrain'),
         default='mmdet',
         help='the toolbox whose model it is for (default: mmdet)')
-    parser.add_argument(
-        '--force', action='store_true', help='overwrite DST if it exists')
-    parser.add_argument(
-        '--allow-pickle',
-        action='store_true',
-        help='load SRC with weights_only=False: only for a file you trust')
     return parser.parse_args(argv)
 
 
