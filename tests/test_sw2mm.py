@@ -178,27 +178,29 @@ def test_sw_starts_from_a_bn_checkpoint(tmp_path, ratios):
     sw.init_weights()
     source = bn.state_dict()
     state = sw.state_dict()
+    layers = [
+        n for n, m in sw.named_modules() if isinstance(m, SwitchableWhitening)
+    ]
+    assert len(layers) == 7  # the stem and blocks 1, 3, ... of stages 1-3
+    expected = [0.5, 0.5] if ratios == 'uniform' else [1 - 1e-4, 1e-4]
+    for layer in layers:
+        parent, _, name = layer.rpartition('.')
+        src = f'{parent}.bn{name[2:]}' if parent else f'bn{name[2:]}'
+        for leaf in ('weight', 'bias'):
+            torch.testing.assert_close(state[f'{layer}.{leaf}'],
+                                       source[f'{src}.{leaf}'])
+        torch.testing.assert_close(state[f'{layer}.running_mean'].flatten(),
+                                   source[f'{src}.running_mean'])
+        cov = state[f'{layer}.running_cov']
+        diagonal = torch.diagonal(cov, dim1=1, dim2=2)
+        torch.testing.assert_close(diagonal.flatten(),
+                                   source[f'{src}.running_var'])
+        assert (cov - torch.diag_embed(diagonal)).abs().max() == 0
+        torch.testing.assert_close(
+            torch.softmax(state[f'{layer}.sw_mean_weight'], 0),
+            torch.tensor(expected),
+            rtol=0,
+            atol=1e-6)
     for key, value in state.items():
-        layer, _, leaf = key.rpartition('.')
-        if '.sw' in f'.{layer}' and layer.split('.')[-1].startswith('sw'):
-            src = layer[:-len(layer.split('.')[-1])] + 'bn' + \
-                layer.split('.')[-1][2:]
-            if leaf in ('weight', 'bias'):
-                torch.testing.assert_close(value, source[f'{src}.{leaf}'])
-            elif leaf == 'running_mean':
-                torch.testing.assert_close(value.flatten(),
-                                           source[f'{src}.running_mean'])
-            elif leaf == 'running_cov':
-                torch.testing.assert_close(
-                    torch.diagonal(value, dim1=1, dim2=2).flatten(),
-                    source[f'{src}.running_var'])
-                assert (value - torch.diag_embed(
-                    torch.diagonal(value, dim1=1, dim2=2))).abs().max() == 0
-            elif leaf == 'sw_mean_weight':
-                weights = torch.softmax(value, 0)
-                expected = [0.5, 0.5
-                            ] if ratios == 'uniform' else [1 - 1e-4, 1e-4]
-                torch.testing.assert_close(
-                    weights, torch.tensor(expected), rtol=0, atol=1e-6)
-        elif key in source:
+        if key.rpartition('.')[0] not in layers and key in source:
             torch.testing.assert_close(value, source[key])

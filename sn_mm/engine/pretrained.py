@@ -131,7 +131,7 @@ def sw_entries(layer: SwitchableWhitening, name: str,
     (``ratios='uniform'``), or at BN's component, else BW's, from a BN
     source (``'source'``)."""
     plan = {}
-    keys = [k for k in own_keys(layer)] if kind == 'SW' else ['weight', 'bias']
+    keys = own_keys(layer) if kind == 'SW' else ['weight', 'bias']
     for key in keys:
         if f'{src}.{key}' in state:
             plan[f'{name}.{key}'] = state[f'{src}.{key}']

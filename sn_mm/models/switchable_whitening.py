@@ -314,7 +314,7 @@ class SwitchableWhitening(nn.Module):
         # (N, G, c, c): the batch terms broadcast over the samples.
         cov = cov.expand(n, g, c, c)
         whiten = newton_whitening(cov, self.T)
-        mean = torch.as_tensor(mean).expand(n, g, c)
+        mean = mean.expand(n, g, c)
         y = torch.matmul(whiten, rows - mean[..., None])
         return y.reshape(x.shape)
 

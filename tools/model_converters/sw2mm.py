@@ -38,8 +38,6 @@ import sn2mm  # noqa: E402
 BOTTLENECK_DEPTHS = sn2mm.BOTTLENECK_DEPTHS
 ConversionError = sn2mm.ConversionError
 
-SW_TYPES = {2: 2, 3: 3, 5: 5}  # importance weights -> sw_type
-
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
@@ -78,7 +76,8 @@ def read_layout(state):
                               'ResNet-50/101/152')
     first = layers[0]
     k = state[f'{first}.sw_mean_weight'].numel()
-    if k not in SW_TYPES:
+    # sw_type is the number of importance weights (2, 3 or 5).
+    if k not in (2, 3, 5):
         raise ConversionError(f'{first}: {k} importance weights, expected '
                               '2, 3 or 5 (sw_type)')
     num_pergroup = state[f'{first}.running_cov'].shape[-1]
@@ -101,8 +100,7 @@ def read_layout(state):
                 or state[f'{name}.running_cov'].shape[-1] != num_pergroup):
             raise ConversionError(f'{name}: sw_type or num_pergroup differs '
                                   f'from {first}\'s')
-    sw_cfg = dict(
-        type='SW', num_pergroup=int(num_pergroup), sw_type=SW_TYPES[k], T=5)
+    sw_cfg = dict(type='SW', num_pergroup=int(num_pergroup), sw_type=k, T=5)
     if tie:
         sw_cfg['tie_weight'] = True
     return dict(
