@@ -166,23 +166,53 @@ def test_inputs_without_instance_statistics_leave_iw_and_in_out(sw_type):
         ref(x.view(6, 8, 1, 1).expand(6, 8, 1, 1)).view(6, 8))
 
 
-def test_gradcheck_and_double_backward():
-    for sw_type in (2, 5):
-        layer = make_sw(sw_type=sw_type, T=3)
-        buffers = dict(layer.named_buffers())
-        names = ('weight', 'bias', 'sw_mean_weight', 'sw_var_weight')
+@pytest.mark.parametrize('sw_type,mode,shape', [
+    (2, 'train', (3, 8, 3, 2)),
+    (5, 'train', (3, 8, 3, 2)),
+    (5, 'eval', (3, 8, 3, 2)),
+    (3, 'train', (5, 8)),
+])
+def test_gradcheck_and_double_backward(sw_type, mode, shape):
+    layer = make_sw(sw_type=sw_type, T=3)
+    if mode == 'eval':
+        layer(data(shape, seed=1))  # running statistics to evaluate with
+        layer.eval()
+    buffers = dict(layer.named_buffers())
+    names = ('weight', 'bias', 'sw_mean_weight', 'sw_var_weight')
 
-        def call(x, *params):
-            # Fresh running statistics each call: the check re-runs it.
-            state = {k: v.clone() for k, v in buffers.items()}
-            state.update(zip(names, params))
-            return torch.func.functional_call(layer, state, (x, ))
+    def call(x, *params):
+        # Fresh running statistics each call: the check re-runs it.
+        state = {k: v.clone() for k, v in buffers.items()}
+        state.update(zip(names, params))
+        return torch.func.functional_call(layer, state, (x, ))
 
-        inputs = (data((3, 8, 3, 2)), ) + tuple(
-            getattr(layer, n).detach() for n in names)
-        inputs = tuple(t.clone().requires_grad_() for t in inputs)
-        assert torch.autograd.gradcheck(call, inputs)
-        assert torch.autograd.gradgradcheck(call, inputs)
+    inputs = (data(shape), ) + tuple(getattr(layer, n).detach() for n in names)
+    inputs = tuple(t.clone().requires_grad_() for t in inputs)
+    assert torch.autograd.gradcheck(call, inputs)
+    assert torch.autograd.gradgradcheck(call, inputs)
+
+
+def test_keeps_one_input_sized_tensor_for_backward():
+    x = data((2, 16, 12, 10), dtype=torch.float32).requires_grad_()
+    for affine in (True, False):
+        layer = make_sw(
+            16, num_pergroup=16, sw_type=5, affine=affine, dtype=torch.float32)
+        saved = []
+
+        def keep(t):
+            saved.append(t)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            layer(x)
+        storages = {
+            t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+            for t in saved
+        }
+        # The centred rows, with a row of ones under each group's (16 + 1
+        # rows where the input has 16).
+        large = [b for b in storages.values() if b >= x.numel() * 4]
+        assert large == [x.numel() * 4 * 17 // 16], (affine, storages)
 
 
 def test_autocast_whitens_in_float32():

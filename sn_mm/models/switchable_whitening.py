@@ -100,17 +100,94 @@ def batch_moments(mean_in: Tensor, cov_in: Tensor, length: int, group=None):
     return mean_bn, cov_bn, sums[-1]
 
 
-def newton_whitening(cov: Tensor, iterations: int) -> Tensor:
-    """cov^(-1/2) (batched) by Newton's iteration on cov / trace(cov):
-    P <- 1.5 P - 0.5 P^3 cov_N from P = I, as the release computes it."""
-    eye = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
-    r_trace = 1 / torch.diagonal(
-        cov, dim1=-2, dim2=-1).sum(-1)[..., None, None]
-    cov_n = cov * r_trace
-    p = eye.expand_as(cov)
-    for _ in range(iterations):
-        p = 1.5 * p - 0.5 * torch.matmul(torch.matrix_power(p, 3), cov_n)
-    return p * r_trace.sqrt()
+def newton_whitening(cov_n: Tensor, iterations: int) -> Tensor:
+    """The release's Newton iteration for cov^(-1/2) on the trace-normalised
+    covariances ``cov_n`` (B, c, c): P <- 1.5 P - 0.5 P^3 cov_n from P = I
+    (the first step, from I, is 1.5 I - 0.5 cov_n without a product). The
+    caller scales the result by trace(cov)^(-1/2)."""
+    eye = torch.eye(cov_n.shape[-1], dtype=cov_n.dtype, device=cov_n.device)
+    if iterations == 0:
+        return eye.expand_as(cov_n)
+    p = torch.add(1.5 * eye, cov_n, alpha=-0.5)
+    for _ in range(iterations - 1):
+        p_cubed = torch.bmm(torch.bmm(p, p), p)
+        p = torch.baddbmm(p, p_cubed, cov_n, beta=1.5, alpha=-0.5)
+    return p
+
+
+class _CentredMoments(torch.autograd.Function):
+    """Rows (B, c, L) -> centred rows, their means (B, c), covariances
+    (B, c, c) over L, and the centred rows with a row of ones under them
+    (B, c + 1, L; the centred rows are a view of it), so that a product with
+    it adds a per-row constant in the same pass.
+
+    Autograd through the plain ops would take two full-size products for
+    the covariance, a full-size negation for the mean and a sum of three
+    full-size gradients; this backward is one product (with K = c + 1) into
+    the incoming gradient. Written in differentiable ops on the saved
+    centred rows (an output) where a graph is being built, so that it
+    differentiates again."""
+
+    @staticmethod
+    def forward(ctx, rows: Tensor):
+        batch, c, length = rows.shape
+        with_ones = rows.new_empty(batch, c + 1, length)
+        with_ones[:, c].fill_(1)
+        centred = with_ones[:, :c]
+        mean = rows.mean(-1)
+        if torch.compiler.is_compiling():  # no strided out= under Dynamo
+            centred.copy_(rows - mean[..., None])
+        else:
+            torch.sub(rows, mean[..., None], out=centred)
+        cov = torch.bmm(centred, centred.transpose(1, 2)) / length
+        ctx.mark_non_differentiable(with_ones)
+        # No zero-filled gradient for with_ones (nor for unused outputs).
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(with_ones, centred)
+        return centred, mean, cov, with_ones
+
+    @staticmethod
+    def backward(ctx, g_centred, g_mean, g_cov, _):
+        with_ones, centred = ctx.saved_tensors
+        batch, c, length = centred.shape
+        # The centring's gradient removes each row's mean gradient; the
+        # mean's adds its own gradient / L to every position.
+        shift = centred.new_zeros(batch, c) if g_mean is None \
+            else g_mean / length
+        if g_centred is None:
+            g_centred = torch.zeros_like(centred)
+        else:
+            shift = shift - g_centred.mean(-1)
+        g_cov = centred.new_zeros(batch, c, c) if g_cov is None \
+            else (g_cov + g_cov.transpose(1, 2)) / length
+        if torch.is_grad_enabled():  # double backward: out of place
+            return torch.baddbmm(g_centred, g_cov, centred) + shift[..., None]
+        # g_centred is _Transform's fresh product (nothing else takes the
+        # centred rows), so it is accumulated into in place.
+        return g_centred.baddbmm_(
+            torch.cat([g_cov, shift[..., None]], -1), with_ones)
+
+
+class _Transform(torch.autograd.Function):
+    """transform @ centred + shift, batched: (B, c, c), (B, c, 1),
+    (B, c, L) -> (B, c, L), as one product of [transform | shift] with the
+    centred rows over a row of ones (``with_ones``, from
+    :class:`_CentredMoments`), without a pass for the shift."""
+
+    @staticmethod
+    def forward(ctx, transform: Tensor, shift: Tensor, centred: Tensor,
+                with_ones: Tensor):
+        ctx.save_for_backward(transform, centred)
+        return torch.bmm(torch.cat([transform, shift], -1), with_ones)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        transform, centred = ctx.saved_tensors
+        need_transform, need_shift, need_centred, _ = ctx.needs_input_grad
+        return (torch.bmm(grad, centred.transpose(1, 2)) if need_transform else
+                None, grad.sum(-1, keepdim=True) if need_shift else None,
+                torch.bmm(transform.transpose(1, 2), grad)
+                if need_centred else None, None)
 
 
 @MODELS.register_module('SW')
@@ -270,19 +347,20 @@ class SwitchableWhitening(nn.Module):
             y = self._whiten(
                 x.to(compute),
                 self._sync_group() if self.training else None)
-            if self.affine:
-                shape = (1, -1) + (1, ) * (x.dim() - 2)
-                y = y * self.weight.to(compute).view(shape) + \
-                    self.bias.to(compute).view(shape)
         return y.to(x.dtype)
 
     def _whiten(self, x: Tensor, group) -> Tensor:
+        """The whitened, affine-transformed input, as one batched product
+        per group and sample: y = A (x - mean_in) + shift with
+        A = diag(weight) cov^(-1/2) and shift = A (mean_in - mean) + bias,
+        so that the centred rows that give the covariance are the only
+        full-size tensor kept for backward."""
         n, g, c = x.shape[0], self.num_groups, self.num_pergroup
         length = math.prod(x.shape[2:])
-        rows = x.reshape(n, g, c, length)
-        mean_in = rows.mean(-1)  # (N, G, c)
-        centred = rows - mean_in[..., None]
-        cov_in = torch.matmul(centred, centred.transpose(-1, -2)) / length
+        centred, mean_in, cov_in, with_ones = _CentredMoments.apply(
+            x.reshape(n * g, c, length))
+        mean_in = mean_in.view(n, g, c)
+        cov_in = cov_in.view(n, g, c, c)
         if self.training:
             mean_bn, cov_bn, count = batch_moments(mean_in, cov_in, length,
                                                    group)
@@ -290,38 +368,68 @@ class SwitchableWhitening(nn.Module):
         else:
             mean_bn = self.running_mean[..., 0].to(x.dtype)
             cov_bn = self.running_cov.to(x.dtype)
-        wm, wv = self.importance_weights(instance=length > 1)
-        wm, wv = wm.to(x.dtype), wv.to(x.dtype)
-        eye = torch.eye(c, dtype=x.dtype, device=x.device)
-        parts = {'bw': (mean_bn, cov_bn), 'iw': (mean_in, cov_in)}
-        if 'bn' in self.components:
-            parts['bn'] = (mean_bn,
-                           torch.diag_embed(
-                               torch.diagonal(cov_bn, dim1=-2, dim2=-1)))
-            parts['in'] = (mean_in,
-                           torch.diag_embed(
-                               torch.diagonal(cov_in, dim1=-2, dim2=-1)))
+        instance = length > 1
+        wm, wv = self.importance_weights(instance)
+        weights = {
+            name: (wm[k].to(x.dtype), wv[k].to(x.dtype))
+            for k, name in enumerate(self.components)
+            if instance or name not in INSTANCE_COMPONENTS
+        }
+
+        def mixed(which, terms):
+            """The sum of weight x statistic over the present components
+            (0 when none is); ``which``: 0 the mean's weights, 1 the
+            covariance's."""
+            total = 0
+            for names, stat in terms:
+                for name in names:
+                    if name in weights:
+                        total = total + weights[name][which] * stat
+            return total
+
+        def var(cov):
+            return torch.diagonal(cov, dim1=-2, dim2=-1)
+
+        mean_terms = [(('bw', 'bn'), mean_bn), (('iw', 'in'), mean_in)]
+        diag_terms = [(('bn', ), var(cov_bn)), (('in', ), var(cov_in))]
         if 'ln' in self.components:
-            parts['ln'] = self._ln_statistics(mean_in, cov_in, length, eye)
-        mean = 0
-        cov = self.eps * eye
-        for k, name in enumerate(self.components):
-            if length == 1 and name in INSTANCE_COMPONENTS:
-                continue
-            part_mean, part_cov = parts[name]
-            mean = mean + wm[k] * part_mean
-            cov = cov + wv[k] * part_cov
-        # (N, G, c, c): the batch terms broadcast over the samples.
-        cov = cov.expand(n, g, c, c)
-        whiten = newton_whitening(cov, self.T)
-        mean = mean.expand(n, g, c)
-        y = torch.matmul(whiten, rows - mean[..., None])
+            mean_ln, var_ln = self._ln_statistics(mean_in, cov_in, length)
+            mean_terms.append((('ln', ), mean_ln))
+            diag_terms.append((('ln', ), var_ln))
+        mean = mixed(0, mean_terms)
+        # The covariance: BW's and IW's matrices plus a diagonal (BN's, IN's
+        # and LN's variances and eps), scaled by 1 / trace for Newton's
+        # iteration, the trace taken from the parts.
+        diag = torch.as_tensor(
+            self.eps + mixed(1, diag_terms), dtype=x.dtype, device=x.device)
+        diag = diag.expand(diag.shape[:-2] + (g, c))
+        r_trace = 1 / (mixed(1, [(('bw', ), var(cov_bn).sum(-1)),
+                                 (('iw', ), var(cov_in).sum(-1))]) +
+                       diag.sum(-1))[..., None, None]
+        cov_n = torch.diag_embed(diag * r_trace[..., 0]) + \
+            weights['bw'][1] * r_trace * cov_bn
+        if 'iw' in weights:
+            cov_n = torch.addcmul(cov_n, weights['iw'][1] * r_trace, cov_in)
+        lead = cov_n.shape[:-3]  # (N, ) or (1, ) or () without instances
+        transform = newton_whitening(
+            cov_n.expand(lead + (g, c, c)).reshape(-1, c, c),
+            self.T).view(lead + (g, c, c))
+        scale = r_trace.sqrt()
+        if self.affine:
+            scale = self.weight.to(x.dtype).view(g, c, 1) * scale
+        transform = scale * transform
+        shift = torch.matmul(transform, (mean_in - mean)[..., None])
+        if self.affine:
+            shift = shift + self.bias.to(x.dtype).view(g, c, 1)
+        transform = transform.expand(n, g, c, c).reshape(n * g, c, c)
+        y = _Transform.apply(transform, shift.reshape(n * g, c, 1), centred,
+                             with_ones)
         return y.reshape(x.shape)
 
-    def _ln_statistics(self, mean_in, cov_in, length, eye):
-        """LN's mean (N, 1, 1) and variance times the identity (N, 1, c,
-        c), the variance Bessel-corrected over a sample's C x L values as
-        the release's ``x.var``, from the instance statistics."""
+    def _ln_statistics(self, mean_in, cov_in, length):
+        """LN's mean and variance, both (N, 1, 1), the variance
+        Bessel-corrected over a sample's C x L values as the release's
+        ``x.var``, from the instance statistics."""
         n = mean_in.shape[0]
         flat_mean = mean_in.reshape(n, self.num_features)
         mean_ln = flat_mean.mean(1)
@@ -331,7 +439,7 @@ class SwitchableWhitening(nn.Module):
         m2 = (var_in.sum(1) + ((flat_mean - mean_ln[:, None])**2).sum(1)) * \
             length
         var_ln = m2 / max(values - 1, 1)
-        return mean_ln.view(n, 1, 1), var_ln.view(n, 1, 1, 1) * eye
+        return mean_ln.view(n, 1, 1), var_ln.view(n, 1, 1)
 
     @torch.no_grad()
     def _update_running(self, mean_bn: Tensor, cov_bn: Tensor,
