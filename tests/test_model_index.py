@@ -19,7 +19,8 @@ def listed_models():
         meta = load(metafile)
         collections = {c['Name'] for c in meta['Collections']}
         for c in meta['Collections']:
-            assert c['Paper']['Title'].startswith('Switchable Normalization')
+            assert c['Paper']['Title'].startswith(
+                ('Switchable Normalization', 'Switchable Whitening'))
         for model in meta['Models']:
             assert model['In Collection'] in collections, model['Name']
             models.append((metafile, model))
@@ -53,7 +54,8 @@ def test_results_are_marked_as_the_papers():
         source = model['Metadata']['Results Source']
         assert 'Results' not in model, model['Name']
         if model.get('Paper Results'):
-            assert source.startswith("the paper's Table"), model['Name']
+            assert source.startswith(
+                ("the paper's Table", "the SW paper's")), model['Name']
             for result in model['Paper Results']:
                 assert all(0 < v < 100 for v in result['Metrics'].values())
                 if result['Dataset'].startswith('Cityscapes'):
