@@ -355,3 +355,20 @@ def test_sync_sw_equals_sw_on_the_whole_batch(tmp_path):
                 sum(r['grads'][name] for r in per_rank), p.grad)
         for r in per_rank:
             torch.testing.assert_close(r['running_cov'], layer.running_cov)
+
+
+def test_digits_study_runs():
+    from helpers import load_tool
+    study = load_tool('analysis_tools', 'digits_sw_study.py')
+    rows = study.main(
+        ['--epochs', '1', '--batches', '32', '--norms', 'SN', 'SW5'])
+    assert [r['norm'] for r in rows] == ['SN', 'SW5']
+    for row in rows:
+        assert 0 <= row['accuracy'] <= 1
+        for stat in (0, 1):  # each statistic's shares add up to 1
+            assert sum(v[stat] for v in row['kinds'].values()) == \
+                pytest.approx(1)
+    assert rows[0]['whitening'] is None
+    # The covariance weights moved from their start (0.4 on BW + IW).
+    assert 0 < rows[1]['whitening'] < 1
+    assert rows[1]['whitening'] != pytest.approx(0.4, abs=1e-4)

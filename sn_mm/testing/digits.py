@@ -4,17 +4,19 @@ import torch
 import torch.nn as nn
 
 from ..models import SwitchableNorm
+from ..models.switchable_whitening import SwitchableWhitening
 
 
 class DigitsCNN(nn.Module):
     """conv-norm-ReLU x3 (16, 32, 64 channels), global average pooling, a
-    linear classifier; the norm layers named bn1..bn3 (BN) or sn1..sn3 (SN,
-    with ``ratio_groups`` groups; ``'C'``: one per channel), as mmcv names
-    them."""
+    linear classifier; the norm layers named bn1..bn3 (BN), sn1..sn3 (SN,
+    with ``ratio_groups`` groups; ``'C'``: one per channel) or sw1..sw3
+    (Switchable Whitening, with ``sw_kwargs``, e.g. ``sw_type``,
+    ``num_pergroup``), as mmcv names them."""
 
     WIDTHS = (1, 16, 32, 64)
 
-    def __init__(self, norm: str, ratio_groups=1):
+    def __init__(self, norm: str, ratio_groups=1, **sw_kwargs):
         super().__init__()
         for i in range(1, 4):
             width = self.WIDTHS[i]
@@ -22,9 +24,12 @@ class DigitsCNN(nn.Module):
                 f'conv{i}',
                 nn.Conv2d(self.WIDTHS[i - 1], width, 3, padding=1, bias=False))
             groups = width if ratio_groups == 'C' else ratio_groups
-            layer = (
-                nn.BatchNorm2d(width) if norm == 'BN' else SwitchableNorm(
-                    width, ratio_groups=groups))
+            if norm == 'BN':
+                layer = nn.BatchNorm2d(width)
+            elif norm == 'SW':
+                layer = SwitchableWhitening(width, **sw_kwargs)
+            else:
+                layer = SwitchableNorm(width, ratio_groups=groups)
             self.add_module(f'{norm.lower()}{i}', layer)
         self.norm = norm.lower()
         self.fc = nn.Linear(64, 10)
