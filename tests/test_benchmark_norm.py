@@ -130,8 +130,7 @@ def test_path_benchmark_times_each_path_on_and_off():
     if not native_available():
         pytest.skip('extension not built')
     expected = {('short_rows', 'eval'), ('short_rows', 'train'),
-                ('by_sample', 'eval'), ('chunked_rows', 'eval'),
-                ('chunked_rows', 'train')}
+                ('by_sample', 'eval')}
     check_path_table(
         ['--toy', '--rounds', '1', '--threads', '1', '--isa',
          cpu_isas()[0]], None, expected)

@@ -389,10 +389,6 @@ def test_the_environment_picks_the_instruction_set(isa):
     [
         ('short_rows', (6, 5, 7, 7)),
         ('by_sample', (8, 64, 24, 24)),
-        # rows of 3050 float64 values: chunks of 1024, the last of 1002;
-        # and one sample's
-        ('chunked_rows', (2, 3, 50, 61)),
-        ('chunked_rows', (1, 4, 40, 40)),
     ])
 @pytest.mark.parametrize('training', [True, False], ids=['train', 'eval'])
 def test_each_special_path_off_computes_the_same(isa, path, shape, training):

@@ -121,7 +121,7 @@ if NATIVE:
 
 def cpu_path_counts() -> dict:
     """How many calls took each of the C++ kernels' special paths
-    ('short_rows', 'by_sample', 'chunked_rows'; see
+    ('short_rows', 'by_sample'; see
     docs/performance.md#special-paths-on-the-cpu) since the process began;
     empty without the extension."""
     if not NATIVE:

@@ -3,9 +3,8 @@
 the Triton plans' on a GPU.
 
 Each special path of the C++ kernels (``sn_mm.ops.cpu_path_counts``: short
-rows taken several at a time, eval by sample, long rows' moments in chunks)
-is timed on and off at the detector shapes where it applies (and, for the
-chunks, at batch-1 inference's largest), SN's eval forward and (where the path
+rows taken several at a time, eval by sample) is timed on and off at the
+detector shapes where it applies, SN's eval forward and (where the path
 applies there) training forward+backward, in alternating rounds (each
 round starting one candidate further along), under every instruction set
 this CPU runs (or those given; where no call takes the path, its row says
@@ -22,7 +21,11 @@ off.
 With ``--models``, instead each path on and off in the model-level figures
 (mmdet ResNet-50 batch-1 eval, the Mask R-CNN R50-FPN training step, and
 Mask R-CNN inference, where the RoI heads run in eval over 1000 proposals:
-by_sample's only model), with the SN calls that took it per model call.
+by_sample's only model), with the SN calls that took it per model call and
+the share of the call's time spent in the SN calls that take it (forward
+and backward, from the profiler): the most the path could save in that
+model, which a model's time moving by several percent between rounds
+cannot show.
 
 Example::
 
@@ -36,6 +39,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 
 import torch
 
@@ -51,10 +55,6 @@ PATH_SHAPES = {
     'short_rows': [(512, 256, 7, 7), (16, 256, 7, 7), (1, 2048, 7, 7),
                    (1, 64, 8, 8)],
     'by_sample': [(1024, 256, 14, 14), (512, 256, 7, 7)],
-    # and batch-1 inference at ResNet's stem (mmdet tests one image of
-    # 800x1216 at a time)
-    'chunked_rows': [(2, 256, 200, 304), (2, 512, 100, 152), (2, 1024, 50, 76),
-                     (8, 256, 56, 56), (1, 64, 400, 608)],
 }
 # The Triton plans' layouts: split rows where the GPU's plan splits them
 # (decided per shape at run time), channels_last tiles on channels_last
@@ -83,12 +83,10 @@ MODELS = {
 MODES = {
     'short_rows': ('eval', 'train'),
     'by_sample': ('eval', ),
-    'chunked_rows': ('eval', 'train'),
 }
 TOY_SHAPES = {
     'short_rows': [(8, 16, 7, 7)],
     'by_sample': [(8, 64, 24, 24)],
-    'chunked_rows': [(2, 16, 48, 48)],  # rows of 2304 values, two chunks
 }
 
 
@@ -383,8 +381,54 @@ def model_ab(path, call, rounds):
     for fn in fns.values():
         fn()  # warm-up
     times = median_times(fns, rounds)
+    share = on_path_share(fns['on'], path)
     set_cpu_path(path, was_on)
-    return times['on'], times['off'], taken[True], taken[False]
+    return times['on'], times['off'], taken[True], taken[False], share
+
+
+def on_path_share(call, path) -> float:
+    """The share of one ``call``'s time spent in the SN calls (forward and
+    their backward) that take ``path``: the most the path could save there,
+    were it to make those calls free. From the profiler's events, each SN
+    forward matched to its module call (whose path count tells whether it
+    took the path) and to its backward by autograd's sequence number."""
+    from torch.profiler import profile
+    took = []
+
+    def before(module, args):
+        if isinstance(module, SwitchableNorm):
+            took.append(cpu_path_counts()[path])
+
+    def after(module, args, output):
+        if isinstance(module, SwitchableNorm):
+            took[-1] = cpu_path_counts()[path] > took[-1]
+
+    hooks = [
+        torch.nn.modules.module.register_module_forward_pre_hook(before),
+        torch.nn.modules.module.register_module_forward_hook(after)
+    ]
+    try:
+        with profile() as prof:
+            start = time.perf_counter()
+            call()
+            total = time.perf_counter() - start
+    finally:
+        for h in hooks:
+            h.remove()
+    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    forwards = [
+        e for e in events if e.name == 'sn_mm::switchable_norm' and (
+            e.cpu_parent is None or e.cpu_parent.name != e.name)
+    ]
+    if len(forwards) != len(took):
+        raise RuntimeError(f'benchmark_paths: {len(forwards)} SN operator '
+                           f'calls for {len(took)} SN layer calls')
+    on_path = {e.sequence_nr for e, t in zip(forwards, took) if t}
+    seconds = sum(e.cpu_time_total for e, t in zip(forwards, took) if t)
+    seconds += sum(e.cpu_time_total for e in events
+                   if e.name == 'SwitchableNormBackward'
+                   and e.sequence_nr in on_path)
+    return seconds / 1e6 / total
 
 
 def model_rows(args):
@@ -405,15 +449,17 @@ def model_rows(args):
     print(f'torch {torch.__version__}, {torch.get_num_threads()} threads; '
           f'medians of {args.rounds} alternating rounds\n')
     print('| path | instruction set | model | on ms | off ms | off / on | '
+          'SN time on path, % of the call | '
           'SN calls on path per model call (on, off) |')
-    print('|---|---|---|---|---|---|---|')
+    print('|---|---|---|---|---|---|---|---|')
     rows = []
     try:
         for isa in args.isa or cpu_isas()[:1]:
             set_cpu_isa(isa)
             for path in paths:
                 for model, call in models.items():
-                    on, off, n_on, n_off = model_ab(path, call, args.rounds)
+                    on, off, n_on, n_off, share = model_ab(
+                        path, call, args.rounds)
                     row = dict(
                         path=path,
                         isa=isa,
@@ -422,12 +468,13 @@ def model_rows(args):
                         off_ms=off * 1e3,
                         gain=off / on,
                         taken_on=n_on,
-                        taken_off=n_off)
+                        taken_off=n_off,
+                        on_path_percent=100 * share)
                     rows.append(row)
                     print(
                         f'| {path} | {isa} | {model} | {on * 1e3:.1f} | '
-                        f'{off * 1e3:.1f} | {off / on:.3f} | {n_on}, '
-                        f'{n_off} |',
+                        f'{off * 1e3:.1f} | {off / on:.3f} | '
+                        f'{100 * share:.2f} | {n_on}, {n_off} |',
                         flush=True)
     finally:
         set_cpu_isa(before)

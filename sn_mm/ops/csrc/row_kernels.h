@@ -38,9 +38,6 @@ struct MomentsArgs {
   T* dmean = nullptr;
   int64_t channels = 1;
   bool short_rows = false;  // one pass for several rows (kShortRow)
-  // Where positive: each row in chunks of this many values, each chunk's
-  // mean and squared deviations while it is in L1 (chunked_rows).
-  int64_t chunk = 0;
 };
 template <typename T>
 struct GradSumsArgs {

@@ -381,29 +381,6 @@ SN_INLINE void moments_rows(const MomentsArgs<T>& a, int64_t begin,
   }
 }
 
-// A long row read from memory once (chunked_rows): chunk by chunk, the
-// chunk's mean and then its squared deviations while the chunk is in L1,
-// the chunks combined by Chan's formula in double. Deviations from the
-// row's first value, as in moments_rows.
-template <int Lanes, typename T>
-SN_INLINE void moments_chunked_row(const MomentsArgs<T>& a, int64_t r) {
-  const T* row = a.x + r * a.length;
-  const T shift = row[0];
-  double count = 0, mean = 0, m2 = 0;  // of x - shift
-  for (int64_t i = 0; i < a.length; i += a.chunk) {
-    const int64_t n = min_of(a.chunk, a.length - i);
-    const T chunk_mean =
-        row_sum_shifted<Lanes>(row + i, n, shift) / static_cast<T>(n);
-    const double d = double(chunk_mean) - mean, total = count + n;
-    m2 += double(row_sq_dev<Lanes>(row + i, n, shift, chunk_mean)) +
-          d * d * count * n / total;
-    mean += d * n / total;
-    count = total;
-  }
-  store_mean(a, r, shift, static_cast<T>(mean));
-  a.var[r] = static_cast<T>(m2) / a.divisor;
-}
-
 // Rows begin..end four at a time, `four(x, n, shape, mean_dev, m2)` giving
 // the four rows' means less their first values and their sums of squared
 // deviations; the rest (fewer than four rows, or rows under 8 values) one at a
@@ -428,7 +405,7 @@ SN_INLINE void moments_in_fours(const MomentsArgs<T>& a, int64_t begin,
 }
 
 // Short rows (RoI features: 7 x 7) take one pass each (rows_shifted_sums);
-// the general way for rows not taken in chunks, two (rows_two_pass_moments).
+// the general way, two (rows_two_pass_moments).
 template <typename T>
 SN_INLINE void moments_kernel(const MomentsArgs<T>& a, int64_t begin,
                               int64_t end) {
@@ -444,8 +421,6 @@ SN_INLINE void moments_kernel(const MomentsArgs<T>& a, int64_t begin,
             m2[j] = max_of(s[4 + j] - s[j] * s[j] * inv_n, T(0));
           }
         });
-  } else if (a.chunk > 0) {
-    for (int64_t r = begin; r < end; ++r) moments_chunked_row<32>(a, r);
   } else {
     moments_in_fours(a, begin, end,
                      [](auto... args) { rows_two_pass_moments(args...); });

@@ -169,15 +169,6 @@ std::pair<const T*, const T*> fixed_bn(const Forward& f, const Stats<T>& s,
   return {s.bn_mean, s.bn_var};
 }
 
-// Rows of more than kChunkBytes take their moments in chunks of that
-// size (chunked_rows), each chunk's mean and squared deviations while it is
-// in L1: the general way takes four rows' means and then their squared
-// deviations, and four rows of 2x256x200x304 (243 KB each) come back from
-// L3 or memory. It pays at 2x256x200x304 eval and
-// at 1x64x400x608, batch-1 inference at ResNet's stem (docs/performance.md,
-// special paths: chunked_rows, has the off/on figures).
-constexpr int64_t kChunkBytes = int64_t(8) << 10;
-
 // The rows' means are also kept about each channel's first value (of
 // sample 0), s.shift: LN's and BN's variances sum the means' differences
 // between channels and between samples, which as absolute float32 values
@@ -193,8 +184,6 @@ MomentsArgs<T> moments_args(const Forward& f, const Stats<T>& s) {
   a.dmean = s.dmean;
   a.channels = channels;
   a.short_rows = short_rows(spatial, Pass::kFirst);
-  const int64_t chunk = kChunkBytes / int64_t(sizeof(T));
-  if (take(kPathChunkedRows, spatial > chunk)) a.chunk = chunk;
   return a;
 }
 

@@ -31,9 +31,8 @@ SN_RUN(bn_dev, BnDevArgs)
 SN_RUN(grad_reduce, GradReduceArgs)
 #undef SN_RUN
 
-const char* const kPathNames[kPathCount] = {"short_rows", "by_sample",
-                                            "chunked_rows"};
-std::atomic<bool> path_on[kPathCount] = {true, true, true};
+const char* const kPathNames[kPathCount] = {"short_rows", "by_sample"};
+std::atomic<bool> path_on[kPathCount] = {true, true};
 std::atomic<int64_t> path_taken[kPathCount] = {};
 
 bool take(Path p, bool applies) {
@@ -58,7 +57,7 @@ Path path_named(const std::string& name) {
   for (int p = 0; p < kPathCount; ++p)
     if (name == kPathNames[p]) return static_cast<Path>(p);
   TORCH_CHECK_VALUE(false, "SN's CPU kernels: unknown path '", name,
-                    "' (expected short_rows, by_sample or chunked_rows)");
+                    "' (expected short_rows or by_sample)");
 }
 
 std::vector<std::pair<std::string, int64_t>> path_counts() {

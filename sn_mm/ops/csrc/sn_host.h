@@ -52,7 +52,7 @@ inline int64_t grain(int64_t length) {
 // for the tests (which assert that theirs ran) and for the A/B tool
 // (tools/analysis_tools/benchmark_paths.py); switched off, a call takes
 // the general way, which computes the same.
-enum Path { kPathShortRows, kPathBySample, kPathChunkedRows, kPathCount };
+enum Path { kPathShortRows, kPathBySample, kPathCount };
 
 // Whether a call takes path p where it applies (and counts it if so).
 bool take(Path p, bool applies);
