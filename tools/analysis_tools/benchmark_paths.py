@@ -39,7 +39,6 @@ import importlib.util
 import json
 import os
 import sys
-import time
 
 import torch
 
@@ -381,17 +380,18 @@ def model_ab(path, call, rounds):
     for fn in fns.values():
         fn()  # warm-up
     times = median_times(fns, rounds)
-    share = on_path_share(fns['on'], path)
+    share = on_path_seconds(fns['on'], path) / times['on']
     set_cpu_path(path, was_on)
     return times['on'], times['off'], taken[True], taken[False], share
 
 
-def on_path_share(call, path) -> float:
-    """The share of one ``call``'s time spent in the SN calls (forward and
-    their backward) that take ``path``: the most the path could save there,
-    were it to make those calls free. From the profiler's events, each SN
-    forward matched to its module call (whose path count tells whether it
-    took the path) and to its backward by autograd's sequence number."""
+def on_path_seconds(call, path) -> float:
+    """Seconds of one ``call`` spent in the SN calls (forward and their
+    backward) that take ``path``: the most the path could save there, were
+    it to make those calls free. From the profiler's events (whose overhead
+    lengthens the model's many small operators, not these), each SN forward
+    matched to its module call (whose path count tells whether it took the
+    path) and to its backward by autograd's sequence number."""
     from torch.profiler import profile
     took = []
 
@@ -409,9 +409,7 @@ def on_path_share(call, path) -> float:
     ]
     try:
         with profile() as prof:
-            start = time.perf_counter()
             call()
-            total = time.perf_counter() - start
     finally:
         for h in hooks:
             h.remove()
@@ -425,10 +423,10 @@ def on_path_share(call, path) -> float:
                            f'calls for {len(took)} SN layer calls')
     on_path = {e.sequence_nr for e, t in zip(forwards, took) if t}
     seconds = sum(e.cpu_time_total for e, t in zip(forwards, took) if t)
-    seconds += sum(e.cpu_time_total for e in events
-                   if e.name == 'SwitchableNormBackward'
-                   and e.sequence_nr in on_path)
-    return seconds / 1e6 / total
+    seconds += sum(
+        e.cpu_time_total for e in events
+        if e.name == 'SwitchableNormBackward' and e.sequence_nr in on_path)
+    return seconds / 1e6
 
 
 def model_rows(args):
