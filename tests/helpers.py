@@ -93,3 +93,51 @@ def require_kernels(name):
         pytest.skip('native extension not built (SN_MM_NO_EXT=1)')
     if name == 'triton':
         pytest.importorskip('triton')
+
+
+def toy_seg_batch(model, size=64):
+    """Two random images of ``size`` x ``size`` with random labels (classes
+    0-3), through ``model``'s data preprocessor for training (mmseg)."""
+    from mmengine.structures import PixelData
+    from mmseg.structures import SegDataSample
+    samples = []
+    for _ in range(2):
+        s = SegDataSample(
+            metainfo=dict(img_shape=(size, size), pad_shape=(size, size)))
+        s.gt_sem_seg = PixelData(
+            data=torch.randint(0, 4, (1, size, size), dtype=torch.long))
+        samples.append(s)
+    return model.data_preprocessor(
+        dict(
+            inputs=[
+                torch.randint(0, 255, (3, size, size), dtype=torch.uint8)
+                for _ in range(2)
+            ],
+            data_samples=samples), True)
+
+
+def toy_cls_batch(model):
+    """Two random 64 x 64 images labelled 3 and 7, through ``model``'s data
+    preprocessor for training (mmpretrain)."""
+    from mmpretrain.structures import DataSample
+    return model.data_preprocessor(
+        dict(
+            inputs=[
+                torch.randint(0, 256, (3, 64, 64), dtype=torch.uint8)
+                for _ in range(2)
+            ],
+            data_samples=[DataSample().set_gt_label(i) for i in (3, 7)]), True)
+
+
+def toy_det_batch(model, with_mask=True):
+    """mmdet's demo inputs (two images of 96 x 128, 3 and 2 objects of 4
+    classes), seeded, through ``model``'s data preprocessor for training."""
+    from mmdet.testing import demo_mm_inputs
+    torch.manual_seed(0)
+    packed = demo_mm_inputs(
+        batch_size=2,
+        image_shapes=[(3, 96, 128)] * 2,
+        num_items=[3, 2],
+        num_classes=4,
+        with_mask=with_mask)
+    return model.data_preprocessor(packed, True)

@@ -5,6 +5,7 @@ import re
 
 import pytest
 import torch
+from helpers import toy_det_batch
 from mmengine.config import Config
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import DefaultScope
@@ -111,18 +112,6 @@ def test_config_builds(path):
         assert model.backbone.depth == int(backbone.split('-r')[1])
 
 
-def tiny_batch(model, with_mask):
-    from mmdet.testing import demo_mm_inputs
-    torch.manual_seed(0)
-    packed = demo_mm_inputs(
-        batch_size=2,
-        image_shapes=[(3, 96, 128)] * 2,
-        num_items=[3, 2],
-        num_classes=4,
-        with_mask=with_mask)
-    return model.data_preprocessor(packed, True)
-
-
 @pytest.mark.parametrize(
     'path', distinct_models(DET_CONFIGS) + TOY_CONFIGS, ids=config_id)
 def test_train_step(path):
@@ -135,7 +124,7 @@ def test_train_step(path):
         model = MODELS.build(cfg.model)
         optim_wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
     model.train()
-    data = tiny_batch(model, with_mask='mask' in config_id(path))
+    data = toy_det_batch(model, with_mask='mask' in config_id(path))
     before = {
         n: p.detach().clone()
         for n, p in model.named_parameters() if p.requires_grad

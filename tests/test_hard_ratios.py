@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import (free_port, load_tool, make_sn, random_input,
-                     require_kernels, run_layer)
+                     require_kernels, run_layer, toy_det_batch)
 from mmengine.config import Config
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import DefaultScope
@@ -213,7 +213,6 @@ TOY_DET = osp.join(ROOT, 'configs', 'toy',
 
 def test_harden_then_train_the_toy_mask_rcnn():
     from mmdet.registry import MODELS
-    from mmdet.testing import demo_mm_inputs
     cfg = Config.fromfile(TOY_DET)
     with DefaultScope.overwrite_default_scope('mmdet'):
         model = MODELS.build(cfg.model)
@@ -226,14 +225,7 @@ def test_harden_then_train_the_toy_mask_rcnn():
     assert harden_sn(model) == len(layers)
     hard = [m.ratios() for m in layers]
     model.train()
-    torch.manual_seed(0)
-    packed = demo_mm_inputs(
-        batch_size=2,
-        image_shapes=[(3, 96, 128)] * 2,
-        num_items=[3, 2],
-        num_classes=4,
-        with_mask=True)
-    data = model.data_preprocessor(packed, True)
+    data = toy_det_batch(model)
     before = copy.deepcopy(model.state_dict())
     for _ in range(2):
         loss, _ = model.parse_losses(model(**data, mode='loss'))

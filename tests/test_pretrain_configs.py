@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from helpers import toy_cls_batch
 from mmengine.config import Config
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import DefaultScope
@@ -102,14 +103,7 @@ def test_sn_row_trains_a_step():
     model, optim_wrapper = build(cfg)
     model.train()
     torch.manual_seed(0)
-    from mmpretrain.structures import DataSample
-    data = model.data_preprocessor(
-        dict(
-            inputs=[
-                torch.randint(0, 256, (3, 64, 64), dtype=torch.uint8)
-                for _ in range(2)
-            ],
-            data_samples=[DataSample().set_gt_label(i) for i in (3, 7)]), True)
+    data = toy_cls_batch(model)
     stem = model.backbone.norm1
     before = stem.mean_weight.detach().clone()
     losses = model(**data, mode='loss')

@@ -7,6 +7,7 @@ import re
 
 import pytest
 import torch
+from helpers import toy_seg_batch
 from mmengine.config import Config
 from mmengine.dataset import Compose, pseudo_collate
 from mmengine.model import revert_sync_batchnorm
@@ -202,22 +203,7 @@ def test_train_step_and_multiscale_predict(path, toy_images):
     with DefaultScope.overwrite_default_scope('mmseg'):
         optim_wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
     model.train()
-    from mmengine.structures import PixelData
-    from mmseg.structures import SegDataSample
-    samples = []
-    for _ in range(2):
-        s = SegDataSample(
-            metainfo=dict(img_shape=(64, 64), pad_shape=(64, 64)))
-        s.gt_sem_seg = PixelData(
-            data=torch.randint(0, 4, (1, 64, 64), dtype=torch.long))
-        samples.append(s)
-    data = model.data_preprocessor(
-        dict(
-            inputs=[
-                torch.randint(0, 255, (3, 64, 64), dtype=torch.uint8)
-                for _ in range(2)
-            ],
-            data_samples=samples), True)
+    data = toy_seg_batch(model)
     sn_layers = [m for m in model.modules() if isinstance(m, SwitchableNorm)]
     ratios_before = [m.mean_weight.detach().clone() for m in sn_layers]
     losses = model(**data, mode='loss')

@@ -6,6 +6,7 @@ import os.path as osp
 
 import pytest
 import torch
+from helpers import toy_cls_batch, toy_det_batch, toy_seg_batch
 from mmengine.config import Config
 from mmengine.model import revert_sync_batchnorm
 from mmengine.optim import build_optim_wrapper
@@ -114,15 +115,7 @@ def test_imagenet_row_trains_a_step():
         osp.join(ROOT, 'configs', 'sw', 'resnet50-sw_8xb32_in1k.py'))
     model, optim_wrapper = build(cfg, 'mmpretrain')
     torch.manual_seed(0)
-    from mmpretrain.structures import DataSample
-    data = model.data_preprocessor(
-        dict(
-            inputs=[
-                torch.randint(0, 256, (3, 64, 64), dtype=torch.uint8)
-                for _ in range(2)
-            ],
-            data_samples=[DataSample().set_gt_label(i) for i in (3, 7)]), True)
-    one_step(model, optim_wrapper, data)
+    one_step(model, optim_wrapper, toy_cls_batch(model))
 
 
 def test_segmentation_row_trains_a_step():
@@ -134,23 +127,7 @@ def test_segmentation_row_trains_a_step():
     # One process: SyncBN runs as BN, SyncSW as SW.
     model = revert_sync_batchnorm(model)
     torch.manual_seed(0)
-    from mmengine.structures import PixelData
-    from mmseg.structures import SegDataSample
-    samples = []
-    for _ in range(2):
-        s = SegDataSample(
-            metainfo=dict(img_shape=(64, 64), pad_shape=(64, 64)))
-        s.gt_sem_seg = PixelData(
-            data=torch.randint(0, 4, (1, 64, 64), dtype=torch.long))
-        samples.append(s)
-    data = model.data_preprocessor(
-        dict(
-            inputs=[
-                torch.randint(0, 255, (3, 64, 64), dtype=torch.uint8)
-                for _ in range(2)
-            ],
-            data_samples=samples), True)
-    one_step(model, optim_wrapper, data)
+    one_step(model, optim_wrapper, toy_seg_batch(model))
 
 
 def test_detection_row_trains_a_step():
@@ -160,12 +137,4 @@ def test_detection_row_trains_a_step():
     cfg.model.train_cfg.rcnn.sampler.num = 16
     model, optim_wrapper = build(cfg, 'mmdet')
     model = revert_sync_batchnorm(model)
-    from mmdet.testing import demo_mm_inputs
-    torch.manual_seed(0)
-    packed = demo_mm_inputs(
-        batch_size=2,
-        image_shapes=[(3, 96, 128)] * 2,
-        num_items=[3, 2],
-        num_classes=4,
-        with_mask=True)
-    one_step(model, optim_wrapper, model.data_preprocessor(packed, True))
+    one_step(model, optim_wrapper, toy_det_batch(model))
