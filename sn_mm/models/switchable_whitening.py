@@ -393,7 +393,7 @@ class SwitchableWhitening(nn.Module):
         mean_terms = [(('bw', 'bn'), mean_bn), (('iw', 'in'), mean_in)]
         diag_terms = [(('bn', ), var(cov_bn)), (('in', ), var(cov_in))]
         if 'ln' in self.components:
-            mean_ln, var_ln = self._ln_statistics(mean_in, cov_in, length)
+            mean_ln, var_ln = self._ln_statistics(mean_in, var(cov_in), length)
             mean_terms.append((('ln', ), mean_ln))
             diag_terms.append((('ln', ), var_ln))
         mean = mixed(0, mean_terms)
@@ -426,15 +426,14 @@ class SwitchableWhitening(nn.Module):
                              with_ones)
         return y.reshape(x.shape)
 
-    def _ln_statistics(self, mean_in, cov_in, length):
+    def _ln_statistics(self, mean_in, var_in, length):
         """LN's mean and variance, both (N, 1, 1), the variance
         Bessel-corrected over a sample's C x L values as the release's
-        ``x.var``, from the instance statistics."""
+        ``x.var``, from the instance means and variances (N, G, c)."""
         n = mean_in.shape[0]
         flat_mean = mean_in.reshape(n, self.num_features)
         mean_ln = flat_mean.mean(1)
-        var_in = torch.diagonal(
-            cov_in, dim1=-2, dim2=-1).reshape(n, self.num_features)
+        var_in = var_in.reshape(n, self.num_features)
         values = flat_mean.shape[1] * length
         m2 = (var_in.sum(1) + ((flat_mean - mean_ln[:, None])**2).sum(1)) * \
             length
