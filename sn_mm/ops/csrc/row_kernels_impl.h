@@ -357,27 +357,16 @@ SN_INLINE void store_mean(const MomentsArgs<T>& a, int64_t r, T first,
 
 // Rows one at a time (what the four-row kernels leave, and rows shorter
 // than their vectors): the mean, then the squared deviations from it while
-// the row is still in cache (exact centring, no full-size temporary).
+// the row is still in cache.
 template <int Lanes, typename T>
 SN_INLINE void moments_rows(const MomentsArgs<T>& a, int64_t begin,
                             int64_t end) {
-  // In blocks of rows: every mean of the block, then every variance, so
-  // that the rows' chains of dependent additions overlap.
-  constexpr int64_t kBlock = 8;
-  T mean_dev[kBlock];
-  for (int64_t r0 = begin; r0 < end; r0 += kBlock) {
-    const int64_t r1 = min_of(end, r0 + kBlock);
-    for (int64_t r = r0; r < r1; ++r) {
-      const T* row = a.x + r * a.length;
-      mean_dev[r - r0] = row_sum_shifted<Lanes>(row, a.length, row[0]) /
-                         static_cast<T>(a.length);
-      store_mean(a, r, row[0], mean_dev[r - r0]);
-    }
-    for (int64_t r = r0; r < r1; ++r) {
-      const T* row = a.x + r * a.length;
-      a.var[r] = row_sq_dev<Lanes>(row, a.length, row[0], mean_dev[r - r0]) /
-                 a.divisor;
-    }
+  for (int64_t r = begin; r < end; ++r) {
+    const T* row = a.x + r * a.length;
+    const T mean_dev =
+        row_sum_shifted<Lanes>(row, a.length, row[0]) / static_cast<T>(a.length);
+    store_mean(a, r, row[0], mean_dev);
+    a.var[r] = row_sq_dev<Lanes>(row, a.length, row[0], mean_dev) / a.divisor;
   }
 }
 

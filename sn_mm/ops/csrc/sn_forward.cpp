@@ -183,7 +183,7 @@ MomentsArgs<T> moments_args(const Forward& f, const Stats<T>& s) {
   a.shift = s.shift;
   a.dmean = s.dmean;
   a.channels = channels;
-  a.short_rows = short_rows(spatial, Pass::kFirst);
+  a.short_rows = short_rows(f.x3.size(0) * channels, spatial, Pass::kFirst);
   return a;
 }
 
@@ -255,17 +255,15 @@ NormalizeArgs<T> normalize_args(const Forward& f, const Stats<T>& s,
   a.rstd = s.rstd;
   a.channels = f.x3.size(1);
   a.length = f.x3.size(2);
-  a.short_rows = short_rows(a.length, Pass::kLater);
+  a.short_rows = short_rows(f.x3.size(0) * a.channels, a.length, Pass::kLater);
   return a;
 }
 
 // Without the batch's BN statistics (eval), a sample's output needs only
-// that sample: its moments, LN statistics and normalisation can run one
-// after the other while it is in this core's L2, so that the input comes
-// from memory once, as GroupNorm's does, rather than twice. Samples of up
-// to kSampleMax bytes take this path in blocks of about kBlockBytes (RoI
-// features, 50 KB, five at a time) when the blocks keep every thread busy
-// (docs/performance.md has the figures).
+// that sample: its moments, LN statistics and normalisation run one after
+// the other in blocks of about kBlockBytes while they are in L2, so that
+// the input comes from memory once, as GroupNorm's does (by_sample,
+// docs/performance.md#special-paths-on-the-cpu).
 constexpr int64_t kSampleMax = int64_t(512) << 10, kBlockBytes = int64_t(256)
                                                                  << 10;
 
@@ -296,17 +294,10 @@ void forward_by_sample(Forward& f, at::Tensor& y, const at::Tensor& weight,
   const LnStatsArgs<T> ln{s.mean_in, s.var_in, channels, s.ln_mean,
                           s.ln_var,  nullptr,  s.dmean,  s.shift};
   const int64_t blocks = (samples + block - 1) / block;
-  // Each thread walks its own contiguous share of the blocks in order, so
-  // that its reads and writes stay one stream each; a thread that finishes
-  // its share takes the next blocks of the other shares, so that a slower
-  // core (a VM's vCPU that the host lends elsewhere, a hybrid CPU's
-  // efficiency core) holds up no other. Blocks share nothing, so the values
-  // do not depend on who computes them. Against every thread taking the
-  // next block of one shared sequence: 0.81-0.86x the time at
-  // 1024x256x14x14, 1000x256x7x7 and 512x256x7x7 eval where the VM ran at
-  // full speed, 0.96-1.07x where it ran slower (in one process,
-  // alternating, AVX2 and AVX-512, the AMD VM); 0.96-0.98x with one thread
-  // more than vCPUs (alternating processes, AVX2).
+  // Each thread walks its own contiguous share of the blocks (one stream
+  // of reads and writes), then takes what is left of the others', so that a
+  // slower core holds up no other; blocks share nothing, so the values do
+  // not depend on who computes them.
   const int64_t shares = at::get_num_threads();
   struct alignas(64) NextBlock {  // one cache line per share
     std::atomic<int64_t> next{0};

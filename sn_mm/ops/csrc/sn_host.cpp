@@ -47,8 +47,9 @@ bool taken(Path p, bool applies) {
   return applies && path_on[p].load(std::memory_order_relaxed);
 }
 
-bool short_rows(int64_t length, Pass pass) {
-  const bool applies = length < sn_mm_rows::kShortRow;
+bool short_rows(int64_t rows, int64_t length, Pass pass) {
+  const bool applies = length < sn_mm_rows::kShortRow &&
+                       rows >= sn_mm_rows::kShortRowsMin;
   return pass == Pass::kFirst ? take(kPathShortRows, applies)
                               : taken(kPathShortRows, applies);
 }
