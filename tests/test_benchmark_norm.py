@@ -134,20 +134,3 @@ def test_path_benchmark_times_each_path_on_and_off():
     check_path_table(
         ['--toy', '--rounds', '1', '--threads', '1', '--isa',
          cpu_isas()[0]], None, expected)
-
-
-def test_sync_benchmark_times_both_routes():
-    """benchmark_sync.py starts its gloo ranks and times SyncSN on the C++
-    kernels' split route and on the reference."""
-    from sn_mm.ops import native_available
-    if not native_available():
-        pytest.skip('extension not built')
-    result = run_python([
-        tool('analysis_tools', 'benchmark_sync.py'), '--toy', '--rounds', '1'
-    ],
-                        cwd=ROOT,
-                        timeout=300)
-    assert re.search(
-        r'\| 2x8x5x6 \| [\d.]+ \| [\d.]+ \| [\d.]+ \| '
-        r'_call_native_sync, _call_reference \|', result.stdout), \
-        result.stdout

@@ -27,7 +27,8 @@ one place, :func:`route`, from the layer's ``kernels`` setting:
   input (float32/float64 CPU tensors with the C++ extension built;
   float32/bfloat16/float16 GPU tensors where Triton works), else the
   reference;
-* ``'native'``: the C++ kernels; an error where they cannot run;
+* ``'native'``: the C++ kernels; an error where they cannot run (SyncSN
+  across processes takes the reference, which computes the same);
 * ``'triton'``: the Triton kernels (GPUs, or CPU tensors in Triton's
   interpreter, ``TRITON_INTERPRET=1``); float64 and empty inputs take the
   reference, which computes the same thing;
@@ -39,10 +40,10 @@ ratios from its group, and the ratio gradients are summed per group.
 Under ``torch.compile``, ``torch.export``, ``torch.jit.trace`` and ONNX
 export every call takes the reference, which those tools trace like any
 other layer. SyncSN across processes (a ``group``, in training with a BN
-term) runs on the same kernels split at their collectives, one all-gather
-forward and one all-reduce backward (:mod:`sn_mm.ops.native_sync` on the
-CPU), or on the reference, with the same collectives, where no kernel takes
-the input.
+term) runs on the Triton kernels split at their collectives, one all-gather
+forward and one all-reduce backward, on GPUs, and on the reference, with
+the same collectives, elsewhere (as PyTorch's SyncBatchNorm, it is for
+GPUs; on the CPU it serves gloo tests and debugging).
 """
 import math
 from typing import Callable, List, NamedTuple, Optional
@@ -50,7 +51,7 @@ from typing import Callable, List, NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from . import _compat, native_sync
+from . import _compat
 from .ratios import RATIO_FNS, sparsest_ratios
 from .reference import reference_forward, switchable_norm_reference
 
@@ -284,7 +285,7 @@ def route(kernels: Optional[str],
     ValueError or RuntimeError naming the problem."""
     kind = _kind(kernels, x, weight, running_mean)
     if kind == 'native':
-        return _VIA_OPERATOR[kind] if group is None else _NATIVE_SYNC
+        return _VIA_OPERATOR[kind] if group is None else _DIRECT['torch']
     if (kind == 'triton' and x.is_cuda and group is None
             and CUDA_ROUTE['via'] == 'operator'):
         return _VIA_OPERATOR[kind]
@@ -453,17 +454,6 @@ def _call_triton(x, weight, bias, mean_weight, var_weight, running_mean,
         eps, unbiased, ratios_given, group, nonfinite_batches)
 
 
-def _call_native_sync(x, weight, bias, mean_weight, var_weight, running_mean,
-                      running_var, num_batches_tracked, ratio_fixed,
-                      fixed_ratios, training, momentum, eps, unbiased,
-                      ratios_given, group, nonfinite_batches):
-    return native_sync.switchable_norm(x, weight, bias, mean_weight,
-                                       var_weight, running_mean, running_var,
-                                       num_batches_tracked, ratio_fixed,
-                                       fixed_ratios, momentum, eps, unbiased,
-                                       ratios_given, group, nonfinite_batches)
-
-
 def _call_reference(x, weight, bias, mean_weight, var_weight, running_mean,
                     running_var, num_batches_tracked, ratio_fixed,
                     fixed_ratios, training, momentum, eps, unbiased,
@@ -480,7 +470,6 @@ def _call_reference(x, weight, bias, mean_weight, var_weight, running_mean,
 
 # route()'s answers, made once: through the dispatcher, or called directly.
 _VIA_OPERATOR = {k: Route(k, _call_operator) for k in ('native', 'triton')}
-_NATIVE_SYNC = Route('native', _call_native_sync)
 _DIRECT = {
     'triton': Route('triton', _call_triton),
     'torch': Route('torch', _call_reference)

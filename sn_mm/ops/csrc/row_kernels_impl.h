@@ -363,8 +363,8 @@ SN_INLINE void moments_rows(const MomentsArgs<T>& a, int64_t begin,
                             int64_t end) {
   for (int64_t r = begin; r < end; ++r) {
     const T* row = a.x + r * a.length;
-    const T mean_dev =
-        row_sum_shifted<Lanes>(row, a.length, row[0]) / static_cast<T>(a.length);
+    const T mean_dev = row_sum_shifted<Lanes>(row, a.length, row[0]) /
+                       static_cast<T>(a.length);
     store_mean(a, r, row[0], mean_dev);
     a.var[r] = row_sq_dev<Lanes>(row, a.length, row[0], mean_dev) / a.divisor;
   }

@@ -1,7 +1,7 @@
 // SN's backward on the CPU as the operator (sn_operator.cpp) runs it: the
 // row sums of the output gradient, the gradients of weight, bias and the
 // ratio logits from them, and the input's gradient back through the shared
-// LN and BN statistics; and SyncSN's backward split at its all-reduce.
+// LN and BN statistics.
 #include <ATen/Dispatch.h>
 
 #include "sn_host.h"
@@ -40,16 +40,15 @@ void grad_reductions_into(const GradReduceArgs<scalar_t>& args,
 }
 
 // Backward's intermediate sums: per row the sums of g and g * (x - mean_in),
-// per sample the sums of the mixed statistics' gradients, zeros, and apart
-// (in `bn`, 2 x C: what SyncSN all-reduces) per channel those of the BN
-// statistics'.
+// per sample the sums of the mixed statistics' gradients, zeros, and per
+// channel those of the BN statistics'.
 template <typename T>
 struct GradSums {
   T *s1, *s2, *d_mu_n, *d_var_n, *zeros_c, *d_mu_c, *d_var_c;
   // The ratio gradients' products: per channel, or for one ratio group
   // summed over the channels (grad_reductions_into).
   std::vector<double> dots;
-  GradSums(T* sums, T* bn, int64_t samples, int64_t channels) {
+  GradSums(T* sums, int64_t samples, int64_t channels) {
     const int64_t rows = samples * channels;
     s1 = sums;
     s2 = s1 + rows;
@@ -57,12 +56,12 @@ struct GradSums {
     d_var_n = d_mu_n + samples;
     zeros_c = d_var_n + samples;
     std::fill_n(zeros_c, channels, T(0));
-    d_mu_c = bn;
-    d_var_c = bn + channels;
+    d_mu_c = zeros_c + channels;
+    d_var_c = d_mu_c + channels;
   }
   // The values at `sums`.
   static int64_t size(int64_t samples, int64_t channels) {
-    return 2 * samples * channels + 2 * samples + channels;
+    return 2 * samples * channels + 2 * samples + 3 * channels;
   }
 };
 
@@ -149,11 +148,10 @@ void through_shared_stats(const GradSums<T>& gs, const GroupRatios<T>& w,
 }
 
 // The BN statistics a forward normalised with: one sample's are its IN
-// ones (see statistics()), except where all ranks' were shared.
+// ones (see statistics()).
 template <typename T>
 std::pair<const T*, const T*> bn_used(const Forward& f, const Stats<T>& s) {
-  if (f.bn_batch && f.x3.size(0) == 1 && !f.bn_shared)
-    return {s.mean_in, s.var_in};
+  if (f.bn_batch && f.x3.size(0) == 1) return {s.mean_in, s.var_in};
   return {s.bn_mean, s.bn_var};
 }
 
@@ -246,11 +244,10 @@ void backward_pass(const at::Tensor& g, const Forward& f,
                    at::Tensor& grad_weight, at::Tensor& grad_bias,
                    std::vector<double>& d_wm, std::vector<double>& d_wv) {
   const int64_t samples = f.x3.size(0), channels = f.x3.size(1);
-  const int64_t need = GradSums<T>::size(samples, channels) + 2 * channels;
+  const int64_t need = GradSums<T>::size(samples, channels);
   static thread_local std::vector<T> scratch;
   if (static_cast<int64_t>(scratch.size()) < need) scratch.resize(need);
-  GradSums<T> gs(scratch.data(), scratch.data() + need - 2 * channels, samples,
-                 channels);
+  GradSums<T> gs(scratch.data(), samples, channels);
   const GroupRatios<T> cw(f.ratios, channels, using_bn);
   grad_sums_pass(g, f, weight, using_bn, cw, gs, grad_weight, grad_bias, d_wm,
                  d_wv);
@@ -331,84 +328,6 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& grad_y,
       logit_grads(f.ratios, d_wm, d_wv, mean_logits, is_fixed, ratios_given);
   return {grad_x.view(grad_y.sizes()), grad_weight, grad_bias, logits[0],
           logits[1]};
-}
-
-// SyncSN's forward state, as sync_normalize left it.
-Forward synced(const at::Tensor& x, const at::Tensor& ws,
-               const at::Tensor& mean_logits, const at::Tensor& var_logits,
-               const OptTensor& fixed, const OptTensor& fixed_ratios,
-               bool unbiased, bool ratios_given) {
-  Forward f = prepared(x, mean_logits, var_logits, fixed, fixed_ratios,
-                       unbiased, ratios_given);
-  TORCH_CHECK(ws.numel() == Stats<float>::size(f.x3.size(0), f.x3.size(1)) &&
-                  ws.scalar_type() == x.scalar_type(),
-              "switchable_norm: statistics that do not fit the input");
-  f.ws = ws;
-  f.bn_batch = f.bn_shared = true;
-  return f;
-}
-
-// SyncSN's backward before its all-reduce.
-std::vector<at::Tensor> sync_grad_sums(
-    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& ws,
-    const at::Tensor& weight, const at::Tensor& mean_logits,
-    const at::Tensor& var_logits, const OptTensor& fixed,
-    const OptTensor& fixed_ratios, bool unbiased, bool ratios_given) {
-  const Forward f = synced(x, ws, mean_logits, var_logits, fixed, fixed_ratios,
-                           unbiased, ratios_given);
-  const int64_t samples = f.x3.size(0), channels = f.x3.size(1);
-  const auto g = grad_rows(grad_y, f);
-  const auto w_c = weight.contiguous();
-  auto sums =
-      at::empty({GradSums<float>::size(samples, channels)}, f.x3.options());
-  auto bn_grads = at::empty({2 * channels}, f.x3.options());
-  auto grad_weight = at::empty({channels}, f.x3.options());
-  auto grad_bias = at::empty_like(grad_weight);
-  std::vector<double> d_wm, d_wv;
-  AT_DISPATCH_FLOATING_TYPES(f.x3.scalar_type(), "sync_grad_sums", [&] {
-    GradSums<scalar_t> gs(sums.data_ptr<scalar_t>(),
-                          bn_grads.data_ptr<scalar_t>(), samples, channels);
-    const GroupRatios<scalar_t> cw(f.ratios, channels, true);
-    grad_sums_pass(g, f, w_c, true, cw, gs, grad_weight, grad_bias, d_wm,
-                   d_wv);
-  });
-  auto logits = logit_grads(f.ratios, d_wm, d_wv, mean_logits,
-                            read_fixed(fixed, f.ratios.groups), ratios_given);
-  return {sums, bn_grads, grad_weight, grad_bias, logits[0], logits[1]};
-}
-
-// SyncSN's backward after its all-reduce: the input's gradient (the sums
-// are scaled in place).
-at::Tensor sync_input_grad(const at::Tensor& grad_y, const at::Tensor& x,
-                           const at::Tensor& ws, const at::Tensor& sums,
-                           const at::Tensor& bn_grads,
-                           const at::Tensor& weight,
-                           const at::Tensor& mean_logits,
-                           const at::Tensor& var_logits,
-                           const OptTensor& fixed,
-                           const OptTensor& fixed_ratios, int64_t total,
-                           bool unbiased, bool ratios_given) {
-  const Forward f = synced(x, ws, mean_logits, var_logits, fixed, fixed_ratios,
-                           unbiased, ratios_given);
-  const int64_t samples = f.x3.size(0), channels = f.x3.size(1);
-  TORCH_CHECK(sums.numel() == GradSums<float>::size(samples, channels) &&
-                  bn_grads.numel() == 2 * channels &&
-                  sums.scalar_type() == x.scalar_type() &&
-                  bn_grads.scalar_type() == x.scalar_type() &&
-                  total >= samples,
-              "sync_input_grad: sums that do not fit the input");
-  const auto g = grad_rows(grad_y, f);
-  const auto w_c = weight.contiguous();
-  auto grad_x = at::empty(grad_y.sizes(), f.x3.options());
-  AT_DISPATCH_FLOATING_TYPES(f.x3.scalar_type(), "sync_input_grad", [&] {
-    // (input_grad_pass scales the sums in place.)
-    const GradSums<scalar_t> gs(sums.data_ptr<scalar_t>(),
-                                bn_grads.data_ptr<scalar_t>(), samples,
-                                channels);
-    const GroupRatios<scalar_t> cw(f.ratios, channels, true);
-    input_grad_pass(g, f, w_c, cw, gs, total, grad_x);
-  });
-  return grad_x;
 }
 
 }  // namespace sn_mm_cpu

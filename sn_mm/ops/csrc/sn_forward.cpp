@@ -2,8 +2,7 @@
 // moments, LN's and BN's statistics from them (Eq. 5), the running
 // statistics' update and the normalisation, as parallel passes of the row
 // kernels (row_kernels_impl.h) with the (N, C) work between them on raw
-// pointers; the eval path by sample; and SyncSN's forward split at its
-// all-gather.
+// pointers; and the eval path by sample.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 
@@ -369,57 +368,6 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
   });
   f.y = y.view(x.sizes());
   return f;
-}
-
-// SyncSN's forward, before its all-gather: this process's statistics, the
-// BN channel means and M2 sums also returned on their own (one sample's
-// and none's too: the ranks combine them).
-std::vector<at::Tensor> sync_statistics(const at::Tensor& x, bool unbiased) {
-  Forward f = rows_for(x, unbiased);
-  const int64_t samples = f.x3.size(0), channels = f.x3.size(1);
-  f.ws = at::empty({Stats<float>::size(samples, channels)}, f.x3.options());
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "sync_statistics", [&] {
-    moments_and_reductions(
-        f, Stats<scalar_t>(f.ws.data_ptr<scalar_t>(), samples, channels),
-        true);
-  });
-  const int64_t at = bn_offset(samples, channels);
-  return {f.ws, f.ws.narrow(0, at, channels).clone(),
-          f.ws.narrow(0, at + channels, channels).clone()};
-}
-
-// SyncSN's forward after its all-gather: all ranks' BN statistics into ws,
-// then the normalisation.
-at::Tensor sync_normalize(const at::Tensor& x, const at::Tensor& ws,
-                          const at::Tensor& bn_mean, const at::Tensor& bn_var,
-                          const at::Tensor& weight, const at::Tensor& bias,
-                          const at::Tensor& mean_logits,
-                          const at::Tensor& var_logits, const OptTensor& fixed,
-                          const OptTensor& fixed_ratios, double eps,
-                          bool unbiased, bool ratios_given) {
-  check_params(x, weight, bias);
-  Forward f = prepared(x, mean_logits, var_logits, fixed, fixed_ratios,
-                       unbiased, ratios_given);
-  const int64_t samples = f.x3.size(0), channels = f.x3.size(1);
-  TORCH_CHECK(ws.numel() == Stats<float>::size(samples, channels) &&
-                  ws.scalar_type() == x.scalar_type() &&
-                  bn_mean.numel() == channels && bn_var.numel() == channels,
-              "sync_normalize: statistics that do not fit the input");
-  const int64_t at = bn_offset(samples, channels);
-  ws.narrow(0, at, channels).copy_(bn_mean.reshape(-1));
-  ws.narrow(0, at + channels, channels).copy_(bn_var.reshape(-1));
-  // In x's shape, not a view: autograd lets a Python Function's output be
-  // modified in place (an inplace ReLU) only where it is no view.
-  auto y = at::empty(x.sizes(), f.x3.options());
-  const auto w_c = weight.contiguous(), b_c = bias.contiguous();
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "sync_normalize", [&] {
-    const Stats<scalar_t> s(ws.data_ptr<scalar_t>(), samples, channels);
-    const GroupRatios<scalar_t> w(f.ratios, channels, true);
-    const auto args =
-        normalize_args(f, s, {s.bn_mean, s.bn_var}, w, w_c, b_c, eps, y);
-    run_rows(args, samples * channels, f.x3.size(2));
-  });
-  return y;
 }
 
 }  // namespace sn_mm_cpu

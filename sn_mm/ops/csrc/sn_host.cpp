@@ -48,8 +48,8 @@ bool taken(Path p, bool applies) {
 }
 
 bool short_rows(int64_t rows, int64_t length, Pass pass) {
-  const bool applies = length < sn_mm_rows::kShortRow &&
-                       rows >= sn_mm_rows::kShortRowsMin;
+  const bool applies =
+      length < sn_mm_rows::kShortRow && rows >= sn_mm_rows::kShortRowsMin;
   return pass == Pass::kFirst ? take(kPathShortRows, applies)
                               : taken(kPathShortRows, applies);
 }

@@ -381,30 +381,6 @@ TORCH_LIBRARY_FRAGMENT(sn_mm, m) {
       [](std::string name, bool enabled) { return set_path(name, enabled); });
 }
 
-// SyncSN across processes, split at its collectives
-// (sn_mm/ops/native_sync.py runs them around those).
-TORCH_LIBRARY_FRAGMENT(sn_mm, m) {
-  m.def("sync_statistics(Tensor x, bool unbiased) -> Tensor[]",
-        &sync_statistics);
-  m.def(
-      "sync_normalize(Tensor x, Tensor(a!) ws, Tensor bn_mean, Tensor bn_var, "
-      "Tensor weight, Tensor bias, Tensor mean_logits, Tensor var_logits, "
-      "Tensor? ratio_fixed, Tensor? fixed_ratios, float eps, bool unbiased, "
-      "bool ratios_given) -> Tensor",
-      &sync_normalize);
-  m.def(
-      "sync_grad_sums(Tensor grad_y, Tensor x, Tensor ws, Tensor weight, "
-      "Tensor mean_logits, Tensor var_logits, Tensor? ratio_fixed, "
-      "Tensor? fixed_ratios, bool unbiased, bool ratios_given) -> Tensor[]",
-      &sync_grad_sums);
-  m.def(
-      "sync_input_grad(Tensor grad_y, Tensor x, Tensor ws, Tensor(a!) sums, "
-      "Tensor(b!) bn_grads, Tensor weight, Tensor mean_logits, "
-      "Tensor var_logits, Tensor? ratio_fixed, Tensor? fixed_ratios, "
-      "int total, bool unbiased, bool ratios_given) -> Tensor",
-      &sync_input_grad);
-}
-
 // Importing the module (sn_mm._ext) is what registers the operators above.
 PyMODINIT_FUNC PyInit__ext() {
   static PyModuleDef module = {

@@ -37,8 +37,6 @@ struct Forward {
   Ratios ratios;
   int64_t correction = 0;
   bool bn_batch = false;
-  // SyncSN: the BN statistics in ws are all ranks' (one sample's too).
-  bool bn_shared = false;
 };
 
 // The forward pass; with BN in training it also updates the running
@@ -70,37 +68,6 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& grad_y,
                                       const at::Tensor& mean_logits,
                                       const std::vector<bool>& is_fixed,
                                       bool using_bn, bool ratios_given);
-
-// SyncSN across processes: the forward and the backward, each split at its
-// collective (sn_mm/ops/native_sync.py runs them around it).
-// This process's statistics: {ws, the BN channel means, their M2 sums}.
-std::vector<at::Tensor> sync_statistics(const at::Tensor& x, bool unbiased);
-// The output from ws and all ranks' BN statistics (written into ws).
-at::Tensor sync_normalize(const at::Tensor& x, const at::Tensor& ws,
-                          const at::Tensor& bn_mean, const at::Tensor& bn_var,
-                          const at::Tensor& weight, const at::Tensor& bias,
-                          const at::Tensor& mean_logits,
-                          const at::Tensor& var_logits, const OptTensor& fixed,
-                          const OptTensor& fixed_ratios, double eps,
-                          bool unbiased, bool ratios_given);
-// {row sums, the BN statistics' gradients (2 x C, to be all-reduced), the
-// gradients of weight, bias and the two logit tensors}.
-std::vector<at::Tensor> sync_grad_sums(
-    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& ws,
-    const at::Tensor& weight, const at::Tensor& mean_logits,
-    const at::Tensor& var_logits, const OptTensor& fixed,
-    const OptTensor& fixed_ratios, bool unbiased, bool ratios_given);
-// The input's gradient, the BN statistics' gradients summed over all ranks
-// (`total` samples).
-at::Tensor sync_input_grad(const at::Tensor& grad_y, const at::Tensor& x,
-                           const at::Tensor& ws, const at::Tensor& sums,
-                           const at::Tensor& bn_grads,
-                           const at::Tensor& weight,
-                           const at::Tensor& mean_logits,
-                           const at::Tensor& var_logits,
-                           const OptTensor& fixed,
-                           const OptTensor& fixed_ratios, int64_t total,
-                           bool unbiased, bool ratios_given);
 
 // G: the rows of (G, K) logits (group SN), else 1.
 int64_t ratio_groups(const at::Tensor& logits);
