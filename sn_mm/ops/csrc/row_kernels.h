@@ -56,7 +56,6 @@ struct NormalizeArgs {
   T eps;
   T *y, *mu, *rstd;
   int64_t channels, length;
-  bool short_rows = false;  // rows in whole vectors, no scalar tail
 };
 template <typename T>
 struct InputGradArgs {
@@ -66,7 +65,6 @@ struct InputGradArgs {
   T two_over_divisor;
   T* dx;
   int64_t channels, length;
-  bool short_rows = false;  // rows in whole vectors, no scalar tail
 };
 template <typename T>
 struct LnStatsArgs {

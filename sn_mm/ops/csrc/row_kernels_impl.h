@@ -482,42 +482,13 @@ SN_INLINE void mixed_stats(const T* __restrict__ mean_in,
   }
 }
 
-// ---------------------------------------------------------- row stores --
 // The normalise and input-gradient passes write each value of a row as
-// value(v...) of one or two inputs' values (a generic lambda: scalars and
-// vectors alike), the inputs restrict parameters for GCC's vectoriser.
-
-// A row of any length, in a loop GCC vectorises.
-struct PlainStore {
-  template <typename T, typename F, typename... In>
-  static SN_INLINE void row(T* __restrict__ y, int64_t n, F value,
-                            const In* __restrict__... in) {
-    for (int64_t i = 0; i < n; ++i) y[i] = value(in[i]...);
-  }
-};
-
-// A row of n >= kLanes<T> values, a register at a time, the last register
-// the row's last values (lanes already written are written again, with the
-// same values), so no scalar tail.
-struct ShortStore {
-  template <typename T, typename F, typename... In>
-  static SN_INLINE void row(T* __restrict__ y, int64_t n, F value,
-                            const In* __restrict__... in) {
-    constexpr int L = kLanes<T>;
-    int64_t i = 0;
-    for (; i + L <= n; i += L) store<L>(y + i, value(load<L>(in + i)...));
-    if (i < n) store<L>(y + n - L, value(load<L>(in + n - L)...));
-  }
-};
-
-// fn(store), `store` the way the pass's rows of a.length values are
-// written: short rows in whole vectors (ShortStore), others plainly.
-template <typename T, typename Args, typename Fn>
-SN_INLINE void with_row_store(const Args& a, Fn fn) {
-  if (a.short_rows && a.length >= kLanes<T>)
-    fn(ShortStore());
-  else
-    fn(PlainStore());
+// value(v...) of one or two inputs' values, the inputs restrict parameters
+// for GCC's vectoriser.
+template <typename T, typename F, typename... In>
+SN_INLINE void store_row(T* __restrict__ y, int64_t n, F value,
+                         const In* __restrict__... in) {
+  for (int64_t i = 0; i < n; ++i) y[i] = value(in[i]...);
 }
 
 // Per row (n, c): mix the statistics, mu = wm_in * mean_in + wm_n * mu_n +
@@ -540,17 +511,14 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
     });
     r0 = r1;
   }
-  with_row_store<T>(a, [&](auto store) {
-    int64_t c = begin % a.channels;
-    for (int64_t r = begin; r < end; ++r) {
-      const T mu = a.mu[r], s = a.weight[c] * a.rstd[r], b = a.bias[c];
-      const int64_t o = r * a.length;
-      decltype(store)::row(
-          a.y + o, a.length, [=](auto x) { return (x - mu) * s + b; },
-          a.x + o);
-      if (++c == a.channels) c = 0;
-    }
-  });
+  int64_t c = begin % a.channels;
+  for (int64_t r = begin; r < end; ++r) {
+    const T mu = a.mu[r], s = a.weight[c] * a.rstd[r], b = a.bias[c];
+    const int64_t o = r * a.length;
+    store_row(
+        a.y + o, a.length, [=](T x) { return (x - mu) * s + b; }, a.x + o);
+    if (++c == a.channels) c = 0;
+  }
 }
 
 // dx = g * scale + a * (x - mean_in) + b per row, a and b from the gradients
@@ -588,16 +556,14 @@ SN_INLINE void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin,
             shift[j] = d_mean_in * inv_length;
           }
         });
-    with_row_store<T>(a, [&](auto store) {
-      for (int64_t j = 0; j < rows; ++j) {
-        const int64_t r = r0 + j, o = r * a.length;
-        const T s = scale[j], cx = coef_x[j], m = a.mean_in[r], sh = shift[j];
-        decltype(store)::row(
-            a.dx + o, a.length,
-            [=](auto g, auto x) { return g * s + cx * (x - m) + sh; }, a.g + o,
-            a.x + o);
-      }
-    });
+    for (int64_t j = 0; j < rows; ++j) {
+      const int64_t r = r0 + j, o = r * a.length;
+      const T s = scale[j], cx = coef_x[j], m = a.mean_in[r], sh = shift[j];
+      store_row(
+          a.dx + o, a.length,
+          [=](T g, T x) { return g * s + cx * (x - m) + sh; }, a.g + o,
+          a.x + o);
+    }
     r0 = r1;
   }
 }

@@ -190,7 +190,7 @@ void grad_sums_pass(const at::Tensor& g, const Forward& f,
   if (f.x3.numel()) {
     GradSumsArgs<T> sargs{
         g.data_ptr<T>(), f.x3.data_ptr<T>(), s.mean_in, gs.s1, gs.s2, spatial};
-    sargs.short_rows = short_rows(rows, spatial, Pass::kFirst);
+    sargs.short_rows = short_rows(rows, spatial);
     run_rows(sargs, rows, spatial);
   } else {
     std::fill_n(gs.s1, 2 * rows, T(0));
@@ -231,7 +231,6 @@ void input_grad_pass(const at::Tensor& g, const Forward& f,
       grad_x.data_ptr<T>(),
       channels,
       spatial};
-  iargs.short_rows = short_rows(samples * channels, spatial, Pass::kLater);
   run_rows(iargs, samples * channels, spatial);
 }
 

@@ -182,7 +182,7 @@ MomentsArgs<T> moments_args(const Forward& f, const Stats<T>& s) {
   a.shift = s.shift;
   a.dmean = s.dmean;
   a.channels = channels;
-  a.short_rows = short_rows(f.x3.size(0) * channels, spatial, Pass::kFirst);
+  a.short_rows = short_rows(f.x3.size(0) * channels, spatial);
   return a;
 }
 
@@ -254,7 +254,6 @@ NormalizeArgs<T> normalize_args(const Forward& f, const Stats<T>& s,
   a.rstd = s.rstd;
   a.channels = f.x3.size(1);
   a.length = f.x3.size(2);
-  a.short_rows = short_rows(f.x3.size(0) * a.channels, a.length, Pass::kLater);
   return a;
 }
 

@@ -41,17 +41,9 @@ bool take(Path p, bool applies) {
   return true;
 }
 
-// Whether a call's later pass follows path p, which its first pass took
-// (take() counted the call there).
-bool taken(Path p, bool applies) {
-  return applies && path_on[p].load(std::memory_order_relaxed);
-}
-
-bool short_rows(int64_t rows, int64_t length, Pass pass) {
-  const bool applies =
-      length < sn_mm_rows::kShortRow && rows >= sn_mm_rows::kShortRowsMin;
-  return pass == Pass::kFirst ? take(kPathShortRows, applies)
-                              : taken(kPathShortRows, applies);
+bool short_rows(int64_t rows, int64_t length) {
+  return take(kPathShortRows, length < sn_mm_rows::kShortRow &&
+                                  rows >= sn_mm_rows::kShortRowsMin);
 }
 
 Path path_named(const std::string& name) {

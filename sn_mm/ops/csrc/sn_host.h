@@ -57,11 +57,9 @@ enum Path { kPathShortRows, kPathBySample, kPathCount };
 // Whether a call takes path p where it applies (and counts it if so).
 bool take(Path p, bool applies);
 
-// Whether a call's `rows` rows of `length` values take the short-row
-// kernels (row_kernels.h): its first pass decides, and counts the call;
-// its later passes follow.
-enum class Pass { kFirst, kLater };
-bool short_rows(int64_t rows, int64_t length, Pass pass);
+// Whether a pass over `rows` rows of `length` values takes the short-row
+// sums (row_kernels.h), counted.
+bool short_rows(int64_t rows, int64_t length);
 
 template <typename Args>
 void run_rows(const Args& args, int64_t rows, int64_t length) {
