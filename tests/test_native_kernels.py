@@ -118,7 +118,8 @@ def test_dispatch_table():
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     for key in ('CUDA', 'AutogradCUDA', 'Meta'):
         assert has('sn_mm::switchable_norm', key), key
-    assert has('sn_mm::switchable_norm_reference', 'CompositeImplicitAutograd')
+    assert has('sn_mm::switchable_norm_graph_grads',
+               'CompositeImplicitAutograd')
     for key in ('CPU', 'AutogradCPU'):
         assert has('sn_mm::switchable_norm', key) == native_available(), key
 

@@ -17,8 +17,9 @@ the Triton module directly, which computes the same for less host time per
 call (``CUDA_ROUTE`` below).
 
 A double backward (``create_graph=True``) differentiates a recomputed
-forward of ``sn_mm::switchable_norm_reference``, the PyTorch-op reference
-(:mod:`sn_mm.ops.reference`), so that every higher derivative is exact.
+forward of the PyTorch-op reference (:mod:`sn_mm.ops.reference`; on the CPU
+as the operator ``sn_mm::switchable_norm_graph_grads``), so that every
+higher derivative is exact.
 
 Which implementation computes a call, and how it is called, is decided in
 one place, :func:`route`, from the layer's ``kernels`` setting:
@@ -53,7 +54,7 @@ from torch import Tensor
 
 from . import _compat
 from .ratios import RATIO_FNS, sparsest_ratios
-from .reference import reference_forward, switchable_norm_reference
+from .reference import graph_grads, switchable_norm_reference
 
 KERNEL_CHOICES = ('auto', 'native', 'triton', 'torch')
 KERNELS_ENV = 'SN_MM_KERNELS'
@@ -68,33 +69,34 @@ SCHEMA = (
 # The schema's momentum is a float: the cumulative average (momentum=None,
 # as nn.BatchNorm2d's) travels as this value, which the kernels test for.
 CUMULATIVE = -1.
-# The reference's output for given BN statistics (the batch's, recomputed
-# from x, where batch_stats; else bn_mean/bn_var): what a double backward
-# differentiates.
-REFERENCE_SCHEMA = (
-    'switchable_norm_reference(Tensor x, Tensor weight, Tensor bias, '
-    'Tensor mean_logits, Tensor var_logits, Tensor? bn_mean, '
+# A backward that records a graph (create_graph=True) on the C++ kernels:
+# the reference's gradients for given BN statistics (the batch's,
+# recomputed from x, where batch_stats; else bn_mean/bn_var), zeros for
+# those not wanted.
+GRAPH_GRADS_SCHEMA = (
+    'switchable_norm_graph_grads(Tensor grad_y, Tensor x, Tensor weight, '
+    'Tensor bias, Tensor mean_logits, Tensor var_logits, Tensor? bn_mean, '
     'Tensor? bn_var, Tensor? ratio_fixed, Tensor? fixed_ratios, '
-    'bool batch_stats, float eps, bool unbiased, bool ratios_given) '
-    '-> Tensor')
+    'bool batch_stats, float eps, bool unbiased, bool ratios_given, '
+    'bool[] wanted) -> Tensor[]')
 
 _LIB = torch.library.Library('sn_mm', 'FRAGMENT')
 _LIB.define(SCHEMA)
-_LIB.define(REFERENCE_SCHEMA)
+_LIB.define(GRAPH_GRADS_SCHEMA)
 
 
-def _reference_op(x, weight, bias, mean_logits, var_logits, bn_mean, bn_var,
-                  ratio_fixed, fixed_ratios, batch_stats, eps, unbiased,
-                  ratios_given):
-    n, c = x.shape[0], x.shape[1]
-    y = reference_forward(
-        x.reshape(n, c, math.prod(x.shape[2:])), weight, bias, mean_logits,
-        var_logits, bn_mean, bn_var, batch_stats, eps, unbiased, ratio_fixed,
-        fixed_ratios, ratios_given)[0]
-    return y.reshape(x.shape)
+def _graph_grads_op(grad_y, x, weight, bias, mean_logits, var_logits, bn_mean,
+                    bn_var, ratio_fixed, fixed_ratios, batch_stats, eps,
+                    unbiased, ratios_given, wanted):
+    inputs = (x, weight, bias, mean_logits, var_logits)
+    grads = graph_grads(grad_y, inputs, wanted, bn_mean, bn_var, batch_stats,
+                        eps, unbiased, ratio_fixed, fixed_ratios, ratios_given)
+    return [
+        torch.zeros_like(t) if g is None else g for t, g in zip(inputs, grads)
+    ]
 
 
-_LIB.impl('switchable_norm_reference', _reference_op,
+_LIB.impl('switchable_norm_graph_grads', _graph_grads_op,
           'CompositeImplicitAutograd')
 
 

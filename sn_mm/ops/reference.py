@@ -274,3 +274,30 @@ def switchable_norm_reference(
                              num_batches_tracked, momentum, mean_bn.detach(),
                              var_bn.detach(), has, nonfinite_batches)
     return _as(y.reshape(shape), x.dtype)
+
+
+def graph_grads(grad_y: Tensor, inputs, wanted, *args) -> list:
+    """A backward that records a graph (``create_graph=True``): the
+    gradients of SN's output for ``grad_y`` with respect to those of
+    ``inputs`` = (x (N, C, *), weight, bias, mean_logits, var_logits) that
+    are ``wanted`` (the others None), from a recomputed reference forward,
+    so that every higher derivative is exact. ``args``:
+    :func:`reference_forward`'s from ``running_mean`` on; x is computed in
+    the parameters' dtype."""
+    x = inputs[0]
+    n, c = x.shape[0], x.shape[1]
+    x3 = _as(x.reshape(n, c, math.prod(x.shape[2:])), inputs[1].dtype)
+    y = reference_forward(x3, *inputs[1:], *args)[0]
+    asked = [t for t, want in zip(inputs, wanted) if want]
+    grads = iter(
+        torch.autograd.grad(
+            y,
+            asked,
+            grad_y.reshape(y.shape).to(y.dtype),
+            create_graph=True,
+            allow_unused=True))
+    result = []
+    for t, want in zip(inputs, wanted):
+        g = next(grads) if want else None
+        result.append(torch.zeros_like(t) if want and g is None else g)
+    return result

@@ -31,7 +31,7 @@ from torch import Tensor
 from . import _compat
 from . import triton_kernels as kernels
 from .agreement import worst_difference
-from .reference import (combine_statistics, reference_forward,
+from .reference import (combine_statistics, graph_grads,
                         switchable_norm_reference, update_running_stats)
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -410,10 +410,7 @@ class TritonSwitchableNorm(torch.autograd.Function):
 
 
 def _recorded_backward(ctx, grad_y):
-    """create_graph=True: differentiate a recomputed forward of the
-    reference (PyTorch ops, float32), so that every higher derivative is
-    exact."""
-    x3, weight, bias, mean_logits, var_logits = ctx.saved_tensors[:5]
+    """create_graph=True: the reference's gradients, as a graph."""
     (running_mean, running_var, _, ratio_fixed, fixed_ratios, training, _, eps,
      unbiased, ratios_given, group, _) = ctx.state
     if group is not None:
@@ -421,20 +418,10 @@ def _recorded_backward(ctx, grad_y):
             'SyncSN: double backward (create_graph=True) across several '
             'processes is not supported; on one process (or with SN) it '
             'is exact')
-    inputs = (x3, weight, bias, mean_logits, var_logits)
-    wanted = [i for i, need in enumerate(ctx.needs_input_grad[:5]) if need]
-    y = reference_forward(x3.float(), weight, bias, mean_logits, var_logits,
-                          running_mean, running_var, training, eps, unbiased,
-                          ratio_fixed, fixed_ratios, ratios_given)[0]
-    grads = torch.autograd.grad(
-        y, [inputs[i] for i in wanted],
-        grad_y.float(),
-        create_graph=True,
-        allow_unused=True)
-    result = [None] * 6
-    for i, g in zip(wanted, grads):
-        result[i] = torch.zeros_like(inputs[i]) if g is None else g
-    return tuple(result)
+    return (*graph_grads(grad_y, ctx.saved_tensors[:5],
+                         ctx.needs_input_grad[:5], running_mean, running_var,
+                         training, eps, unbiased, ratio_fixed, fixed_ratios,
+                         ratios_given), None)
 
 
 def applies(x: Tensor, weight: Tensor, running_mean: Optional[Tensor]) -> bool:

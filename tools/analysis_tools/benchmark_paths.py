@@ -424,7 +424,8 @@ def on_path_seconds(call, path) -> float:
     seconds = sum(e.cpu_time_total for e, t in zip(forwards, took) if t)
     seconds += sum(
         e.cpu_time_total for e in events
-        if e.name == 'SwitchableNormBackward' and e.sequence_nr in on_path)
+        if e.name == 'torch::autograd::CppNode<SwitchableNormBackward>'
+        and e.sequence_nr in on_path)
     return seconds / 1e6
 
 

@@ -22,26 +22,18 @@ struct Isa {
   bool (*cpu_has)();
 };
 
-bool cpu_has_avx512() {
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") &&
-         __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#define SN_CPU_HAS(feature) \
+  (__builtin_cpu_init(), __builtin_cpu_supports(feature))
 #else
-  return false;
+#define SN_CPU_HAS(feature) false
 #endif
-}
 
-bool cpu_has_avx2() {
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
+bool cpu_has_avx2() { return SN_CPU_HAS("avx2") && SN_CPU_HAS("fma"); }
+
+bool cpu_has_avx512() {
+  return cpu_has_avx2() && SN_CPU_HAS("avx512f") && SN_CPU_HAS("avx512vl") &&
+         SN_CPU_HAS("avx512bw") && SN_CPU_HAS("avx512dq");
 }
 
 bool always() { return true; }

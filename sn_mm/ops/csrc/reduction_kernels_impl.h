@@ -47,8 +47,7 @@ SN_INLINE DV sum_vectors(int64_t end, const F& term) {
 // Per sample: LN's mean and its variance in the stable form mean_c(var_in)
 // + mean_c((mean_in - mean_ln)^2).
 template <typename T>
-SN_INLINE void ln_stats_kernel(const LnStatsArgs<T>& a, int64_t begin,
-                               int64_t end) {
+void ln_stats_kernel(const LnStatsArgs<T>& a, int64_t begin, int64_t end) {
   const int64_t C = a.channels, CV = C - C % kDL;
   double* col = a.col;
   for (int64_t n = begin; n < end; ++n) {
@@ -92,8 +91,7 @@ SN_INLINE void ln_stats_kernel(const LnStatsArgs<T>& a, int64_t begin,
 }
 
 template <typename T>
-SN_INLINE void bn_dev_kernel(const BnDevArgs<T>& a, int64_t begin,
-                             int64_t end) {
+void bn_dev_kernel(const BnDevArgs<T>& a, int64_t begin, int64_t end) {
   const int64_t C = a.channels, CV = C - C % kDL;
   for (int64_t n = begin; n < end; ++n) {
     const T* m = a.mean_in + n * C;
@@ -112,8 +110,8 @@ SN_INLINE void bn_dev_kernel(const BnDevArgs<T>& a, int64_t begin,
 // sums over c of d_mu and d_var weighted by each channel's LN ratio (a
 // group's sums, then times its ratio), and into acc the per-channel sums.
 template <typename T>
-SN_INLINE void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
-                                  int64_t end) {
+void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
+                        int64_t end) {
   const int64_t C = a.channels;
   double* acc = a.acc;
   for (int64_t n = begin; n < end; ++n) {
@@ -184,30 +182,13 @@ SN_INLINE void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
   }
 }
 
-// The table of this instruction set's kernels.
+// The table of this instruction set's kernels (each an out-of-line
+// function; what they call is inlined into them).
 template <typename T>
 constexpr sn_mm_rows::KernelSet<T> kernel_set() {
-  return {[](const MomentsArgs<T>& a, int64_t b, int64_t e) {
-            moments_kernel(a, b, e);
-          },
-          [](const GradSumsArgs<T>& a, int64_t b, int64_t e) {
-            grad_sums_kernel(a, b, e);
-          },
-          [](const NormalizeArgs<T>& a, int64_t b, int64_t e) {
-            normalize_kernel(a, b, e);
-          },
-          [](const InputGradArgs<T>& a, int64_t b, int64_t e) {
-            input_grad_kernel(a, b, e);
-          },
-          [](const LnStatsArgs<T>& a, int64_t b, int64_t e) {
-            ln_stats_kernel(a, b, e);
-          },
-          [](const BnDevArgs<T>& a, int64_t b, int64_t e) {
-            bn_dev_kernel(a, b, e);
-          },
-          [](const GradReduceArgs<T>& a, int64_t b, int64_t e) {
-            grad_reduce_kernel(a, b, e);
-          }};
+  return {&moments_kernel<T>,    &grad_sums_kernel<T>, &normalize_kernel<T>,
+          &input_grad_kernel<T>, &ln_stats_kernel<T>,  &bn_dev_kernel<T>,
+          &grad_reduce_kernel<T>};
 }
 
 }  // namespace

@@ -53,49 +53,21 @@ SN_INLINE T fold(T* acc) {
   return acc[0];
 }
 
-template <int Lanes, typename T>
-SN_INLINE T row_sum(const T* __restrict__ x, int64_t n) {
+// The sum of term(i) over a row's n values. Its uses keep rows exact far
+// from zero (|mean| >> std): sums of deviations from a value of the row (its
+// first), which keep the partial sums small, so the mean keeps the precision
+// of the data instead of that of the sum; squares of (x - shift) - (mean -
+// shift), as the mean rounded to x's dtype could be off by half its unit in
+// the last place, which squared is not small beside a variance far below
+// |mean|; products with x centred on the row's mean.
+template <int Lanes, typename T, typename Term>
+SN_INLINE T row_reduce(int64_t n, const Term& term) {
   T acc[Lanes] = {};
   int64_t i = 0;
   for (; i + Lanes <= n; i += Lanes)
-    for (int k = 0; k < Lanes; ++k) acc[k] += x[i + k];
+    for (int k = 0; k < Lanes; ++k) acc[k] += term(i + k);
   T tail = 0;
-  for (; i < n; ++i) tail += x[i];
-  return fold<Lanes>(acc) + tail;
-}
-
-// sum of (x - shift): summing deviations from a value of the row (its first)
-// keeps the partial sums small when |mean| >> std, so the mean keeps the
-// precision of the data instead of that of the sum.
-template <int Lanes, typename T>
-SN_INLINE T row_sum_shifted(const T* __restrict__ x, int64_t n, T shift) {
-  T acc[Lanes] = {};
-  int64_t i = 0;
-  for (; i + Lanes <= n; i += Lanes)
-    for (int k = 0; k < Lanes; ++k) acc[k] += x[i + k] - shift;
-  T tail = 0;
-  for (; i < n; ++i) tail += x[i] - shift;
-  return fold<Lanes>(acc) + tail;
-}
-
-// sum of (x - mean)^2 as ((x - shift) - (mean - shift)): the mean rounded
-// to x's dtype could be off by half its unit in the last place, which
-// squared is not small beside a variance far below |mean|.
-template <int Lanes, typename T>
-SN_INLINE T row_sq_dev(const T* __restrict__ x, int64_t n, T shift,
-                       T mean_dev) {
-  T acc[Lanes] = {};
-  int64_t i = 0;
-  for (; i + Lanes <= n; i += Lanes)
-    for (int k = 0; k < Lanes; ++k) {
-      const T d = (x[i + k] - shift) - mean_dev;
-      acc[k] += d * d;
-    }
-  T tail = 0;
-  for (; i < n; ++i) {
-    const T d = (x[i] - shift) - mean_dev;
-    tail += d * d;
-  }
+  for (; i < n; ++i) tail += term(i);
   return fold<Lanes>(acc) + tail;
 }
 
@@ -330,18 +302,13 @@ SN_INLINE void rows_grad_sums(const T* __restrict__ g, const T* __restrict__ x,
   transpose_sums<W>(acc, s);
 }
 
-// sum of a * (b - m): centred on the row mean m, so that an input far from
-// zero (|mean| >> std) loses nothing to cancellation.
+// sum of g * (x - m) and of g over a row of n values.
 template <int Lanes, typename T>
-SN_INLINE T row_dot_centred(const T* __restrict__ a, const T* __restrict__ b,
-                            int64_t n, T m) {
-  T acc[Lanes] = {};
-  int64_t i = 0;
-  for (; i + Lanes <= n; i += Lanes)
-    for (int k = 0; k < Lanes; ++k) acc[k] += a[i + k] * (b[i + k] - m);
-  T tail = 0;
-  for (; i < n; ++i) tail += a[i] * (b[i] - m);
-  return fold<Lanes>(acc) + tail;
+SN_INLINE void row_grad_sums(const T* __restrict__ g, const T* __restrict__ x,
+                             int64_t n, T m, T* sum_g, T* sum_gxc) {
+  *sum_g = row_reduce<Lanes, T>(n, [=](int64_t i) { return g[i]; });
+  *sum_gxc =
+      row_reduce<Lanes, T>(n, [=](int64_t i) { return g[i] * (x[i] - m); });
 }
 
 // --------------------------------------------------------------- kernels --
@@ -363,17 +330,25 @@ SN_INLINE void moments_rows(const MomentsArgs<T>& a, int64_t begin,
                             int64_t end) {
   for (int64_t r = begin; r < end; ++r) {
     const T* row = a.x + r * a.length;
-    const T mean_dev = row_sum_shifted<Lanes>(row, a.length, row[0]) /
-                       static_cast<T>(a.length);
-    store_mean(a, r, row[0], mean_dev);
-    a.var[r] = row_sq_dev<Lanes>(row, a.length, row[0], mean_dev) / a.divisor;
+    const T first = row[0];
+    const T mean_dev =
+        row_reduce<Lanes, T>(a.length,
+                             [=](int64_t i) { return row[i] - first; }) /
+        static_cast<T>(a.length);
+    store_mean(a, r, first, mean_dev);
+    a.var[r] = row_reduce<Lanes, T>(a.length,
+                                    [=](int64_t i) {
+                                      const T d = (row[i] - first) - mean_dev;
+                                      return d * d;
+                                    }) /
+               a.divisor;
   }
 }
 
 // Rows begin..end four at a time, `four(x, n, shape, mean_dev, m2)` giving
 // the four rows' means less their first values and their sums of squared
-// deviations; the rest (fewer than four rows, or rows under 8 values) one at a
-// time.
+// deviations; the rest (fewer than four rows, or rows under 8 values) one at
+// a time.
 template <typename T, typename Four>
 SN_INLINE void moments_in_fours(const MomentsArgs<T>& a, int64_t begin,
                                 int64_t end, Four four) {
@@ -396,8 +371,7 @@ SN_INLINE void moments_in_fours(const MomentsArgs<T>& a, int64_t begin,
 // Short rows (RoI features: 7 x 7) take one pass each (rows_shifted_sums);
 // the general way, two (rows_two_pass_moments).
 template <typename T>
-SN_INLINE void moments_kernel(const MomentsArgs<T>& a, int64_t begin,
-                              int64_t end) {
+void moments_kernel(const MomentsArgs<T>& a, int64_t begin, int64_t end) {
   if (a.short_rows) {
     const T inv_n = T(1) / static_cast<T>(a.length);
     moments_in_fours(
@@ -417,8 +391,7 @@ SN_INLINE void moments_kernel(const MomentsArgs<T>& a, int64_t begin,
 }
 
 template <typename T>
-SN_INLINE void grad_sums_kernel(const GradSumsArgs<T>& a, int64_t begin,
-                                int64_t end) {
+void grad_sums_kernel(const GradSumsArgs<T>& a, int64_t begin, int64_t end) {
   if (a.short_rows) {  // four rows at a time, as in moments
     const int64_t n = a.length;
     const ShortRow shape(n, kSumLanes<T>);
@@ -432,19 +405,14 @@ SN_INLINE void grad_sums_kernel(const GradSumsArgs<T>& a, int64_t begin,
           a.sum_gxc[r + j] = s[4 + j];
         }
       }
-    for (; r < end; ++r) {
-      a.sum_g[r] = row_sum<8>(a.g + r * n, n);
-      a.sum_gxc[r] =
-          row_dot_centred<8>(a.g + r * n, a.x + r * n, n, a.mean_in[r]);
-    }
+    for (; r < end; ++r)
+      row_grad_sums<8>(a.g + r * n, a.x + r * n, n, a.mean_in[r], a.sum_g + r,
+                       a.sum_gxc + r);
     return;
   }
-  for (int64_t r = begin; r < end; ++r) {
-    const T* g = a.g + r * a.length;
-    const T* x = a.x + r * a.length;
-    a.sum_g[r] = row_sum<32>(g, a.length);
-    a.sum_gxc[r] = row_dot_centred<32>(g, x, a.length, a.mean_in[r]);
-  }
+  for (int64_t r = begin; r < end; ++r)
+    row_grad_sums<32>(a.g + r * a.length, a.x + r * a.length, a.length,
+                      a.mean_in[r], a.sum_g + r, a.sum_gxc + r);
 }
 
 // For each ratio group's part of channels [c0, c1): fn(begin, end, w),
@@ -497,8 +465,7 @@ SN_INLINE void store_row(T* __restrict__ y, int64_t n, F value,
 // scale = weight / sqrt(var + eps) (x - mu first: x * scale - mu * scale
 // would cancel when |mu| >> std). Keeps mu and 1 / sqrt(var + eps).
 template <typename T>
-SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
-                                int64_t end) {
+void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin, int64_t end) {
   // First every row's statistics (a loop over c that vectorises, the
   // square roots included), then the rows: a short row's own loop then has
   // no scalar latency in front of it.
@@ -525,8 +492,7 @@ SN_INLINE void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
 // of the row's IN mean and variance (what autograd derives from the
 // reference's formulas).
 template <typename T>
-SN_INLINE void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin,
-                                 int64_t end) {
+void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin, int64_t end) {
   const T inv_length = T(1) / static_cast<T>(a.length);
   // In chunks of one sample's rows: first each row's three coefficients (a
   // loop over c that vectorises), then the rows.

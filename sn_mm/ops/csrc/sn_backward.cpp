@@ -291,27 +291,20 @@ at::Tensor grad_rows(const at::Tensor& grad_y, const Forward& f) {
   return g.is_contiguous() ? g : g.contiguous();
 }
 
-// The gradients of the mean's and the variance's logits (or given ratios).
-std::vector<at::Tensor> logit_grads(const Ratios& w,
-                                    const std::vector<double>& d_wm,
-                                    const std::vector<double>& d_wv,
-                                    const at::Tensor& mean_logits,
-                                    const std::vector<bool>& is_fixed,
-                                    bool ratios_given) {
-  return {logit_grad(w.mean, d_wm, mean_logits, is_fixed, 0, w.groups,
-                     w.has_in, ratios_given),
-          logit_grad(w.var, d_wv, mean_logits, is_fixed, 1, w.groups, w.has_in,
-                     ratios_given)};
-}
-
-// The backward pass: gradients of x, weight, bias and the two logit (or,
-// with ratios_given, ratio) tensors.
-std::vector<at::Tensor> backward_impl(const at::Tensor& grad_y,
-                                      const Forward& f,
-                                      const at::Tensor& weight,
-                                      const at::Tensor& mean_logits,
-                                      const std::vector<bool>& is_fixed,
-                                      bool using_bn, bool ratios_given) {
+// The backward pass from the forward's saved tensors (its input, weight,
+// logits and statistics buffer; the ratios are recomputed from the logits):
+// gradients of x, weight, bias and the two logit (or, with ratios_given,
+// ratio) tensors.
+std::vector<at::Tensor> backward_impl(
+    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
+    const at::Tensor& mean_logits, const at::Tensor& var_logits,
+    const at::Tensor& ws, const OptTensor& fixed,
+    const OptTensor& fixed_ratios, bool using_bn, bool bn_batch, bool unbiased,
+    bool ratios_given) {
+  Forward f = prepared(x, mean_logits, var_logits, fixed, fixed_ratios,
+                       unbiased, ratios_given);
+  f.ws = ws;
+  f.bn_batch = bn_batch;
   const auto g = grad_rows(grad_y, f);
   const auto w_c = weight.contiguous();
   auto grad_x = at::empty_like(f.x3);
@@ -323,10 +316,13 @@ std::vector<at::Tensor> backward_impl(const at::Tensor& grad_y,
         backward_pass<scalar_t>(g, f, w_c, using_bn, grad_x, grad_weight,
                                 grad_bias, d_wm, d_wv);
       });
-  auto logits =
-      logit_grads(f.ratios, d_wm, d_wv, mean_logits, is_fixed, ratios_given);
-  return {grad_x.view(grad_y.sizes()), grad_weight, grad_bias, logits[0],
-          logits[1]};
+  const auto is_fixed = read_fixed(fixed, f.ratios.groups);
+  const Ratios& w = f.ratios;
+  return {grad_x.view(grad_y.sizes()), grad_weight, grad_bias,
+          logit_grad(w.mean, d_wm, mean_logits, is_fixed, 0, w.groups,
+                     w.has_in, ratios_given),
+          logit_grad(w.var, d_wv, mean_logits, is_fixed, 1, w.groups, w.has_in,
+                     ratios_given)};
 }
 
 }  // namespace sn_mm_cpu

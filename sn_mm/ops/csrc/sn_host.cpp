@@ -76,8 +76,6 @@ std::vector<double> read_doubles(const at::Tensor& t) {
   return out;
 }
 
-// Which ratio vectors are fixed: 2 x G flags (mean's groups, then the
-// variance's), from ratio_fixed (2,) or, for group SN, (2, G).
 std::vector<bool> read_fixed(const c10::optional<at::Tensor>& fixed,
                              int64_t groups) {
   if (!(fixed.has_value() && fixed->defined()))
@@ -174,37 +172,24 @@ void check_params(const at::Tensor& x, const at::Tensor& weight,
                 " CPU values of the input's dtype");
 }
 
-// x as (N, C, L) contiguous rows.
-at::Tensor rows_of(const at::Tensor& x) {
-  int64_t spatial = 1;
-  for (int64_t d = 2; d < x.dim(); ++d) spatial *= x.size(d);
-  auto x3 = x.reshape({x.size(0), x.size(1), spatial});
-  return x3.is_contiguous() ? x3 : x3.contiguous();
-}
-
-// A call's input as (N, C, L) rows, checked, and the variances' correction.
-Forward rows_for(const at::Tensor& x, bool unbiased) {
-  check_input(x);
-  Forward f;
-  f.x3 = rows_of(x);
-  f.correction = (unbiased && f.x3.size(2) > 1) ? 1 : 0;
-  return f;
-}
-
-// rows_for's, and the ratios the call mixes with.
 Forward prepared(const at::Tensor& x, const at::Tensor& mean_logits,
                  const at::Tensor& var_logits, const OptTensor& fixed,
                  const OptTensor& fixed_ratios, bool unbiased,
                  bool ratios_given) {
-  Forward f = rows_for(x, unbiased);
-  const bool has_in = f.x3.size(2) > 1;
+  check_input(x);
+  Forward f;
+  int64_t spatial = 1;
+  for (int64_t d = 2; d < x.dim(); ++d) spatial *= x.size(d);
+  f.x3 = x.reshape({x.size(0), x.size(1), spatial});
+  if (!f.x3.is_contiguous()) f.x3 = f.x3.contiguous();
+  f.correction = (unbiased && spatial > 1) ? 1 : 0;
   const int64_t groups = ratio_groups(mean_logits);
   TORCH_CHECK(groups >= 1 && x.size(1) % groups == 0 &&
                   var_logits.sizes() == mean_logits.sizes(),
               "switchable_norm: ", groups, " ratio groups do not divide ",
               x.size(1), " channels (or the logits' shapes differ)");
   f.ratios = mixing_ratios(mean_logits, var_logits, read_fixed(fixed, groups),
-                           fixed_ratios, has_in, ratios_given);
+                           fixed_ratios, spatial > 1, ratios_given);
   return f;
 }
 

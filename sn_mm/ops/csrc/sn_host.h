@@ -163,7 +163,15 @@ struct Stats {
 void check_params(const at::Tensor& x, const at::Tensor& weight,
                   const at::Tensor& bias);
 
-// A call's input as (N, C, L) rows, checked, and the variances' correction.
-Forward rows_for(const at::Tensor& x, bool unbiased);
+// A call's input as (N, C, L) rows, checked, the variances' correction
+// and the ratios the call mixes with: a forward without its statistics.
+Forward prepared(const at::Tensor& x, const at::Tensor& mean_logits,
+                 const at::Tensor& var_logits, const OptTensor& fixed,
+                 const OptTensor& fixed_ratios, bool unbiased,
+                 bool ratios_given);
+
+// Which ratio vectors are fixed: 2 x G flags (mean's groups, then the
+// variance's), from ratio_fixed (2,) or, for group SN, (2, G).
+std::vector<bool> read_fixed(const OptTensor& fixed, int64_t groups);
 
 }  // namespace sn_mm_cpu

@@ -53,31 +53,15 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
                      double momentum, double eps, bool unbiased,
                      bool ratios_given, bool for_backward);
 
-// A forward's rows of x, ratios and correction, without its statistics:
-// what a backward can recompute from the saved tensors.
-Forward prepared(const at::Tensor& x, const at::Tensor& mean_logits,
-                 const at::Tensor& var_logits, const OptTensor& fixed,
-                 const OptTensor& fixed_ratios, bool unbiased,
-                 bool ratios_given);
-
-// The backward pass: gradients of x, weight, bias and the two logit (or,
-// with ratios_given, ratio) tensors.
-std::vector<at::Tensor> backward_impl(const at::Tensor& grad_y,
-                                      const Forward& f,
-                                      const at::Tensor& weight,
-                                      const at::Tensor& mean_logits,
-                                      const std::vector<bool>& is_fixed,
-                                      bool using_bn, bool ratios_given);
-
-// G: the rows of (G, K) logits (group SN), else 1.
-int64_t ratio_groups(const at::Tensor& logits);
-
-// Which ratio vectors are fixed: 2 x G flags (mean's groups, then the
-// variance's), from ratio_fixed (2,) or, for group SN, (2, G).
-std::vector<bool> read_fixed(const OptTensor& fixed, int64_t groups);
-
-// x as (N, C, L) contiguous rows.
-at::Tensor rows_of(const at::Tensor& x);
+// The backward pass from the forward's saved tensors (x, weight, the
+// logits, the statistics buffer ws and the fixed ratios): gradients of x,
+// weight, bias and the two logit (or, with ratios_given, ratio) tensors.
+std::vector<at::Tensor> backward_impl(
+    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
+    const at::Tensor& mean_logits, const at::Tensor& var_logits,
+    const at::Tensor& ws, const OptTensor& fixed,
+    const OptTensor& fixed_ratios, bool using_bn, bool bn_batch, bool unbiased,
+    bool ratios_given);
 
 // Where the BN mean (then the variance) sits in Forward::ws.
 int64_t bn_offset(int64_t samples, int64_t channels);
