@@ -51,7 +51,7 @@ $(STAMP): requirements/build.txt requirements/runtime.txt requirements/tests.txt
 	touch $(STAMP)
 
 # Two workers (pytest-xdist), each test file on one: on a 2-core machine
-# the suite's subprocesses and imports overlap (17 minutes against 23 in
+# the suite's subprocesses and imports overlap (16 minutes against 23 in
 # one process).
 test: venv
 	$(VPY) -m pytest tests -n 2 --dist loadfile --durations=20
