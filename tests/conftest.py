@@ -31,15 +31,17 @@ def _read_metafiles_once():
 
 _read_metafiles_once()
 
-# The files that take the longest (half a minute to two of the suite's time
-# on a 2-core machine) run first: `make test` gives each of its two workers
-# one file at a time, and in name order several of these would come last,
-# one worker running them while the other waits.
-SLOW_FILES = ('test_runner_features.py', 'test_tools_toy_coco.py',
-              'test_gpu_check.py', 'test_sparse_sn.py',
-              'test_benchmark_norm.py', 'test_export.py', 'test_sn2mm.py',
-              'test_seg_syncsn_distributed.py', 'test_sn_analysis_tools.py',
-              'test_build.py', 'test_numerics.py', 'test_seg_configs.py')
+# The files that take the longest (one to two and a half minutes of the
+# suite's time on a 2-core machine), longest first, run first: `make test`
+# gives each of its two workers one file at a time, and in name order
+# several of these would come last, one worker running them while the
+# other waits.
+SLOW_FILES = ('test_seg_configs.py', 'test_runner_features.py',
+              'test_numerics.py', 'test_gpu_check.py',
+              'test_tools_toy_coco.py', 'test_sparse_sn.py', 'test_sn2mm.py',
+              'test_export.py', 'test_benchmark_norm.py',
+              'test_triton_fused.py', 'test_det_configs.py',
+              'test_preact_resnet.py')
 
 
 def pytest_collection_modifyitems(session, config, items):

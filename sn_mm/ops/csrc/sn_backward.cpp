@@ -316,12 +316,11 @@ std::vector<at::Tensor> backward_impl(
         backward_pass<scalar_t>(g, f, w_c, using_bn, grad_x, grad_weight,
                                 grad_bias, d_wm, d_wv);
       });
-  const auto is_fixed = read_fixed(fixed, f.ratios.groups);
   const Ratios& w = f.ratios;
   return {grad_x.view(grad_y.sizes()), grad_weight, grad_bias,
-          logit_grad(w.mean, d_wm, mean_logits, is_fixed, 0, w.groups,
-                     w.has_in, ratios_given),
-          logit_grad(w.var, d_wv, mean_logits, is_fixed, 1, w.groups, w.has_in,
+          logit_grad(w.mean, d_wm, mean_logits, w.fixed, 0, w.groups, w.has_in,
+                     ratios_given),
+          logit_grad(w.var, d_wv, mean_logits, w.fixed, 1, w.groups, w.has_in,
                      ratios_given)};
 }
 

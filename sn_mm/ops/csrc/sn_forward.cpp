@@ -348,9 +348,9 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
                      const OptTensor& fixed_ratios, bool training,
                      double momentum, double eps, bool unbiased,
                      bool ratios_given, bool for_backward) {
-  check_params(x, weight, bias);
   Forward f = prepared(x, mean_logits, var_logits, fixed, fixed_ratios,
                        unbiased, ratios_given);
+  check_params(x, weight, bias);
   const bool using_bn = defined(running_mean);
   f.bn_batch = using_bn && training;
   if (using_bn) check_running(*running_mean, *running_var, x.size(1));

@@ -109,10 +109,12 @@ void without_in(const double* src, int64_t k, double* dst) {
 
 Ratios mixing_ratios(const at::Tensor& mean_logits,
                      const at::Tensor& var_logits,
-                     const std::vector<bool>& is_fixed,
+                     std::vector<bool> fixed_flags,
                      const c10::optional<at::Tensor>& fixed_ratios,
                      bool has_in, bool ratios_given) {
   Ratios out;
+  out.fixed = std::move(fixed_flags);
+  const std::vector<bool>& is_fixed = out.fixed;
   out.has_in = has_in;
   out.k_ln = has_in ? 1 : 0;
   out.groups = ratio_groups(mean_logits);
@@ -163,7 +165,6 @@ void check_input(const at::Tensor& x) {
 
 void check_params(const at::Tensor& x, const at::Tensor& weight,
                   const at::Tensor& bias) {
-  check_input(x);
   const auto dtype = x.scalar_type();
   for (const auto* t : {&weight, &bias})
     TORCH_CHECK(t->scalar_type() == dtype && t->numel() == x.size(1) &&

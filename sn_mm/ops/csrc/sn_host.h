@@ -160,6 +160,7 @@ struct Stats {
   }
 };
 
+// weight and bias fit x (after prepared() has checked x).
 void check_params(const at::Tensor& x, const at::Tensor& weight,
                   const at::Tensor& bias);
 
@@ -169,9 +170,5 @@ Forward prepared(const at::Tensor& x, const at::Tensor& mean_logits,
                  const at::Tensor& var_logits, const OptTensor& fixed,
                  const OptTensor& fixed_ratios, bool unbiased,
                  bool ratios_given);
-
-// Which ratio vectors are fixed: 2 x G flags (mean's groups, then the
-// variance's), from ratio_fixed (2,) or, for group SN, (2, G).
-std::vector<bool> read_fixed(const OptTensor& fixed, int64_t groups);
 
 }  // namespace sn_mm_cpu

@@ -27,15 +27,21 @@ using torch::autograd::variable_list;
 
 namespace {
 
+// A saved tensor that may be undefined, as the optional it was.
+OptTensor optional_of(const at::Tensor& t) {
+  return t.defined() ? OptTensor(t) : c10::nullopt;
+}
+
 // A backward that records a graph (create_graph=True): the gradients of a
 // recomputed reference forward (sn_mm::switchable_norm_graph_grads, PyTorch
 // ops registered from Python), whose higher derivatives are exact. The BN
 // statistics kept are constants to the output where the running ones stood
 // in; elsewhere the reference recomputes them.
 variable_list graph_grads(const at::Tensor& grad_y, const variable_list& t,
-                          bool training, bool using_bn, double eps,
-                          bool unbiased, bool ratios_given,
-                          const c10::List<bool>& wanted) {
+                          const OptTensor& fixed,
+                          const OptTensor& fixed_ratios, bool training,
+                          bool using_bn, double eps, bool unbiased,
+                          bool ratios_given, const c10::List<bool>& wanted) {
   static auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("sn_mm::switchable_norm_graph_grads", "")
@@ -51,12 +57,9 @@ variable_list graph_grads(const at::Tensor& grad_y, const variable_list& t,
     bn_mean = t[5].narrow(0, at, channels);
     bn_var = t[5].narrow(0, at + channels, channels);
   }
-  const auto given = [](const at::Tensor& v) {
-    return v.defined() ? OptTensor(v) : c10::nullopt;
-  };
-  return op.call(grad_y, t[0], t[1], t[2], t[3], t[4], bn_mean, bn_var,
-                 given(t[6]), given(t[7]), training && samples > 0, eps,
-                 unbiased, ratios_given, wanted);
+  return op.call(grad_y, t[0], t[1], t[2], t[3], t[4], bn_mean, bn_var, fixed,
+                 fixed_ratios, training && samples > 0, eps, unbiased,
+                 ratios_given, wanted);
 }
 
 }  // namespace
@@ -98,16 +101,16 @@ struct SwitchableNormBackward
     if (!grads[0].defined()) return result;
     c10::List<bool> wanted;
     for (size_t i = 0; i < 5; ++i) wanted.push_back(ctx->needs_input_grad(i));
-    const auto fixed = t[6].defined() ? OptTensor(t[6]) : c10::nullopt;
+    const OptTensor fixed = optional_of(t[6]),
+                    fixed_ratios = optional_of(t[7]);
     const auto grad5 =
         at::GradMode::is_enabled()
-            ? graph_grads(grads[0], t, training, using_bn,
+            ? graph_grads(grads[0], t, fixed, fixed_ratios, training, using_bn,
                           ctx->saved_data["eps"].toDouble(), unbiased,
                           ratios_given, wanted)
             : backward_impl(grads[0], t[0], t[1], t[3], t[4], t[5], fixed,
-                            t[7].defined() ? OptTensor(t[7]) : c10::nullopt,
-                            using_bn, using_bn && training, unbiased,
-                            ratios_given);
+                            fixed_ratios, using_bn, using_bn && training,
+                            unbiased, ratios_given);
     for (size_t i = 0; i < 5; ++i)
       if (wanted[i]) result[i] = grad5[i];
     return result;

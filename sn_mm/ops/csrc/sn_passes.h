@@ -27,6 +27,9 @@ struct Ratios {
   bool has_in = true;
   int64_t k_ln = 1;
   int64_t groups = 1;
+  // Which vectors are given instead of learned: 2 x G flags (mean's groups,
+  // then the variance's), from ratio_fixed (2,) or, for group SN, (2, G).
+  std::vector<bool> fixed;
   int64_t terms() const { return static_cast<int64_t>(mean.size()) / groups; }
 };
 
