@@ -51,8 +51,8 @@ $(STAMP): requirements/build.txt requirements/runtime.txt requirements/tests.txt
 	touch $(STAMP)
 
 # Two workers (pytest-xdist), each test file on one: on a 2-core machine
-# the suite's subprocesses and imports overlap (16 minutes against 23 in
-# one process).
+# the suite's subprocesses and imports overlap; each worker runs torch on
+# its share of the cores (tests/conftest.py).
 test: venv
 	$(VPY) -m pytest tests -n 2 --dist loadfile --durations=20
 

@@ -31,18 +31,6 @@ def _read_metafiles_once():
 
 _read_metafiles_once()
 
-# The files that take the longest (one to two and a half minutes of the
-# suite's time on a 2-core machine), longest first, run first: `make test`
-# gives each of its two workers one file at a time, and in name order
-# several of these would come last, one worker running them while the
-# other waits.
-SLOW_FILES = ('test_seg_configs.py', 'test_runner_features.py',
-              'test_numerics.py', 'test_gpu_check.py',
-              'test_tools_toy_coco.py', 'test_sparse_sn.py', 'test_sn2mm.py',
-              'test_export.py', 'test_benchmark_norm.py',
-              'test_triton_fused.py', 'test_det_configs.py',
-              'test_preact_resnet.py')
-
 
 def pytest_configure(config):
     """Under pytest-xdist each worker's torch, and the tools its tests
@@ -57,11 +45,6 @@ def pytest_configure(config):
     share = max(1, (os.cpu_count() or 1) // int(workerinput['workercount']))
     os.environ.setdefault('OMP_NUM_THREADS', str(share))
     torch.set_num_threads(int(os.environ['OMP_NUM_THREADS']))
-
-
-def pytest_collection_modifyitems(session, config, items):
-    rank = {name: i for i, name in enumerate(SLOW_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FILES)))
 
 
 def pytest_report_header(config):
