@@ -128,3 +128,11 @@ def launch_directly(compiled, grid, device_index: int, args) -> None:
     compiled.run(grid[0], grid[1], 1, current_raw_stream(device_index),
                  compiled.function, compiled.packed_metadata, None, None, None,
                  *args)
+
+
+def in_transform() -> bool:
+    """Whether a functorch transform (vmap, grad, ...) or forward-mode AD
+    is active, which a Python autograd.Function without their rules cannot
+    run under."""
+    return (torch._C._are_functorch_transforms_active()
+            or torch.autograd.forward_ad._current_level >= 0)

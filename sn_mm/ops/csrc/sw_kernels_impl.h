@@ -1,0 +1,200 @@
+// Switchable Whitening's full-size passes over rows (B, c, L): each block
+// b is a whitening group of one sample, c rows of L values, and each pass
+// a product of c x c matrices with blocks, at K = c, where MKL's batched
+// GEMM takes 2-4x the time of a copy on AMD CPUs. Here a block's rows stay
+// in the caches between its two reads, the centring is done in registers
+// (the centred rows are never written), and the input's gradient is one
+// pass. SW with and without them: docs/performance.md, Switchable
+// Whitening. Included by reduction_kernels_impl.h, once per instruction set.
+#pragma once
+
+namespace {
+
+using sn_mm_rows::SwApplyArgs;
+using sn_mm_rows::SwMomentsArgs;
+using sn_mm_rows::SwProductsArgs;
+
+// Output rows at most; accumulators in registers: 16 of AVX-512's 32, 8
+// of the 16 AVX2 and SSE2 have.
+constexpr int kSwRows = kRegisterBytes == 64 ? 16 : 8;
+// Columns a product tile sums before folding its lanes (the block's rows
+// at them stay in L2 between the tiles; 256 folded too often, 1024-8192
+// read alike at 8x256x56x56 and 2x256x200x304).
+constexpr int64_t kSwChunk = 4096;
+// How far ahead (values) the transform's loads are prefetched: it reads c
+// rows at once, more streams than the hardware prefetchers follow.
+constexpr int64_t kSwPrefetch = 64;
+
+template <typename T>
+using SwVec = typename Vec<T, kLanes<T>>::type;
+
+// acc[r] += the sum over k of m[k][r] (in[k] - shift[k]) at columns [l, l +
+// W), for R rows (shift zero where not given). m is the matrix transposed
+// (column k of the product at m + k * c), so that the R factors of one k
+// are one row apart: one address register for them all.
+template <int R, typename T>
+SN_INLINE void sw_apply_term(SwVec<T>* acc, const T* m, const T* in,
+                             const T* shift, int64_t c, int64_t L, int64_t l) {
+  for (int64_t k = 0; k < c; ++k) {
+    __builtin_prefetch(in + k * L + l + kSwPrefetch);
+    SwVec<T> v = load<kLanes<T>>(in + k * L + l);
+    if (shift) v -= shift[k];
+    const T* column = m + k * c;
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) acc[r] += column[r] * v;
+  }
+}
+
+// Rows [i, i + R) of one block's output at columns [l, l + W).
+template <int R, typename T>
+SN_INLINE void sw_apply_tile(const SwApplyArgs<T>& a, int64_t b, int64_t i,
+                             int64_t l) {
+  const int64_t c = a.c, L = a.length, block = b * c * L, mats = b * c * c;
+  SwVec<T> acc[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+    acc[r] = SwVec<T>{} + (a.bias ? a.bias[b * c + i + r] : T(0));
+  sw_apply_term<R>(acc, a.m1 + mats + i, a.in1 + block,
+                   a.shift1 ? a.shift1 + b * c : nullptr, c, L, l);
+  if (a.m2)
+    sw_apply_term<R>(acc, a.m2 + mats + i, a.in2 + block, a.shift2 + b * c, c,
+                     L, l);
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+    store<kLanes<T>>(a.out + block + (i + r) * L + l, acc[r]);
+}
+
+// out = m1^T (in1 - shift1) + m2^T (in2 - shift2) + bias, blocks [b0, b1):
+// the transform in forward, the input's gradient in backward. Column
+// vectors outer, so that the block's c rows at them stay in L1 between
+// the row tiles.
+template <typename T>
+void sw_apply_kernel(const SwApplyArgs<T>& a, int64_t b0, int64_t b1) {
+  constexpr int W = kLanes<T>;
+  const int64_t c = a.c, L = a.length, whole = L - L % W;
+  for (int64_t b = b0; b < b1; ++b) {
+    for (int64_t l = 0; l < whole; l += W) {
+      int64_t i = 0;
+      for (; i + kSwRows <= c; i += kSwRows)
+        sw_apply_tile<kSwRows>(a, b, i, l);
+      for (; i + 4 <= c; i += 4) sw_apply_tile<4>(a, b, i, l);
+      for (; i < c; ++i) sw_apply_tile<1>(a, b, i, l);
+    }
+    const int64_t block = b * c * L, mats = b * c * c;
+    for (int64_t l = whole; l < L; ++l)
+      for (int64_t i = 0; i < c; ++i) {
+        T s = a.bias ? a.bias[b * c + i] : T(0);
+        for (int64_t k = 0; k < c; ++k) {
+          const T x = a.in1[block + k * L + l];
+          s += a.m1[mats + k * c + i] *
+               (a.shift1 ? x - a.shift1[b * c + k] : x);
+          if (a.m2)
+            s += a.m2[mats + k * c + i] *
+                 (a.in2[block + k * L + l] - a.shift2[b * c + k]);
+        }
+        a.out[block + i * L + l] = s;
+      }
+  }
+}
+
+// out[r][s] += the sum over [l0, l1) of (x[r] - x_shift[r]) (y[s] -
+// y_shift[s]) (x_shift zero where not given), for RA rows of x and RB of y
+// (row stride c in out).
+template <int RA, int RB, typename T>
+SN_INLINE void sw_product_tile(const T* x, const T* x_shift, const T* y,
+                               const T* y_shift, int64_t L, int64_t l0,
+                               int64_t l1, int64_t c, T* out) {
+  SwVec<T> acc[RA][RB] = {};
+  for (int64_t l = l0; l < l1; l += kLanes<T>) {
+    SwVec<T> vx[RA], vy[RB];
+#pragma GCC unroll 4
+    for (int r = 0; r < RA; ++r) {
+      vx[r] = load<kLanes<T>>(x + r * L + l);
+      if (x_shift) vx[r] -= x_shift[r];
+    }
+#pragma GCC unroll 4
+    for (int s = 0; s < RB; ++s)
+      vy[s] = load<kLanes<T>>(y + s * L + l) - y_shift[s];
+#pragma GCC unroll 4
+    for (int r = 0; r < RA; ++r)
+#pragma GCC unroll 4
+      for (int s = 0; s < RB; ++s) acc[r][s] += vx[r] * vy[s];
+  }
+  for (int r = 0; r < RA; ++r)
+    for (int s = 0; s < RB; ++s) {
+      T lanes[kLanes<T>];
+      store<kLanes<T>>(lanes, acc[r][s]);
+      out[r * c + s] += fold<kLanes<T>>(lanes);
+    }
+}
+
+// out (c x c) = (x - x_shift)(y - y_shift)^T of one block, in 4 x 4 tiles
+// (single pairs at the edges where 4 does not divide c); only the tiles on
+// and above the diagonal where `symmetric` (x and y the same rows).
+template <typename T>
+void sw_products(const T* x, const T* x_shift, const T* y, const T* y_shift,
+                 int64_t c, int64_t L, bool symmetric, T* out) {
+  const int64_t whole = L - L % kLanes<T>;
+  for (int64_t k = 0; k < c * c; ++k) out[k] = 0;
+  for (int64_t l0 = 0; l0 < whole; l0 += kSwChunk) {
+    const int64_t l1 = min_of(whole, l0 + kSwChunk);
+    for (int64_t i = 0; i < c; i += 4)
+      for (int64_t j = symmetric ? i : 0; j < c; j += 4) {
+        if (i + 4 <= c && j + 4 <= c) {
+          sw_product_tile<4, 4>(x + i * L, x_shift ? x_shift + i : nullptr,
+                                y + j * L, y_shift + j, L, l0, l1, c,
+                                out + i * c + j);
+          continue;
+        }
+        for (int64_t r = i; r < min_of(c, i + 4); ++r)
+          for (int64_t s = j; s < min_of(c, j + 4); ++s)
+            sw_product_tile<1, 1>(x + r * L, x_shift ? x_shift + r : nullptr,
+                                  y + s * L, y_shift + s, L, l0, l1, c,
+                                  out + r * c + s);
+      }
+  }
+  for (int64_t i = 0; i < c; ++i)
+    for (int64_t j = symmetric ? i : 0; j < c; ++j) {
+      T t = 0;
+      for (int64_t l = whole; l < L; ++l)
+        t += (x[i * L + l] - (x_shift ? x_shift[i] : T(0))) *
+             (y[j * L + l] - y_shift[j]);
+      out[i * c + j] += t;
+      if (symmetric) out[j * c + i] = out[i * c + j];
+    }
+}
+
+// Per block: row means, then the covariance of the centred rows (biased);
+// the rows are read from memory once, the second time from the caches.
+template <typename T>
+void sw_moments_kernel(const SwMomentsArgs<T>& a, int64_t b0, int64_t b1) {
+  const int64_t c = a.c, L = a.length;
+  for (int64_t b = b0; b < b1; ++b) {
+    const T* x = a.x + b * c * L;
+    T *mean = a.mean + b * c, *cov = a.cov + b * c * c;
+    for (int64_t k = 0; k < c; ++k) {
+      const T first = x[k * L];
+      mean[k] = first + row_reduce<kLanes<T>, T>(L, [&](int64_t l) {
+                          return x[k * L + l] - first;
+                        }) / T(L);
+    }
+    sw_products(x, mean, x, mean, c, L, true, cov);
+    for (int64_t k = 0; k < c * c; ++k) cov[k] /= T(L);
+  }
+}
+
+// Per block: out = g (x - shift)^T and each row's sum of g.
+template <typename T>
+void sw_products_kernel(const SwProductsArgs<T>& a, int64_t b0, int64_t b1) {
+  const int64_t c = a.c, L = a.length;
+  for (int64_t b = b0; b < b1; ++b) {
+    const T *g = a.g + b * c * L, *x = a.x + b * c * L;
+    for (int64_t k = 0; k < c; ++k)
+      a.g_sum[b * c + k] =
+          row_reduce<kLanes<T>, T>(L, [&](int64_t l) { return g[k * L + l]; });
+    sw_products<T>(g, nullptr, x, a.shift + b * c, c, L, false,
+                   a.out + b * c * c);
+  }
+}
+
+}  // namespace
