@@ -909,19 +909,26 @@ def group_sn_section(args, shapes, report):
 
 
 def sw_section(args, shapes, report):
-    """Switchable Whitening against SN, layer by layer, timed in turn:
-    SW is batched matmuls in PyTorch ops, SN its kernels."""
+    """Switchable Whitening against SN, layer by layer, timed in turn: SW
+    on its C++ passes (sw_type 2 and 5) and on PyTorch ops (sw_type 2,
+    kernels='torch': batched matmuls), SN on its kernels."""
     from sn_mm.models.switchable_whitening import SwitchableWhitening
+
+    def variants(c):
+        made = {
+            f'SW sw_type={t}': (lambda t=t: SwitchableWhitening(
+                c, num_pergroup=min(16, c), sw_type=t))
+            for t in (2, 5)
+        }
+        made['SW sw_type=2, PyTorch ops'] = lambda: SwitchableWhitening(
+            c, num_pergroup=min(16, c), kernels='torch')
+        return made
+
     print('| shape | layer | fwd+bwd ms | eval fwd ms | saved for backward '
           'MB | fwd+bwd / SN | eval fwd / SN | saved / SN |')
     print('|---' * 8 + '|')
     rows = report.setdefault('sw', [])
-    for row in against_sn(
-            args, shapes, lambda c: {
-                f'SW sw_type={t}': (lambda t=t: SwitchableWhitening(
-                    c, num_pergroup=min(16, c), sw_type=t))
-                for t in (2, 5)
-            }):
+    for row in against_sn(args, shapes, variants):
         rows.append(row)
         print(
             f'| {row["shape"]} | {row["layer"]} | {row["both"]:.2f} | '
