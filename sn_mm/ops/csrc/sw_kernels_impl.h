@@ -97,9 +97,9 @@ void sw_apply_kernel(const SwApplyArgs<T>& a, int64_t b0, int64_t b1) {
   }
 }
 
-// out[r][s] += the sum over [l0, l1) of (x[r] - x_shift[r]) (y[s] -
+// out[r][s] (+)= the sum over [l0, l1) of (x[r] - x_shift[r]) (y[s] -
 // y_shift[s]) (x_shift zero where not given), for RA rows of x and RB of y
-// (row stride c in out).
+// (row stride c in out), assigned for the first columns (l0 == 0).
 template <int RA, int RB, typename T>
 SN_INLINE void sw_product_tile(const T* x, const T* x_shift, const T* y,
                                const T* y_shift, int64_t L, int64_t l0,
@@ -124,7 +124,7 @@ SN_INLINE void sw_product_tile(const T* x, const T* x_shift, const T* y,
     for (int s = 0; s < RB; ++s) {
       T lanes[kLanes<T>];
       store<kLanes<T>>(lanes, acc[r][s]);
-      out[r * c + s] += fold<kLanes<T>>(lanes);
+      out[r * c + s] = (l0 ? out[r * c + s] : T(0)) + fold<kLanes<T>>(lanes);
     }
 }
 
@@ -135,7 +135,6 @@ template <typename T>
 void sw_products(const T* x, const T* x_shift, const T* y, const T* y_shift,
                  int64_t c, int64_t L, bool symmetric, T* out) {
   const int64_t whole = L - L % kLanes<T>;
-  for (int64_t k = 0; k < c * c; ++k) out[k] = 0;
   for (int64_t l0 = 0; l0 < whole; l0 += kSwChunk) {
     const int64_t l1 = min_of(whole, l0 + kSwChunk);
     for (int64_t i = 0; i < c; i += 4)
@@ -159,7 +158,7 @@ void sw_products(const T* x, const T* x_shift, const T* y, const T* y_shift,
       for (int64_t l = whole; l < L; ++l)
         t += (x[i * L + l] - (x_shift ? x_shift[i] : T(0))) *
              (y[j * L + l] - y_shift[j]);
-      out[i * c + j] += t;
+      out[i * c + j] = (whole ? out[i * c + j] : T(0)) + t;
       if (symmetric) out[j * c + i] = out[i * c + j];
     }
 }
