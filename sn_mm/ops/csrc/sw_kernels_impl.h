@@ -14,9 +14,18 @@ using sn_mm_rows::SwApplyArgs;
 using sn_mm_rows::SwMomentsArgs;
 using sn_mm_rows::SwProductsArgs;
 
-// Output rows at most; accumulators in registers: 16 of AVX-512's 32, 8
-// of the 16 AVX2 and SSE2 have.
-constexpr int kSwRows = kRegisterBytes == 64 ? 16 : 8;
+// The transform's register tile: kSwRows output rows by kSwVectors column
+// vectors. AVX-512 broadcasts a matrix factor inside its FMA: one vector of
+// 16 rows (16 of its 32 registers). AVX2 and SSE2 load each broadcast
+// separately, so three vectors share it (4 x 3 of their 16 registers:
+// 0.78-0.86x the time of 8 x 1 in cache and at 8x256x56x56, AVX2, alternating
+// rounds; 8 x 2 and 8 x 3 did not pay under AVX-512).
+constexpr int kSwRows = kRegisterBytes == 64 ? 16 : 4;
+constexpr int kSwVectors = kRegisterBytes == 64 ? 1 : 3;
+// The products' tiles: kSwProductRows x 4, 16 accumulators under AVX-512;
+// 8 under AVX2 and SSE2, where 4 x 4 spills (2 x 4: 0.86-0.93x its time in
+// cache and at 8x256x56x56, AVX2, alternating rounds).
+constexpr int kSwProductRows = kRegisterBytes == 64 ? 4 : 2;
 // Columns a product tile sums before folding its lanes (the block's rows
 // at them stay in L2 between the tiles; 256 folded too often, 1024-8192
 // read alike at 8x256x56x56 and 2x256x200x304).
@@ -28,40 +37,65 @@ constexpr int64_t kSwPrefetch = 64;
 template <typename T>
 using SwVec = typename Vec<T, kLanes<T>>::type;
 
-// acc[r] += the sum over k of m[k][r] (in[k] - shift[k]) at columns [l, l +
-// W), for R rows (shift zero where not given). m is the matrix transposed
-// (column k of the product at m + k * c), so that the R factors of one k
-// are one row apart: one address register for them all.
-template <int R, typename T>
-SN_INLINE void sw_apply_term(SwVec<T>* acc, const T* m, const T* in,
+// acc[r][v] += the sum over k of m[k][r] (in[k] - shift[k]) at the V
+// column vectors from l, for R rows (shift zero where not given). m is the
+// matrix transposed (column k of the product at m + k * c), so that the R
+// factors of one k are one row apart: one address register for them all.
+template <int R, int V, typename T>
+SN_INLINE void sw_apply_term(SwVec<T> (*acc)[V], const T* m, const T* in,
                              const T* shift, int64_t c, int64_t L, int64_t l) {
   for (int64_t k = 0; k < c; ++k) {
-    __builtin_prefetch(in + k * L + l + kSwPrefetch);
-    SwVec<T> v = load<kLanes<T>>(in + k * L + l);
-    if (shift) v -= shift[k];
+    SwVec<T> v[V];
+#pragma GCC unroll 4
+    for (int u = 0; u < V; ++u) {
+      __builtin_prefetch(in + k * L + l + u * kLanes<T> + kSwPrefetch);
+      v[u] = load<kLanes<T>>(in + k * L + l + u * kLanes<T>);
+      if (shift) v[u] -= shift[k];
+    }
     const T* column = m + k * c;
 #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) acc[r] += column[r] * v;
+    for (int r = 0; r < R; ++r) {
+      const T factor = column[r];
+#pragma GCC unroll 4
+      for (int u = 0; u < V; ++u) acc[r][u] += factor * v[u];
+    }
   }
 }
 
-// Rows [i, i + R) of one block's output at columns [l, l + W).
-template <int R, typename T>
+// Rows [i, i + R) of one block's output at the V column vectors from l.
+template <int R, int V, typename T>
 SN_INLINE void sw_apply_tile(const SwApplyArgs<T>& a, int64_t b, int64_t i,
                              int64_t l) {
   const int64_t c = a.c, L = a.length, block = b * c * L, mats = b * c * c;
-  SwVec<T> acc[R];
+  SwVec<T> acc[R][V];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
-    acc[r] = SwVec<T>{} + (a.bias ? a.bias[b * c + i + r] : T(0));
-  sw_apply_term<R>(acc, a.m1 + mats + i, a.in1 + block,
-                   a.shift1 ? a.shift1 + b * c : nullptr, c, L, l);
+#pragma GCC unroll 4
+    for (int u = 0; u < V; ++u)
+      acc[r][u] = SwVec<T>{} + (a.bias ? a.bias[b * c + i + r] : T(0));
+  sw_apply_term<R, V>(acc, a.m1 + mats + i, a.in1 + block,
+                      a.shift1 ? a.shift1 + b * c : nullptr, c, L, l);
   if (a.m2)
-    sw_apply_term<R>(acc, a.m2 + mats + i, a.in2 + block, a.shift2 + b * c, c,
-                     L, l);
+    sw_apply_term<R, V>(acc, a.m2 + mats + i, a.in2 + block, a.shift2 + b * c,
+                        c, L, l);
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
-    store<kLanes<T>>(a.out + block + (i + r) * L + l, acc[r]);
+#pragma GCC unroll 4
+    for (int u = 0; u < V; ++u)
+      store<kLanes<T>>(a.out + block + (i + r) * L + l + u * kLanes<T>,
+                       acc[r][u]);
+}
+
+// The rows of one block at the V column vectors from l: tiles of kSwRows,
+// then of 4 and 1.
+template <int V, typename T>
+SN_INLINE void sw_apply_columns(const SwApplyArgs<T>& a, int64_t b,
+                                int64_t l) {
+  int64_t i = 0;
+  for (; i + kSwRows <= a.c; i += kSwRows)
+    sw_apply_tile<kSwRows, V>(a, b, i, l);
+  for (; i + 4 <= a.c; i += 4) sw_apply_tile<4, V>(a, b, i, l);
+  for (; i < a.c; ++i) sw_apply_tile<1, V>(a, b, i, l);
 }
 
 // out = m1^T (in1 - shift1) + m2^T (in2 - shift2) + bias, blocks [b0, b1):
@@ -70,16 +104,12 @@ SN_INLINE void sw_apply_tile(const SwApplyArgs<T>& a, int64_t b, int64_t i,
 // the row tiles.
 template <typename T>
 void sw_apply_kernel(const SwApplyArgs<T>& a, int64_t b0, int64_t b1) {
-  constexpr int W = kLanes<T>;
+  constexpr int W = kLanes<T>, step = kSwVectors * W;
   const int64_t c = a.c, L = a.length, whole = L - L % W;
   for (int64_t b = b0; b < b1; ++b) {
-    for (int64_t l = 0; l < whole; l += W) {
-      int64_t i = 0;
-      for (; i + kSwRows <= c; i += kSwRows)
-        sw_apply_tile<kSwRows>(a, b, i, l);
-      for (; i + 4 <= c; i += 4) sw_apply_tile<4>(a, b, i, l);
-      for (; i < c; ++i) sw_apply_tile<1>(a, b, i, l);
-    }
+    int64_t l = 0;
+    for (; l + step <= whole; l += step) sw_apply_columns<kSwVectors>(a, b, l);
+    for (; l < whole; l += W) sw_apply_columns<1>(a, b, l);
     const int64_t block = b * c * L, mats = b * c * c;
     for (int64_t l = whole; l < L; ++l)
       for (int64_t i = 0; i < c; ++i) {
@@ -128,25 +158,27 @@ SN_INLINE void sw_product_tile(const T* x, const T* x_shift, const T* y,
     }
 }
 
-// out (c x c) = (x - x_shift)(y - y_shift)^T of one block, in 4 x 4 tiles
-// (single pairs at the edges where 4 does not divide c); only the tiles on
-// and above the diagonal where `symmetric` (x and y the same rows).
+// out (c x c) = (x - x_shift)(y - y_shift)^T of one block, in tiles of
+// kSwProductRows x 4 (single pairs at the edges where they do not divide
+// c); only the tiles that reach the diagonal or above where `symmetric` (x
+// and y the same rows).
 template <typename T>
 void sw_products(const T* x, const T* x_shift, const T* y, const T* y_shift,
                  int64_t c, int64_t L, bool symmetric, T* out) {
+  constexpr int RA = kSwProductRows, RB = 4;
   const int64_t whole = L - L % kLanes<T>;
   for (int64_t l0 = 0; l0 < whole; l0 += kSwChunk) {
     const int64_t l1 = min_of(whole, l0 + kSwChunk);
-    for (int64_t i = 0; i < c; i += 4)
-      for (int64_t j = symmetric ? i : 0; j < c; j += 4) {
-        if (i + 4 <= c && j + 4 <= c) {
-          sw_product_tile<4, 4>(x + i * L, x_shift ? x_shift + i : nullptr,
-                                y + j * L, y_shift + j, L, l0, l1, c,
-                                out + i * c + j);
+    for (int64_t i = 0; i < c; i += RA)
+      for (int64_t j = symmetric ? i - i % RB : 0; j < c; j += RB) {
+        if (i + RA <= c && j + RB <= c) {
+          sw_product_tile<RA, RB>(x + i * L, x_shift ? x_shift + i : nullptr,
+                                  y + j * L, y_shift + j, L, l0, l1, c,
+                                  out + i * c + j);
           continue;
         }
-        for (int64_t r = i; r < min_of(c, i + 4); ++r)
-          for (int64_t s = j; s < min_of(c, j + 4); ++s)
+        for (int64_t r = i; r < min_of(c, i + RA); ++r)
+          for (int64_t s = j; s < min_of(c, j + RB); ++s)
             sw_product_tile<1, 1>(x + r * L, x_shift ? x_shift + r : nullptr,
                                   y + s * L, y_shift + s, L, l0, l1, c,
                                   out + r * c + s);
