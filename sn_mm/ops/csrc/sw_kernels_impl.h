@@ -4,8 +4,9 @@
 // GEMM takes 2-4x the time of a copy on AMD CPUs. Here a block's rows stay
 // in the caches between its two reads, the centring is done in registers
 // (the centred rows are never written), and the input's gradient is one
-// pass. SW with and without them: docs/performance.md, Switchable
-// Whitening. Included by reduction_kernels_impl.h, once per instruction set.
+// pass; and Newton's iteration on each group's c x c matrix (end of file).
+// SW with and without them: docs/performance.md, Switchable Whitening.
+// Included by reduction_kernels_impl.h, once per instruction set.
 #pragma once
 
 namespace {
