@@ -574,24 +574,7 @@ class SwitchableWhitening(nn.Module):
         else:
             mean_bn = self.running_mean[..., 0].to(dtype)
             cov_bn = self.running_cov.to(dtype)
-        instance = length > 1
-        wm, wv = self._importance_weights(mean_logit, var_logit, instance)
-        weights = {
-            name: (wm[k].to(dtype), wv[k].to(dtype))
-            for k, name in enumerate(self.components)
-            if instance or name not in INSTANCE_COMPONENTS
-        }
-
-        def mixed(which, terms):
-            """The sum of weight x statistic over the present components
-            (0 when none is); ``which``: 0 the mean's weights, 1 the
-            covariance's."""
-            total = 0
-            for names, stat in terms:
-                for name in names:
-                    if name in weights:
-                        total = total + weights[name][which] * stat
-            return total
+        mixed, weights = self._mixer(mean_logit, var_logit, length > 1, dtype)
 
         def var(cov):
             return torch.diagonal(cov, dim1=-2, dim2=-1)
@@ -632,6 +615,27 @@ class SwitchableWhitening(nn.Module):
             shift = shift + bias.to(dtype).view(g, c, 1)
         transform = transform.expand(n, g, c, c).reshape(n * g, c, c)
         return transform, shift.reshape(n * g, c, 1)
+
+    def _mixer(self, mean_logit, var_logit, instance, dtype):
+        """``mixed(which, terms)``, the sum of weight x statistic over the
+        components present (0 when none is), ``which`` 0 for the mean's
+        weights and 1 for the covariance's; and the weights by name."""
+        wm, wv = self._importance_weights(mean_logit, var_logit, instance)
+        weights = {
+            name: (wm[k].to(dtype), wv[k].to(dtype))
+            for k, name in enumerate(self.components)
+            if instance or name not in INSTANCE_COMPONENTS
+        }
+
+        def mixed(which, terms):
+            total = 0
+            for names, stat in terms:
+                for name in names:
+                    if name in weights:
+                        total = total + weights[name][which] * stat
+            return total
+
+        return mixed, weights
 
     def _ln_statistics(self, mean_in, var_in, length):
         """LN's mean and variance, both (N, 1, 1), the variance
