@@ -121,11 +121,12 @@ def newton_whitening(cov_n: Tensor, iterations: int) -> Tensor:
 
 class _NativeNewton(torch.autograd.Function):
     """:func:`newton_whitening` (``iterations`` >= 1) in the C++ kernel
-    (``sn_mm::sw_newton``): c x c products in registers, at 0.2-0.4x the
-    time of the batched ``bmm`` (docs/performance.md, Switchable
-    Whitening). Only ``cov_n`` is saved: the backward recomputes the
-    iterates. Not differentiable twice: a backward that records a graph
-    takes the PyTorch ops (:class:`_NativeWhiten`)."""
+    (``sn_mm::sw_newton``): the c x c products in registers, where the
+    batched ``bmm`` spends most of its time per matrix outside them (SW's
+    times: docs/performance.md, Switchable Whitening). Only ``cov_n`` is
+    saved: the backward recomputes the iterates. Not differentiable
+    twice: a backward that records a graph takes the PyTorch ops
+    (:class:`_NativeWhiten`)."""
 
     @staticmethod
     def forward(ctx, cov_n: Tensor, iterations: int) -> Tensor:
