@@ -1,7 +1,7 @@
 """Switchable Whitening's C++ passes (sn_mm::sw_moments, sw_apply,
-sw_products, sw_newton) compute what its PyTorch ops compute, under every
-instruction set the kernels are built for: outputs, running statistics and
-every gradient, at group sizes that fill the kernels' tiles and at ones that
+sw_products) compute what its PyTorch ops compute, under every instruction
+set the kernels are built for: outputs, running statistics and every
+gradient, at group sizes that fill the kernels' tiles and at ones that
 leave remainders, and at rows with and without a remainder after the
 vector lanes."""
 import pytest
@@ -9,8 +9,7 @@ import torch
 from test_switchable_whitening import data, make_sw
 
 from sn_mm import ops
-from sn_mm.models.switchable_whitening import (SwitchableWhitening,
-                                               newton_whitening)
+from sn_mm.models.switchable_whitening import SwitchableWhitening
 from sn_mm.ops import operator
 
 pytestmark = pytest.mark.skipif(
@@ -89,37 +88,6 @@ def test_native_equals_pytorch_ops_float64(isa, case, sw_type, tie_weight,
         torch.testing.assert_close(native, plain, rtol=1e-9, atol=1e-10)
 
 
-@pytest.mark.parametrize('iterations', [1, 2, 5])
-def test_native_newton_equals_pytorch_ops_float64(isa, iterations):
-    """Newton's iteration and its gradient in the C++ kernel against
-    autograd through the PyTorch ops, at group sizes of a whole vector (16),
-    of remainders (3, 6, 20) and 1. The kernel's backward uses that the
-    iterates are symmetric and commute with cov: its gradient equals
-    autograd's up to rounding in the symmetric part, which is all that
-    reaches the symmetric covariance."""
-    gen = torch.Generator().manual_seed(iterations)
-    for c in (16, 3, 6, 20, 1):
-        rows = torch.randn(7, c, 2 * c + 3, generator=gen, dtype=torch.float64)
-        cov = rows @ rows.transpose(1, 2) / rows.shape[-1] + 0.1 * torch.eye(
-            c, dtype=torch.float64)
-        cov = cov / cov.diagonal(dim1=1, dim2=2).sum(-1)[:, None, None]
-        grad = torch.randn(7, c, c, generator=gen, dtype=torch.float64)
-        leaf = cov.clone().requires_grad_()
-        expected = newton_whitening(leaf, iterations)
-        expected.backward(grad)
-        torch.testing.assert_close(
-            torch.ops.sn_mm.sw_newton(cov, iterations, None),
-            expected.detach(),
-            rtol=1e-12,
-            atol=1e-13)
-        got = torch.ops.sn_mm.sw_newton(cov, iterations, grad)
-        torch.testing.assert_close(
-            got + got.transpose(1, 2),
-            leaf.grad + leaf.grad.transpose(1, 2),
-            rtol=1e-11,
-            atol=1e-12)
-
-
 @pytest.mark.parametrize('case', CASES[:3])
 def test_native_float32_as_close_to_float64_as_pytorch_ops(isa, case):
     """At an offset of 1e3 the weight's gradient, a sum of products that
@@ -187,13 +155,6 @@ def test_operators_refuse_what_they_cannot_run():
             None)
     with pytest.raises(RuntimeError, match='one shape and dtype'):
         torch.ops.sn_mm.sw_products(rows, rows[:2], torch.randn(4, 3))
-    square = torch.randn(4, 3, 3)
-    with pytest.raises(RuntimeError, match=r'matrices \(B, c, c\)'):
-        torch.ops.sn_mm.sw_newton(rows, 5, None)
-    with pytest.raises(RuntimeError, match='iterations must be >= 1'):
-        torch.ops.sn_mm.sw_newton(square, 0, None)
-    with pytest.raises(RuntimeError, match='grad must be contiguous'):
-        torch.ops.sn_mm.sw_newton(square, 5, square[:2])
 
 
 def test_the_layer_setting_picks_the_kernels(monkeypatch):

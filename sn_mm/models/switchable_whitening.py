@@ -33,7 +33,6 @@ import torch.distributed as dist
 import torch.nn as nn
 from mmengine.registry import MODELS
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from ..ops import _compat
 from ..ops import operator as sn_operator
@@ -117,30 +116,6 @@ def newton_whitening(cov_n: Tensor, iterations: int) -> Tensor:
         p_cubed = torch.bmm(torch.bmm(p, p), p)
         p = torch.baddbmm(p, p_cubed, cov_n, beta=1.5, alpha=-0.5)
     return p
-
-
-class _NativeNewton(torch.autograd.Function):
-    """:func:`newton_whitening` (``iterations`` >= 1) in the C++ kernel
-    (``sn_mm::sw_newton``): the c x c products in registers, where the
-    batched ``bmm`` spends most of its time per matrix outside them (SW's
-    times: docs/performance.md, Switchable Whitening). Only ``cov_n`` is
-    saved: the backward recomputes the iterates. Not differentiable
-    twice: a backward that records a graph takes the PyTorch ops
-    (:class:`_NativeWhiten`)."""
-
-    @staticmethod
-    def forward(ctx, cov_n: Tensor, iterations: int) -> Tensor:
-        cov_n = cov_n.contiguous()
-        ctx.save_for_backward(cov_n)
-        ctx.iterations = iterations
-        return torch.ops.sn_mm.sw_newton(cov_n, iterations, None)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: Tensor):
-        cov_n, = ctx.saved_tensors
-        return torch.ops.sn_mm.sw_newton(cov_n, ctx.iterations,
-                                         grad.contiguous()), None
 
 
 class _CentredMoments(torch.autograd.Function):
@@ -519,7 +494,7 @@ class SwitchableWhitening(nn.Module):
         rows = rows.contiguous()
         plan = _Plan(
             functools.partial(
-                self._transform, n=n, length=length, group=group, native=True),
+                self._transform, n=n, length=length, group=group),
             functools.partial(self._reference, n=n, group=group, update=False))
         if torch.is_grad_enabled() and any(
                 t is not None and t.requires_grad for t in (rows, ) + params):
@@ -546,23 +521,12 @@ class SwitchableWhitening(nn.Module):
             update=update)
         return _Transform.apply(transform, shift, centred, with_ones)
 
-    def _transform(self,
-                   mean_in,
-                   cov_in,
-                   weight,
-                   bias,
-                   mean_logit,
-                   var_logit,
-                   *,
-                   n,
-                   length,
-                   group,
-                   update,
-                   native=False):
+    def _transform(self, mean_in, cov_in, weight, bias, mean_logit, var_logit,
+                   *, n, length, group, update):
         """The transform (N x G, c, c) and shift (N x G, c, 1) from the
         instance means (N x G, c) and covariances (N x G, c, c) and the
         parameters; in training the running statistics are updated where
-        ``update``. ``native``: Newton's iteration in the C++ kernel."""
+        ``update``."""
         g, c = self.num_groups, self.num_pergroup
         dtype = mean_in.dtype
         mean_in = mean_in.view(n, g, c)
@@ -575,7 +539,24 @@ class SwitchableWhitening(nn.Module):
         else:
             mean_bn = self.running_mean[..., 0].to(dtype)
             cov_bn = self.running_cov.to(dtype)
-        mixed, weights = self._mixer(mean_logit, var_logit, length > 1, dtype)
+        instance = length > 1
+        wm, wv = self._importance_weights(mean_logit, var_logit, instance)
+        weights = {
+            name: (wm[k].to(dtype), wv[k].to(dtype))
+            for k, name in enumerate(self.components)
+            if instance or name not in INSTANCE_COMPONENTS
+        }
+
+        def mixed(which, terms):
+            """The sum of weight x statistic over the present components
+            (0 when none is); ``which``: 0 the mean's weights, 1 the
+            covariance's."""
+            total = 0
+            for names, stat in terms:
+                for name in names:
+                    if name in weights:
+                        total = total + weights[name][which] * stat
+            return total
 
         def var(cov):
             return torch.diagonal(cov, dim1=-2, dim2=-1)
@@ -603,10 +584,9 @@ class SwitchableWhitening(nn.Module):
         if 'iw' in weights:
             cov_n = torch.addcmul(cov_n, weights['iw'][1] * r_trace, cov_in)
         lead = cov_n.shape[:-3]  # (N, ) or (1, ) or () without instances
-        cov_n = cov_n.expand(lead + (g, c, c)).reshape(-1, c, c)
-        transform = (_NativeNewton.apply(cov_n, self.T) if native and self.T
-                     else newton_whitening(cov_n, self.T)).view(lead +
-                                                                (g, c, c))
+        transform = newton_whitening(
+            cov_n.expand(lead + (g, c, c)).reshape(-1, c, c),
+            self.T).view(lead + (g, c, c))
         scale = r_trace.sqrt()
         if self.affine:
             scale = weight.to(dtype).view(g, c, 1) * scale
@@ -616,27 +596,6 @@ class SwitchableWhitening(nn.Module):
             shift = shift + bias.to(dtype).view(g, c, 1)
         transform = transform.expand(n, g, c, c).reshape(n * g, c, c)
         return transform, shift.reshape(n * g, c, 1)
-
-    def _mixer(self, mean_logit, var_logit, instance, dtype):
-        """``mixed(which, terms)``, the sum of weight x statistic over the
-        components present (0 when none is), ``which`` 0 for the mean's
-        weights and 1 for the covariance's; and the weights by name."""
-        wm, wv = self._importance_weights(mean_logit, var_logit, instance)
-        weights = {
-            name: (wm[k].to(dtype), wv[k].to(dtype))
-            for k, name in enumerate(self.components)
-            if instance or name not in INSTANCE_COMPONENTS
-        }
-
-        def mixed(which, terms):
-            total = 0
-            for names, stat in terms:
-                for name in names:
-                    if name in weights:
-                        total = total + weights[name][which] * stat
-            return total
-
-        return mixed, weights
 
     def _ln_statistics(self, mean_in, var_in, length):
         """LN's mean and variance, both (N, 1, 1), the variance

@@ -190,7 +190,7 @@ constexpr sn_mm_rows::KernelSet<T> kernel_set() {
   return {&moments_kernel<T>,     &grad_sums_kernel<T>,  &normalize_kernel<T>,
           &input_grad_kernel<T>,  &ln_stats_kernel<T>,   &bn_dev_kernel<T>,
           &grad_reduce_kernel<T>, &sw_moments_kernel<T>, &sw_apply_kernel<T>,
-          &sw_products_kernel<T>, &sw_newton_kernel<T>};
+          &sw_products_kernel<T>};
 }
 
 }  // namespace

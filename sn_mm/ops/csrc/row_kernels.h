@@ -123,15 +123,6 @@ struct SwProductsArgs {
   int64_t c, length;
   T *out, *g_sum;  // g (x - shift)^T (B, c, c); each row's sum of g (B, c)
 };
-template <typename T>
-struct SwNewtonArgs {
-  // Newton's iteration on each of (B, c, padded) cov, rows padded with
-  // zeros to a multiple of 64 bytes; with grad (dL/dP_T, likewise),
-  // dL/dcov. work: 2 T + 4 padded matrices, one task's.
-  const T *cov, *grad;
-  int64_t c, padded, iterations;
-  T *out, *work;
-};
 
 // One instruction set's kernels; each takes a range of rows (for the (N, C)
 // reductions, of samples n).
@@ -147,7 +138,6 @@ struct KernelSet {
   void (*sw_moments)(const SwMomentsArgs<T>&, int64_t, int64_t);
   void (*sw_apply)(const SwApplyArgs<T>&, int64_t, int64_t);
   void (*sw_products)(const SwProductsArgs<T>&, int64_t, int64_t);
-  void (*sw_newton)(const SwNewtonArgs<T>&, int64_t, int64_t);
 };
 
 // Rows shorter than this may take their sums several rows in one pass, in

@@ -32,7 +32,6 @@ SN_RUN(grad_reduce, GradReduceArgs)
 SN_RUN(sw_moments, SwMomentsArgs)
 SN_RUN(sw_apply, SwApplyArgs)
 SN_RUN(sw_products, SwProductsArgs)
-SN_RUN(sw_newton, SwNewtonArgs)
 #undef SN_RUN
 
 const char* const kPathNames[kPathCount] = {"short_rows", "by_sample"};

@@ -27,7 +27,6 @@ using sn_mm_rows::MomentsArgs;
 using sn_mm_rows::NormalizeArgs;
 using sn_mm_rows::SwApplyArgs;
 using sn_mm_rows::SwMomentsArgs;
-using sn_mm_rows::SwNewtonArgs;
 using sn_mm_rows::SwProductsArgs;
 
 // A kernel of the instruction set in use (cpu_isa.cpp) over rows [begin,
@@ -45,7 +44,6 @@ SN_RUN(GradReduceArgs)
 SN_RUN(SwMomentsArgs)
 SN_RUN(SwApplyArgs)
 SN_RUN(SwProductsArgs)
-SN_RUN(SwNewtonArgs)
 #undef SN_RUN
 
 // Rows per task: enough work per task to amortise scheduling.

@@ -4,16 +4,14 @@
 // GEMM takes 2-4x the time of a copy on AMD CPUs. Here a block's rows stay
 // in the caches between its two reads, the centring is done in registers
 // (the centred rows are never written), and the input's gradient is one
-// pass; and Newton's iteration on each group's c x c matrix (end of file).
-// SW with and without them: docs/performance.md, Switchable Whitening.
-// Included by reduction_kernels_impl.h, once per instruction set.
+// pass. SW with and without them: docs/performance.md, Switchable
+// Whitening. Included by reduction_kernels_impl.h, once per instruction set.
 #pragma once
 
 namespace {
 
 using sn_mm_rows::SwApplyArgs;
 using sn_mm_rows::SwMomentsArgs;
-using sn_mm_rows::SwNewtonArgs;
 using sn_mm_rows::SwProductsArgs;
 
 // The transform's register tile: kSwRows output rows by kSwVectors column
@@ -103,9 +101,7 @@ SN_INLINE void sw_apply_columns(const SwApplyArgs<T>& a, int64_t b,
 // out = m1^T (in1 - shift1) + m2^T (in2 - shift2) + bias, blocks [b0, b1):
 // the transform in forward, the input's gradient in backward. Column
 // vectors outer, so that the block's c rows at them stay in L1 between
-// the row tiles. A row's last values are its last vector computed whole
-// (the columns it shares with the one before are written twice, alike);
-// rows shorter than a vector take scalar sums.
+// the row tiles.
 template <typename T>
 void sw_apply_kernel(const SwApplyArgs<T>& a, int64_t b0, int64_t b1) {
   constexpr int W = kLanes<T>, step = kSwVectors * W;
@@ -114,9 +110,8 @@ void sw_apply_kernel(const SwApplyArgs<T>& a, int64_t b0, int64_t b1) {
     int64_t l = 0;
     for (; l + step <= whole; l += step) sw_apply_columns<kSwVectors>(a, b, l);
     for (; l < whole; l += W) sw_apply_columns<1>(a, b, l);
-    if (whole && whole < L) sw_apply_columns<1>(a, b, L - W);
     const int64_t block = b * c * L, mats = b * c * c;
-    for (int64_t l = whole ? L : 0; l < L; ++l)
+    for (int64_t l = whole; l < L; ++l)
       for (int64_t i = 0; i < c; ++i) {
         T s = a.bias ? a.bias[b * c + i] : T(0);
         for (int64_t k = 0; k < c; ++k) {
@@ -132,73 +127,41 @@ void sw_apply_kernel(const SwApplyArgs<T>& a, int64_t b0, int64_t b1) {
   }
 }
 
-// The lane sums of eight vectors, as transpose_sums takes them (AVX-512's
-// 16 float lanes halved first).
-template <typename T>
-SN_INLINE void sw_lane_sums(const SwVec<T>* acc, T* s) {
-  typename Vec<T, kSumLanes<T>>::type v[8];
-#pragma GCC unroll 8
-  for (int k = 0; k < 8; ++k) {
-    if constexpr (kLanes<T> == kSumLanes<T>)
-      v[k] = acc[k];
-    else
-      v[k] = __builtin_shufflevector(acc[k], acc[k], 0, 1, 2, 3, 4, 5, 6, 7) +
-             __builtin_shufflevector(acc[k], acc[k], 8, 9, 10, 11, 12, 13, 14,
-                                     15);
-  }
-  transpose_sums<kSumLanes<T>>(v, s);
-}
-
 // out[r][s] (+)= the sum over [l0, l1) of (x[r] - x_shift[r]) (y[s] -
 // y_shift[s]) (x_shift zero where not given), for RA rows of x and RB of y
-// (row stride c in out), assigned for the first columns (l0 == 0); with
-// rem > 0 also over the row's last rem values, as the row's last vector
-// with its other lanes zeroed (no scalar tail). Tiles of 8 or 16 sums fold
-// their lanes in a transposing tree.
+// (row stride c in out), assigned for the first columns (l0 == 0).
 template <int RA, int RB, typename T>
 SN_INLINE void sw_product_tile(const T* x, const T* x_shift, const T* y,
                                const T* y_shift, int64_t L, int64_t l0,
-                               int64_t l1, int rem, int64_t c, T* out) {
-  constexpr int W = kLanes<T>;
-  SwVec<T> acc[RA * RB] = {};
-  auto add = [&](int64_t l, bool last) __attribute__((always_inline)) {
+                               int64_t l1, int64_t c, T* out) {
+  SwVec<T> acc[RA][RB] = {};
+  for (int64_t l = l0; l < l1; l += kLanes<T>) {
     SwVec<T> vx[RA], vy[RB];
 #pragma GCC unroll 4
     for (int r = 0; r < RA; ++r) {
-      vx[r] = load<W>(x + r * L + l);
+      vx[r] = load<kLanes<T>>(x + r * L + l);
       if (x_shift) vx[r] -= x_shift[r];
     }
 #pragma GCC unroll 4
-    for (int s = 0; s < RB; ++s) {
-      vy[s] = load<W>(y + s * L + l) - y_shift[s];
-      if (last) vy[s] = keep_last<W>(vy[s], rem);
-    }
+    for (int s = 0; s < RB; ++s)
+      vy[s] = load<kLanes<T>>(y + s * L + l) - y_shift[s];
 #pragma GCC unroll 4
     for (int r = 0; r < RA; ++r)
 #pragma GCC unroll 4
-      for (int s = 0; s < RB; ++s) acc[r * RB + s] += vx[r] * vy[s];
-  };
-  for (int64_t l = l0; l < l1; l += W) add(l, false);
-  if (rem) add(L - W, true);
-  T sums[RA * RB];
-  if constexpr (RA * RB % 8 == 0) {
-    for (int q = 0; q < RA * RB; q += 8) sw_lane_sums<T>(acc + q, sums + q);
-  } else {
-    for (int q = 0; q < RA * RB; ++q) {
-      T lanes[W];
-      store<W>(lanes, acc[q]);
-      sums[q] = fold<W>(lanes);
-    }
+      for (int s = 0; s < RB; ++s) acc[r][s] += vx[r] * vy[s];
   }
   for (int r = 0; r < RA; ++r)
-    for (int s = 0; s < RB; ++s)
-      out[r * c + s] = (l0 ? out[r * c + s] : T(0)) + sums[r * RB + s];
+    for (int s = 0; s < RB; ++s) {
+      T lanes[kLanes<T>];
+      store<kLanes<T>>(lanes, acc[r][s]);
+      out[r * c + s] = (l0 ? out[r * c + s] : T(0)) + fold<kLanes<T>>(lanes);
+    }
 }
 
 // out (c x c) = (x - x_shift)(y - y_shift)^T of one block, in tiles of
 // kSwProductRows x 4 (single pairs at the edges where they do not divide
 // c); only the tiles that reach the diagonal or above where `symmetric` (x
-// and y the same rows). Rows shorter than a vector take scalar sums.
+// and y the same rows).
 template <typename T>
 void sw_products(const T* x, const T* x_shift, const T* y, const T* y_shift,
                  int64_t c, int64_t L, bool symmetric, T* out) {
@@ -206,31 +169,28 @@ void sw_products(const T* x, const T* x_shift, const T* y, const T* y_shift,
   const int64_t whole = L - L % kLanes<T>;
   for (int64_t l0 = 0; l0 < whole; l0 += kSwChunk) {
     const int64_t l1 = min_of(whole, l0 + kSwChunk);
-    const int rem = l1 == whole ? L % kLanes<T> : 0;
     for (int64_t i = 0; i < c; i += RA)
       for (int64_t j = symmetric ? i - i % RB : 0; j < c; j += RB) {
         if (i + RA <= c && j + RB <= c) {
           sw_product_tile<RA, RB>(x + i * L, x_shift ? x_shift + i : nullptr,
-                                  y + j * L, y_shift + j, L, l0, l1, rem, c,
+                                  y + j * L, y_shift + j, L, l0, l1, c,
                                   out + i * c + j);
           continue;
         }
         for (int64_t r = i; r < min_of(c, i + RA); ++r)
           for (int64_t s = j; s < min_of(c, j + RB); ++s)
             sw_product_tile<1, 1>(x + r * L, x_shift ? x_shift + r : nullptr,
-                                  y + s * L, y_shift + s, L, l0, l1, rem, c,
+                                  y + s * L, y_shift + s, L, l0, l1, c,
                                   out + r * c + s);
       }
   }
   for (int64_t i = 0; i < c; ++i)
     for (int64_t j = symmetric ? i : 0; j < c; ++j) {
-      if (!whole) {
-        T t = 0;
-        for (int64_t l = 0; l < L; ++l)
-          t += (x[i * L + l] - (x_shift ? x_shift[i] : T(0))) *
-               (y[j * L + l] - y_shift[j]);
-        out[i * c + j] = t;
-      }
+      T t = 0;
+      for (int64_t l = whole; l < L; ++l)
+        t += (x[i * L + l] - (x_shift ? x_shift[i] : T(0))) *
+             (y[j * L + l] - y_shift[j]);
+      out[i * c + j] = (whole ? out[i * c + j] : T(0)) + t;
       if (symmetric) out[j * c + i] = out[i * c + j];
     }
 }
@@ -265,106 +225,6 @@ void sw_products_kernel(const SwProductsArgs<T>& a, int64_t b0, int64_t b1) {
           row_reduce<kLanes<T>, T>(L, [&](int64_t l) { return g[k * L + l]; });
     sw_products<T>(g, nullptr, x, a.shift + b * c, c, L, false,
                    a.out + b * c * c);
-  }
-}
-
-// ------------------------------------------------------ Newton's iteration --
-// The c x c matrices come with their rows padded to `cp` values (a multiple
-// of every set's lanes, pads zero), so that each product row is whole
-// vectors (pads stay zero). A product of two such matrices takes 8 rows at a
-// time (8 accumulators hide the FMA latency), each factor of A broadcast into
-// its FMA and each row of B loaded once per tile, all from L1: MKL's batched
-// GEMM at c = 16 spends most of its time per matrix outside the products.
-
-// Rows [i, i + R) at the column vector from l of C = alpha A B + beta D (D
-// null: no term; D may be C, A and B may not).
-template <int R, typename T>
-SN_INLINE void sw_mm_tile(const T* A, const T* B, T* C, T alpha, const T* D,
-                          T beta, int64_t c, int64_t cp, int64_t i,
-                          int64_t l) {
-  SwVec<T> acc[R] = {};
-  for (int64_t k = 0; k < c; ++k) {
-    const SwVec<T> b = load<kLanes<T>>(B + k * cp + l);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) acc[r] += A[(i + r) * cp + k] * b;
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-    SwVec<T> v = alpha * acc[r];
-    if (D) v += beta * load<kLanes<T>>(D + (i + r) * cp + l);
-    store<kLanes<T>>(C + (i + r) * cp + l, v);
-  }
-}
-
-template <typename T>
-SN_INLINE void sw_mm(const T* A, const T* B, T* C, int64_t c, int64_t cp,
-                     T alpha = T(1), const T* D = nullptr, T beta = T(0)) {
-  for (int64_t l = 0; l < cp; l += kLanes<T>) {
-    int64_t i = 0;
-    for (; i + 8 <= c; i += 8)
-      sw_mm_tile<8>(A, B, C, alpha, D, beta, c, cp, i, l);
-    for (; i < c; ++i) sw_mm_tile<1>(A, B, C, alpha, D, beta, c, cp, i, l);
-  }
-}
-
-// The step from I: P = 1.5 I - 0.5 S.
-template <typename T>
-SN_INLINE void sw_first_step(const T* S, int64_t c, int64_t cp, T* P) {
-  for (int64_t i = 0; i < c; ++i) {
-    for (int64_t l = 0; l < cp; l += kLanes<T>)
-      store<kLanes<T>>(P + i * cp + l,
-                       T(-0.5) * load<kLanes<T>>(S + i * cp + l));
-    P[i * cp + i] += T(1.5);
-  }
-}
-
-// P_{k+1} = 1.5 P - 0.5 P^3 S into next, P^2 into sq (X: scratch).
-template <typename T>
-SN_INLINE void sw_step(const T* P, const T* S, int64_t c, int64_t cp, T* sq,
-                       T* X, T* next) {
-  sw_mm(P, P, sq, c, cp);
-  sw_mm(sq, P, X, c, cp);
-  sw_mm(X, S, next, c, cp, T(-0.5), P, T(1.5));
-}
-
-// Per matrix S (trace-normalised): without grad, P_T of the release's
-// iteration (P_1 = 1.5 I - 0.5 S, P_{k+1} = 1.5 P_k - 0.5 P_k^3 S); with
-// grad (dL/dP_T), dL/dS. The backward recomputes the iterates and goes
-// through the steps in reverse: with P = P_k, G = dL/dP_{k+1},
-// dL/dP_k = 1.5 G - 0.5 (G P^2 + P G P + P^2 G) S and dL/dS gains
-// -0.5 P^3 G, using that S, P_k and its powers are symmetric and commute
-// (polynomials in S); the first step adds -0.5 dL/dP_1.
-template <typename T>
-void sw_newton_kernel(const SwNewtonArgs<T>& a, int64_t b0, int64_t b1) {
-  const int64_t c = a.c, cp = a.padded, m = c * cp, steps = a.iterations - 1;
-  T *G = a.work, *A = G + m, *B = A + m, *H = B + m, *dS = H + m, *P = dS + m,
-    *Q = P + a.iterations * m;  // P_k, P_k^2 at (k - 1) m
-  for (int64_t b = b0; b < b1; ++b) {
-    const T* S = a.cov + b * m;
-    T* out = a.out + b * m;
-    // The iterates P_k and, for k < T, P_k^2; P_T into out without grad.
-    sw_first_step(S, c, cp, a.grad || steps ? P : out);
-    for (int64_t k = 0; k < steps; ++k)
-      sw_step(P + k * m, S, c, cp, Q + k * m, H,
-              !a.grad && k == steps - 1 ? out : P + (k + 1) * m);
-    if (!a.grad) continue;
-    const T* g = a.grad + b * m;
-    for (int64_t k = steps - 1; k >= 0; --k) {
-      const T *Pk = P + k * m, *Qk = Q + k * m;
-      sw_mm(Pk, g, A, c, cp);                 // P G
-      sw_mm(g, Pk, B, c, cp, T(1), A, T(1));  // G P + P G
-      sw_mm(B, Pk, H, c, cp);                 // G P^2 + P G P
-      sw_mm(Pk, A, H, c, cp, T(1), H, T(1));  // + P^2 G
-      sw_mm(Qk, A, dS, c, cp, T(-0.5), k == steps - 1 ? nullptr : dS,
-            T(1));                                // -0.5 P^3 G
-      sw_mm(H, S, G, c, cp, T(-0.5), g, T(1.5));  // dL/dP_k
-      g = G;
-    }
-    for (int64_t l = 0; l < m; l += kLanes<T>) {  // dS - 0.5 dL/dP_1
-      SwVec<T> v = T(-0.5) * load<kLanes<T>>(g + l);
-      if (steps) v += load<kLanes<T>>(dS + l);
-      store<kLanes<T>>(out + l, v);
-    }
   }
 }
 

@@ -1,8 +1,7 @@
-// Switchable Whitening's passes as operators (sn_mm::sw_moments, sw_apply,
-// sw_products over the rows; sw_newton over the c x c matrices), CPU only,
-// without autograd: SW's Python side (sn_mm/models/switchable_whitening.py)
-// composes them, with the rest of the small c x c computations in PyTorch
-// ops.
+// Switchable Whitening's full-size passes as operators (sn_mm::sw_moments,
+// sw_apply, sw_products), CPU only, without autograd: SW's Python side
+// (sn_mm/models/switchable_whitening.py) composes them, with the small
+// c x c computations between them in PyTorch ops.
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 
@@ -116,51 +115,6 @@ std::tuple<at::Tensor, at::Tensor> sw_products(const at::Tensor& g,
   return {out, g_sum};
 }
 
-at::Tensor sw_newton(const at::Tensor& cov, int64_t iterations,
-                     const OptTensor& grad) {
-  TORCH_CHECK(cov.dim() == 3 && cov.size(1) == cov.size(2) &&
-                  cov.is_contiguous() &&
-                  (cov.scalar_type() == at::kFloat ||
-                   cov.scalar_type() == at::kDouble),
-              "sn_mm::sw_newton: cov must be contiguous float32 or float64 "
-              "matrices (B, c, c), got ",
-              cov.sizes(), " ", cov.scalar_type());
-  TORCH_CHECK(iterations >= 1,
-              "sn_mm::sw_newton: iterations must be >= 1, "
-              "got ",
-              iterations);
-  const int64_t c = cov.size(1);
-  if (grad) check_fits(*grad, cov, {c, c}, "grad");
-  at::Tensor out;
-  AT_DISPATCH_FLOATING_TYPES(cov.scalar_type(), "sw_newton", [&] {
-    constexpr int64_t lanes = 64 / sizeof(scalar_t);  // the widest set's
-    const int64_t padded = (c + lanes - 1) / lanes * lanes,
-                  per = (2 * iterations + 4) * c * padded;
-    auto pad = [&](const at::Tensor& t) {
-      return padded == c ? t : at::constant_pad_nd(t, {0, padded - c});
-    };
-    const auto cov_p = pad(cov);
-    const auto grad_p = grad ? pad(*grad) : at::Tensor();
-    out = at::empty({cov.size(0), c, padded}, cov.options());
-    auto work = at::empty({at::get_num_threads() * per}, cov.options());
-    const SwNewtonArgs<scalar_t> a{
-        cov_p.data_ptr<scalar_t>(),
-        grad ? grad_p.data_ptr<scalar_t>() : nullptr,
-        c,
-        padded,
-        iterations,
-        out.data_ptr<scalar_t>(),
-        nullptr};
-    at::parallel_for(0, cov.size(0), 16, [&](int64_t b0, int64_t b1) {
-      auto task = a;
-      task.work = work.data_ptr<scalar_t>() + at::get_thread_num() * per;
-      run(task, b0, b1);
-    });
-    if (padded != c) out = out.narrow(2, 0, c).contiguous();
-  });
-  return out;
-}
-
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(sn_mm, m) {
@@ -169,12 +123,10 @@ TORCH_LIBRARY_FRAGMENT(sn_mm, m) {
       "sw_apply(Tensor m1, Tensor in1, Tensor? shift1, Tensor? m2, "
       "Tensor? in2, Tensor? shift2, Tensor? bias) -> Tensor");
   m.def("sw_products(Tensor g, Tensor x, Tensor shift) -> (Tensor, Tensor)");
-  m.def("sw_newton(Tensor cov, int iterations, Tensor? grad) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(sn_mm, CPU, m) {
   m.impl("sw_moments", &sw_moments);
   m.impl("sw_apply", &sw_apply);
   m.impl("sw_products", &sw_products);
-  m.impl("sw_newton", &sw_newton);
 }
