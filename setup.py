@@ -26,7 +26,7 @@ def extensions():
         [
             f'sn_mm/ops/csrc/{name}.cpp'
             for name in ('sn_operator', 'sn_host', 'sn_forward', 'sn_backward',
-                         'cpu_isa', 'sw_operator')
+                         'cpu_isa')
         ] + [
             f'sn_mm/ops/csrc/row_kernels_{isa}.cpp'
             for isa in ('avx512', 'avx2', 'baseline')

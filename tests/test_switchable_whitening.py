@@ -10,7 +10,6 @@ import torch.multiprocessing as mp
 from helpers import free_port
 from mmcv.cnn import build_norm_layer
 
-from sn_mm import ops
 from sn_mm.models.switchable_whitening import (SwitchableWhitening,
                                                SyncSwitchableWhitening)
 
@@ -193,16 +192,7 @@ def test_gradcheck_and_double_backward(sw_type, mode, shape):
     assert torch.autograd.gradgradcheck(call, inputs)
 
 
-def test_pytorch_ops_keep_one_input_sized_tensor_for_backward():
-    # (The C++ passes keep the input itself: tests/test_sw_kernels.py.)
-    ops.set_default_kernels('torch')
-    try:
-        check_saved_for_backward()
-    finally:
-        ops.set_default_kernels(None)
-
-
-def check_saved_for_backward():
+def test_keeps_one_input_sized_tensor_for_backward():
     x = data((2, 16, 12, 10), dtype=torch.float32).requires_grad_()
     for affine in (True, False):
         layer = make_sw(

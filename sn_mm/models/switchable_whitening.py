@@ -23,10 +23,9 @@ decides as follows (each tested in ``tests/test_switchable_whitening.py``):
   so that ranks with different batch sizes count alike, and an empty rank
   would contribute NaNs).
 """
-import functools
 import math
 import operator
-from typing import Callable, Dict, NamedTuple, Optional
+from typing import Dict, Optional
 
 import torch
 import torch.distributed as dist
@@ -34,8 +33,6 @@ import torch.nn as nn
 from mmengine.registry import MODELS
 from torch import Tensor
 
-from ..ops import _compat
-from ..ops import operator as sn_operator
 from .norm_eval import keep_norm_eval_everywhere
 from .sync_switchable_norm import check_group, sharing_group
 
@@ -193,116 +190,6 @@ class _Transform(torch.autograd.Function):
                 if need_centred else None, None)
 
 
-# The per-layer kernel settings SW takes; a global default of 'triton'
-# (for SN layers) gives SW the PyTorch ops, SW having no Triton kernels.
-SW_KERNEL_CHOICES = ('auto', 'native', 'torch')
-
-
-def _native_applies(rows: Tensor, kernels: Optional[str]) -> bool:
-    """Whether the C++ passes compute SW on ``rows`` for the layer's
-    ``kernels`` setting (None: :func:`sn_mm.ops.default_kernels`): on
-    float32 and float64 CPU tensors in eager mode under 'auto' or 'native';
-    elsewhere (CUDA, tracing, functorch transforms, forward-mode AD, inputs
-    without positions) the PyTorch ops compute it, and 'native' where the
-    extension cannot run raises an error."""
-    choice = kernels or sn_operator.default_kernels()
-    if choice not in ('auto', 'native') or sn_operator.is_tracing() \
-            or _compat.in_transform() or rows.shape[-1] == 0:
-        return False
-    runs = rows.is_cpu and rows.dtype in (torch.float32, torch.float64)
-    if choice == 'native' and not (runs and sn_operator.NATIVE):
-        raise ValueError(
-            f'SW kernels=\'native\' runs on float32/float64 CPU inputs '
-            f'with the C++ extension built (built: {sn_operator.NATIVE}), '
-            f'got {rows.dtype} on {rows.device}')
-    return runs and sn_operator.NATIVE
-
-
-class _Plan(NamedTuple):
-    """One call's whitening, for :class:`_NativeWhiten`: ``transform``
-    maps the instance means and covariances and the parameters to the
-    transform and shift (the small c x c graph), ``reference`` the rows
-    and the parameters to the output in PyTorch ops (both without
-    updating the running statistics)."""
-    transform: Callable
-    reference: Callable
-
-
-class _NativeWhiten(torch.autograd.Function):
-    """SW on the C++ passes: (rows, plan, weight, bias, mean logits, var
-    logits) -> output rows. The small graph from the instance statistics
-    to the transform is recorded in forward and differentiated in backward
-    between the two full-size passes; only the input is saved at full
-    size. A backward that records a graph (double backward) differentiates
-    the reference recomputed, as SN's does."""
-
-    @staticmethod
-    def forward(ctx, rows, plan, *params):
-        mean_in, cov_in = torch.ops.sn_mm.sw_moments(rows)
-        with torch.enable_grad():
-            stats = (mean_in.requires_grad_(), cov_in.requires_grad_())
-            leaves = tuple(None if p is None else p.detach().requires_grad_()
-                           for p in params)
-            transform, shift = plan.transform(*stats, *leaves, update=True)
-        ctx.save_for_backward(rows, *params)
-        ctx.graph = stats, leaves, transform, shift
-        ctx.plan = plan
-        return torch.ops.sn_mm.sw_apply(
-            transform.detach().transpose(1, 2).contiguous(), rows,
-            mean_in.detach(), None, None, None,
-            shift.detach()[..., 0])
-
-    @staticmethod
-    def backward(ctx, grad):
-        rows, *params = ctx.saved_tensors
-        need_rows, need_params = ctx.needs_input_grad[0], \
-            ctx.needs_input_grad[2:]
-        if torch.is_grad_enabled():  # create_graph: exact to any order
-            inputs = [
-                t for t, need in zip([rows] + params, (need_rows, ) +
-                                     need_params) if need
-            ]
-            y = ctx.plan.reference(rows, *params)
-            grads = iter(
-                torch.autograd.grad(
-                    y, inputs, grad, create_graph=True, allow_unused=True))
-        else:
-            (mean_in, cov_in), leaves, transform, shift = ctx.graph
-            grad = grad.contiguous()
-            mean = mean_in.detach()
-            d_transform, g_sum = torch.ops.sn_mm.sw_products(grad, rows, mean)
-            targets = [mean_in, cov_in] if need_rows else []
-            targets += [
-                leaf for leaf, need in zip(leaves, need_params) if need
-            ]
-            grads = iter(
-                torch.autograd.grad((transform, shift),
-                                    targets, (d_transform, g_sum[..., None]),
-                                    retain_graph=True,
-                                    allow_unused=True))
-            if need_rows:
-                g_mean, g_cov = next(grads), next(grads)
-                g_mean = torch.zeros_like(mean) if g_mean is None else g_mean
-                g_cov = torch.zeros_like(cov_in) if g_cov is None else g_cov
-                transform = transform.detach()
-                length = rows.shape[-1]
-                # The rows are centred on mean_in inside the transform:
-                # its gradient takes each row's sum of T^T g.
-                g_mean = g_mean - torch.bmm(
-                    transform.transpose(1, 2), g_sum[..., None])[..., 0]
-                # T^T g + sym(g_cov) (x - mean_in) + g_mean / L, the
-                # matrices passed transposed (the symmetric one as it is).
-                grads = iter([
-                    torch.ops.sn_mm.sw_apply(transform, grad, None,
-                                             (g_cov + g_cov.transpose(1, 2)) /
-                                             length, rows, mean, g_mean /
-                                             length)
-                ] + list(grads))
-        result = [next(grads) if need_rows else None, None]
-        result += [next(grads) if need else None for need in need_params]
-        return tuple(result)
-
-
 @MODELS.register_module('SW')
 class SwitchableWhitening(nn.Module):
     """Switchable Whitening over inputs of shape (N, C, *).
@@ -332,13 +219,6 @@ class SwitchableWhitening(nn.Module):
             running + (1 - momentum) * batch`` (PyTorch's BN momentum 0.01 is
             this 0.99). Default: 0.99.
         affine (bool): Per-channel ``weight`` and ``bias``. Default: True.
-        kernels (str, optional): What computes the layer's full-size passes
-            on the CPU: ``'auto'`` (the C++ kernels of ``sn_mm._ext``
-            where they run, else PyTorch ops), ``'native'`` (the C++
-            kernels, or an error) or ``'torch'`` (PyTorch ops). None: the
-            global default of SN's layers
-            (:func:`sn_mm.ops.set_default_kernels`, ``$SN_MM_KERNELS``).
-            GPUs, tracing and functorch transforms take PyTorch ops.
 
     The whitening runs in float32 under autocast (and in float32 for half
     inputs): Newton's iteration in half precision does not converge. A
@@ -358,8 +238,7 @@ class SwitchableWhitening(nn.Module):
                  tie_weight: bool = False,
                  eps: float = 1e-5,
                  momentum: float = 0.99,
-                 affine: bool = True,
-                 kernels: Optional[str] = None) -> None:
+                 affine: bool = True) -> None:
         super().__init__()
         if sw_type not in SW_COMPONENTS:
             raise ValueError(f'unknown sw_type {sw_type!r}: expected 2 (BW + '
@@ -376,9 +255,6 @@ class SwitchableWhitening(nn.Module):
         if not 0 <= momentum <= 1:
             raise ValueError(f'momentum must be in [0, 1] (the weight of the '
                              f'running statistics), got {momentum!r}')
-        if kernels is not None and kernels not in SW_KERNEL_CHOICES:
-            raise ValueError(f'kernels={kernels!r}: expected one of '
-                             f'{SW_KERNEL_CHOICES} or None')
         keep_norm_eval_everywhere(SwitchableWhitening)
         self.num_features = num_features
         self.num_pergroup = num_pergroup
@@ -389,7 +265,6 @@ class SwitchableWhitening(nn.Module):
         self.eps = eps
         self.momentum = momentum
         self.affine = affine
-        self.kernels = kernels
         k = len(SW_COMPONENTS[sw_type])
         self.sw_mean_weight = nn.Parameter(torch.ones(k))
         if self.tie_weight:
@@ -479,54 +354,29 @@ class SwitchableWhitening(nn.Module):
     def _whiten(self, x: Tensor, group) -> Tensor:
         """The whitened, affine-transformed input, as one batched product
         per group and sample: y = A (x - mean_in) + shift with
-        A = diag(weight) cov^(-1/2) and shift = A (mean_in - mean) + bias.
-        On the CPU the C++ passes (:class:`_NativeWhiten`) keep only the
-        input for backward; elsewhere PyTorch ops, which keep the centred
-        rows (:meth:`_reference`)."""
+        A = diag(weight) cov^(-1/2) and shift = A (mean_in - mean) + bias,
+        in PyTorch ops that keep the centred rows for backward."""
         n, g, c = x.shape[0], self.num_groups, self.num_pergroup
-        length = math.prod(x.shape[2:])
-        rows = x.reshape(n * g, c, length)
-        params = (self.weight, self.bias, self.sw_mean_weight,
-                  self.sw_var_weight)
-        if not _native_applies(rows, self.kernels):
-            return self._reference(
-                rows, *params, n=n, group=group, update=True).reshape(x.shape)
-        rows = rows.contiguous()
-        plan = _Plan(
-            functools.partial(
-                self._transform, n=n, length=length, group=group),
-            functools.partial(self._reference, n=n, group=group, update=False))
-        if torch.is_grad_enabled() and any(
-                t is not None and t.requires_grad for t in (rows, ) + params):
-            y = _NativeWhiten.apply(rows, plan, *params)
-        else:
-            mean_in, cov_in = torch.ops.sn_mm.sw_moments(rows)
-            transform, shift = plan.transform(
-                mean_in, cov_in, *params, update=True)
-            y = torch.ops.sn_mm.sw_apply(
-                transform.transpose(1, 2).contiguous(), rows, mean_in, None,
-                None, None, shift[..., 0])
-        return y.reshape(x.shape)
-
-    def _reference(self, rows, *params, n, group, update):
-        """SW on rows (N x G, c, L) in PyTorch ops."""
+        rows = x.reshape(n * g, c, math.prod(x.shape[2:]))
         centred, mean_in, cov_in, with_ones = _CentredMoments.apply(rows)
         transform, shift = self._transform(
             mean_in,
             cov_in,
-            *params,
+            self.weight,
+            self.bias,
+            self.sw_mean_weight,
+            self.sw_var_weight,
             n=n,
             length=rows.shape[-1],
-            group=group,
-            update=update)
-        return _Transform.apply(transform, shift, centred, with_ones)
+            group=group)
+        y = _Transform.apply(transform, shift, centred, with_ones)
+        return y.reshape(x.shape)
 
     def _transform(self, mean_in, cov_in, weight, bias, mean_logit, var_logit,
-                   *, n, length, group, update):
+                   *, n, length, group):
         """The transform (N x G, c, c) and shift (N x G, c, 1) from the
         instance means (N x G, c) and covariances (N x G, c, c) and the
-        parameters; in training the running statistics are updated where
-        ``update``."""
+        parameters; in training the running statistics are updated."""
         g, c = self.num_groups, self.num_pergroup
         dtype = mean_in.dtype
         mean_in = mean_in.view(n, g, c)
@@ -534,8 +384,7 @@ class SwitchableWhitening(nn.Module):
         if self.training:
             mean_bn, cov_bn, count = batch_moments(mean_in, cov_in, length,
                                                    group)
-            if update:
-                self._update_running(mean_bn, cov_bn, count)
+            self._update_running(mean_bn, cov_bn, count)
         else:
             mean_bn = self.running_mean[..., 0].to(dtype)
             cov_bn = self.running_cov.to(dtype)
@@ -632,8 +481,7 @@ class SwitchableWhitening(nn.Module):
         return (f'{self.num_features}, num_pergroup={self.num_pergroup}, '
                 f'sw_type={self.sw_type}, T={self.T}, '
                 f'tie_weight={self.tie_weight}, eps={self.eps}, '
-                f'momentum={self.momentum}, affine={self.affine}' +
-                (f', kernels={self.kernels!r}' if self.kernels else ''))
+                f'momentum={self.momentum}, affine={self.affine}')
 
 
 @MODELS.register_module('SyncSW')
@@ -652,7 +500,6 @@ class SyncSwitchableWhitening(SwitchableWhitening):
     Args:
         group: Ranks that share statistics, as :class:`SyncSwitchableNorm`'s
             (None or ``'world'``, ``'node'``, an int k, a ProcessGroup).
-        kernels: As :class:`SwitchableWhitening`'s.
         Others: as :class:`SwitchableWhitening`.
     """
 
@@ -665,10 +512,9 @@ class SyncSwitchableWhitening(SwitchableWhitening):
                  eps: float = 1e-5,
                  momentum: float = 0.99,
                  affine: bool = True,
-                 group: Optional[object] = None,
-                 kernels: Optional[str] = None) -> None:
+                 group: Optional[object] = None) -> None:
         super().__init__(num_features, num_pergroup, sw_type, T, tie_weight,
-                         eps, momentum, affine, kernels)
+                         eps, momentum, affine)
         self.group = check_group(group)
 
     def _sync_group(self):

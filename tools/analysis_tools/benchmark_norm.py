@@ -909,20 +909,16 @@ def group_sn_section(args, shapes, report):
 
 
 def sw_section(args, shapes, report):
-    """Switchable Whitening against SN, layer by layer, timed in turn: SW
-    on its C++ passes (sw_type 2 and 5) and on PyTorch ops (sw_type 2,
-    kernels='torch': batched matmuls), SN on its kernels."""
+    """Switchable Whitening (sw_type 2 and 5, in PyTorch ops: batched
+    matmuls) against SN on its kernels, layer by layer, timed in turn."""
     from sn_mm.models.switchable_whitening import SwitchableWhitening
 
     def variants(c):
-        made = {
+        return {
             f'SW sw_type={t}': (lambda t=t: SwitchableWhitening(
                 c, num_pergroup=min(16, c), sw_type=t))
             for t in (2, 5)
         }
-        made['SW sw_type=2, PyTorch ops'] = lambda: SwitchableWhitening(
-            c, num_pergroup=min(16, c), kernels='torch')
-        return made
 
     print('| shape | layer | fwd+bwd ms | eval fwd ms | saved for backward '
           'MB | fwd+bwd / SN | eval fwd / SN | saved / SN |')

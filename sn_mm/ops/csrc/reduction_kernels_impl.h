@@ -5,7 +5,6 @@
 #pragma once
 
 #include "row_kernels_impl.h"
-#include "sw_kernels_impl.h"
 
 namespace {
 
@@ -187,10 +186,9 @@ void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
 // function; what they call is inlined into them).
 template <typename T>
 constexpr sn_mm_rows::KernelSet<T> kernel_set() {
-  return {&moments_kernel<T>,     &grad_sums_kernel<T>,  &normalize_kernel<T>,
-          &input_grad_kernel<T>,  &ln_stats_kernel<T>,   &bn_dev_kernel<T>,
-          &grad_reduce_kernel<T>, &sw_moments_kernel<T>, &sw_apply_kernel<T>,
-          &sw_products_kernel<T>};
+  return {&moments_kernel<T>,    &grad_sums_kernel<T>, &normalize_kernel<T>,
+          &input_grad_kernel<T>, &ln_stats_kernel<T>,  &bn_dev_kernel<T>,
+          &grad_reduce_kernel<T>};
 }
 
 }  // namespace

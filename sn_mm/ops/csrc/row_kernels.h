@@ -100,30 +100,6 @@ struct GradReduceArgs {
   bool per_channel = true;
 };
 
-// Switchable Whitening's passes over rows (B, c, L) (sw_kernels_impl.h),
-// each over a range of blocks b (c rows of one whitening group and sample).
-template <typename T>
-struct SwMomentsArgs {
-  const T* x;
-  int64_t c, length;
-  T *mean, *cov;  // (B, c), (B, c, c): biased, of the centred rows
-};
-template <typename T>
-struct SwApplyArgs {
-  // out = m1^T (in1 - shift1) + m2^T (in2 - shift2) + bias; shift1, m2
-  // (with in2, shift2) and bias may be null. m1, m2 (B, c, c), each the
-  // transposed matrix of its product; shifts, bias (B, c).
-  const T *m1, *in1, *shift1, *m2, *in2, *shift2, *bias;
-  int64_t c, length;
-  T* out;
-};
-template <typename T>
-struct SwProductsArgs {
-  const T *g, *x, *shift;
-  int64_t c, length;
-  T *out, *g_sum;  // g (x - shift)^T (B, c, c); each row's sum of g (B, c)
-};
-
 // One instruction set's kernels; each takes a range of rows (for the (N, C)
 // reductions, of samples n).
 template <typename T>
@@ -135,9 +111,6 @@ struct KernelSet {
   void (*ln_stats)(const LnStatsArgs<T>&, int64_t, int64_t);
   void (*bn_dev)(const BnDevArgs<T>&, int64_t, int64_t);
   void (*grad_reduce)(const GradReduceArgs<T>&, int64_t, int64_t);
-  void (*sw_moments)(const SwMomentsArgs<T>&, int64_t, int64_t);
-  void (*sw_apply)(const SwApplyArgs<T>&, int64_t, int64_t);
-  void (*sw_products)(const SwProductsArgs<T>&, int64_t, int64_t);
 };
 
 // Rows shorter than this may take their sums several rows in one pass, in

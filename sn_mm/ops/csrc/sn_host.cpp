@@ -29,9 +29,6 @@ SN_RUN(input_grad, InputGradArgs)
 SN_RUN(ln_stats, LnStatsArgs)
 SN_RUN(bn_dev, BnDevArgs)
 SN_RUN(grad_reduce, GradReduceArgs)
-SN_RUN(sw_moments, SwMomentsArgs)
-SN_RUN(sw_apply, SwApplyArgs)
-SN_RUN(sw_products, SwProductsArgs)
 #undef SN_RUN
 
 const char* const kPathNames[kPathCount] = {"short_rows", "by_sample"};

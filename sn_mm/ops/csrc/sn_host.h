@@ -25,9 +25,6 @@ using sn_mm_rows::InputGradArgs;
 using sn_mm_rows::LnStatsArgs;
 using sn_mm_rows::MomentsArgs;
 using sn_mm_rows::NormalizeArgs;
-using sn_mm_rows::SwApplyArgs;
-using sn_mm_rows::SwMomentsArgs;
-using sn_mm_rows::SwProductsArgs;
 
 // A kernel of the instruction set in use (cpu_isa.cpp) over rows [begin,
 // end).
@@ -41,9 +38,6 @@ SN_RUN(InputGradArgs)
 SN_RUN(LnStatsArgs)
 SN_RUN(BnDevArgs)
 SN_RUN(GradReduceArgs)
-SN_RUN(SwMomentsArgs)
-SN_RUN(SwApplyArgs)
-SN_RUN(SwProductsArgs)
 #undef SN_RUN
 
 // Rows per task: enough work per task to amortise scheduling.
