@@ -305,11 +305,10 @@ class SwitchableWhitening(nn.Module):
         """The mean's and the covariance's importance weights (softmaxes of
         the logits), with the instance components at 0 where ``instance`` is
         False."""
-        return self._importance_weights(self.sw_mean_weight,
-                                        self.sw_var_weight, instance)
-
-    def _importance_weights(self, mean_logit, var_logit, instance):
-        logits = [mean_logit, mean_logit if self.tie_weight else var_logit]
+        logits = [
+            self.sw_mean_weight,
+            self.sw_mean_weight if self.tie_weight else self.sw_var_weight
+        ]
         weights = []
         for logit in logits:
             logit = logit.float() if logit.dtype in (torch.float16,
@@ -360,20 +359,11 @@ class SwitchableWhitening(nn.Module):
         rows = x.reshape(n * g, c, math.prod(x.shape[2:]))
         centred, mean_in, cov_in, with_ones = _CentredMoments.apply(rows)
         transform, shift = self._transform(
-            mean_in,
-            cov_in,
-            self.weight,
-            self.bias,
-            self.sw_mean_weight,
-            self.sw_var_weight,
-            n=n,
-            length=rows.shape[-1],
-            group=group)
+            mean_in, cov_in, n=n, length=rows.shape[-1], group=group)
         y = _Transform.apply(transform, shift, centred, with_ones)
         return y.reshape(x.shape)
 
-    def _transform(self, mean_in, cov_in, weight, bias, mean_logit, var_logit,
-                   *, n, length, group):
+    def _transform(self, mean_in, cov_in, *, n, length, group):
         """The transform (N x G, c, c) and shift (N x G, c, 1) from the
         instance means (N x G, c) and covariances (N x G, c, c) and the
         parameters; in training the running statistics are updated."""
@@ -389,7 +379,7 @@ class SwitchableWhitening(nn.Module):
             mean_bn = self.running_mean[..., 0].to(dtype)
             cov_bn = self.running_cov.to(dtype)
         instance = length > 1
-        wm, wv = self._importance_weights(mean_logit, var_logit, instance)
+        wm, wv = self.importance_weights(instance)
         weights = {
             name: (wm[k].to(dtype), wv[k].to(dtype))
             for k, name in enumerate(self.components)
@@ -438,11 +428,11 @@ class SwitchableWhitening(nn.Module):
             self.T).view(lead + (g, c, c))
         scale = r_trace.sqrt()
         if self.affine:
-            scale = weight.to(dtype).view(g, c, 1) * scale
+            scale = self.weight.to(dtype).view(g, c, 1) * scale
         transform = scale * transform
         shift = torch.matmul(transform, (mean_in - mean)[..., None])
         if self.affine:
-            shift = shift + bias.to(dtype).view(g, c, 1)
+            shift = shift + self.bias.to(dtype).view(g, c, 1)
         transform = transform.expand(n, g, c, c).reshape(n * g, c, c)
         return transform, shift.reshape(n * g, c, 1)
 
