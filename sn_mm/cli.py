@@ -5,12 +5,12 @@ import os
 import os.path as osp
 from typing import Optional
 
-import torch.distributed as dist
 from mmengine.config import Config, DictAction
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 from .engine import SNRunner
+from .models.sync_switchable_norm import end_process_group
 
 
 def load_config(config: str,
@@ -45,13 +45,10 @@ def build_runner(cfg: Config) -> Runner:
 
 
 def end_distributed() -> None:
-    """Destroy the process group of a launcher run once it has succeeded.
-    Left to interpreter exit, gloo's worker threads can outlive Python and
-    abort the process ('terminate called without an active exception',
-    SIGABRT; pytorch/pytorch#190489) after all the work is done. Not after
+    """End the process group of a launcher run once it has succeeded
+    (:func:`sn_mm.models.sync_switchable_norm.end_process_group`). Not after
     a failure: other ranks may still be inside a collective."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    end_process_group()
 
 
 def parse_tool_args(parser, argv=None):

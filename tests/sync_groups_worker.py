@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from sn_mm import SyncSwitchableNorm
+from sn_mm.models.sync_switchable_norm import end_process_group
 
 GROUPS = (None, 'node', 2)
 
@@ -39,7 +40,7 @@ def main(path):
             running_var=layer.running_var.clone())
     results['node_rank'] = os.environ['GROUP_RANK']
     torch.save(results, f'{path}.rank{rank}.pth')
-    dist.destroy_process_group()
+    assert end_process_group(), 'the process group outlived its teardown'
 
 
 if __name__ == '__main__':

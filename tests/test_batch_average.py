@@ -2,14 +2,12 @@
 import copy
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
-from helpers import free_port
 
 from sn_mm import SwitchableNorm
 from sn_mm.engine import sn_batch_average
 from sn_mm.testing import reference_sn
+from sn_mm.testing.processes import run_on_ranks
 
 
 def make_model(seed=0):
@@ -115,19 +113,14 @@ def test_batch_average_skips_empty_batches():
         torch.testing.assert_close(layers[name].running_var, var.float())
 
 
-def worker(rank, port, out):
-    dist.init_process_group(
-        'gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=2)
+def worker(rank):
     model = make_model()
     sn_batch_average(model, make_batches(2, seed=10 + rank), model, 2)
-    torch.save(model.state_dict(), f'{out}.{rank}')
-    dist.destroy_process_group()
+    return model.state_dict()
 
 
-def test_ranks_average_together(tmp_path):
-    out = str(tmp_path / 'state')
-    mp.spawn(worker, args=(free_port(), out), nprocs=2, join=True)
-    states = [torch.load(f'{out}.{r}') for r in range(2)]
+def test_ranks_average_together():
+    states = run_on_ranks(worker, 2)
     expected = direct_averages(make_model(),
                                make_batches(2, 10) + make_batches(2, 11))
     for name, (mean, var) in expected.items():

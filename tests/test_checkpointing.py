@@ -4,13 +4,11 @@ checkpointing does, with the same gradients: SN, group SN and SyncSN (real
 gloo processes), both checkpoint variants, on the CPU and on CUDA."""
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.utils.checkpoint as cp
-from helpers import free_port
 from mmdet.models import ResNet
 
 from sn_mm import SwitchableNorm, SyncSwitchableNorm
+from sn_mm.testing.processes import run_on_ranks
 
 DEVICES = ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])
 NORMS = {
@@ -83,9 +81,7 @@ def test_torch_checkpoint_either_variant(use_reentrant):
     torch.testing.assert_close(layer.running_var, expected.running_var)
 
 
-def sync_worker(rank, port, result_file):
-    dist.init_process_group(
-        'gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=2)
+def sync_worker(rank):
     torch.manual_seed(0)
     layers = [SyncSwitchableNorm(6).double() for _ in range(2)]
     x = torch.randn(4, 6, 5, 5, dtype=torch.float64)[2 * rank:2 * rank + 2]
@@ -100,15 +96,11 @@ def sync_worker(rank, port, result_file):
                 x_grad=inp.grad,
                 mean_weight=layer.mean_weight.grad,
                 **sn_state(layer)))
-    torch.save(results, f'{result_file}.{rank}')
-    dist.destroy_process_group()
+    return results
 
 
-def test_syncsn_under_checkpoint(tmp_path):
-    result_file = str(tmp_path / 'result')
-    mp.spawn(sync_worker, args=(free_port(), result_file), nprocs=2)
-    for rank in range(2):
-        plain, checkpointed = torch.load(f'{result_file}.{rank}')
+def test_syncsn_under_checkpoint():
+    for plain, checkpointed in run_on_ranks(sync_worker, 2):
         assert int(checkpointed['num_batches_tracked']) == 1
         for key, value in plain.items():
             torch.testing.assert_close(checkpointed[key], value, msg=key)

@@ -6,10 +6,8 @@ import os.path as osp
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from helpers import (free_port, load_tool, make_sn, random_input,
-                     require_kernels, run_layer, toy_det_batch)
+from helpers import (load_tool, make_sn, random_input, require_kernels,
+                     run_layer, toy_det_batch)
 from mmengine.config import Config
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import DefaultScope
@@ -18,6 +16,7 @@ from tool_runner import ROOT, run_python, tool
 from sn_mm import (SwitchableNorm, SyncSwitchableNorm, convert_sync_sn,
                    harden_sn, revert_sync_sn)
 from sn_mm.testing import reference_sn
+from sn_mm.testing.processes import run_on_ranks
 
 HARD_BN_IN = ([0., 0., 1.], [1., 0., 0.])  # mean from BN, variance from IN
 
@@ -154,9 +153,7 @@ def test_bad_ratios_are_refused():
     assert sn.fixed() == dict(mean=False, var=False)
 
 
-def sync_worker(rank, port, out):
-    dist.init_process_group(
-        'gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=2)
+def sync_worker(rank):
     layer = SyncSwitchableNorm(5).double()
     layer.load_state_dict(make_sn(5).state_dict())
     layer.fix_ratios(*HARD_BN_IN)
@@ -164,25 +161,21 @@ def sync_worker(rank, port, out):
     x.requires_grad_()
     y = layer(x)
     y.square().sum().backward()
-    torch.save(
-        dict(
-            y=y.detach(),
-            x_grad=x.grad,
-            mean_weight_grad=layer.mean_weight.grad,
-            running_var=layer.running_var), f'{out}.{rank}')
-    dist.destroy_process_group()
+    return dict(
+        y=y.detach(),
+        x_grad=x.grad,
+        mean_weight_grad=layer.mean_weight.grad,
+        running_var=layer.running_var)
 
 
-def test_syncsn_with_fixed_ratios_in_two_processes(tmp_path):
-    out = str(tmp_path / 'sync')
-    mp.spawn(sync_worker, args=(free_port(), out), nprocs=2, join=True)
+def test_syncsn_with_fixed_ratios_in_two_processes():
+    results = run_on_ranks(sync_worker, 2)
     sn = make_sn(5)
     sn.fix_ratios(*HARD_BN_IN)
     x = random_input((4, 5, 3, 3)).requires_grad_()
     y = sn(x)
     y.square().sum().backward()
-    for rank in range(2):
-        r = torch.load(f'{out}.{rank}')
+    for rank, r in enumerate(results):
         part = slice(rank * 2, rank * 2 + 2)
         torch.testing.assert_close(r['y'], y[part].detach())
         torch.testing.assert_close(r['x_grad'], x.grad[part])

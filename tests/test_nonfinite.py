@@ -3,11 +3,10 @@ statistics and num_batches_tracked untouched and is counted in
 ``nonfinite_batches``: SN on every kernel set, SyncSN across processes."""
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from helpers import free_port, make_sn, random_input, require_kernels
+from helpers import make_sn, random_input, require_kernels
 
 from sn_mm import SwitchableNorm, SyncSwitchableNorm
+from sn_mm.testing.processes import run_on_ranks
 
 KERNELS = ['native', 'triton', 'torch']
 
@@ -78,9 +77,7 @@ def test_checkpoint_without_the_count_loads():
     assert int(sn.nonfinite_batches) == 0
 
 
-def sync_worker(rank, port, out):
-    dist.init_process_group(
-        'gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=2)
+def sync_worker(rank):
     torch.manual_seed(0)
     layer = SyncSwitchableNorm(4)
     x = random_input((2, 4, 3, 3), seed=rank, dtype=torch.float32)
@@ -89,19 +86,13 @@ def sync_worker(rank, port, out):
     # Only rank 1's half holds a NaN: the shared statistics are NaN on both.
     layer(poisoned((2, 4, 3, 3), 'nan') if rank else x)
     after = layer.state_dict()
-    torch.save(
-        dict(
-            same=all(
-                torch.equal(after[k], before[k])
-                for k in ('running_mean', 'running_var',
-                          'num_batches_tracked')),
-            count=int(layer.nonfinite_batches)), f'{out}.{rank}')
-    dist.destroy_process_group()
+    return dict(
+        same=all(
+            torch.equal(after[k], before[k])
+            for k in ('running_mean', 'running_var', 'num_batches_tracked')),
+        count=int(layer.nonfinite_batches))
 
 
-def test_syncsn_skips_on_every_rank(tmp_path):
-    out = str(tmp_path / 'sync')
-    mp.spawn(sync_worker, args=(free_port(), out), nprocs=2, join=True)
-    for rank in range(2):
-        result = torch.load(f'{out}.{rank}')
+def test_syncsn_skips_on_every_rank():
+    for rank, result in enumerate(run_on_ranks(sync_worker, 2)):
         assert result == dict(same=True, count=1), rank

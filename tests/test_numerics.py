@@ -2,15 +2,14 @@
 gradients, for SN and SyncSN."""
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
-from helpers import free_port, make_sn, random_input, require_kernels
+from helpers import make_sn, random_input, require_kernels
 from torch.func import functional_call
 
 from sn_mm import SwitchableNorm, SyncSwitchableNorm
 from sn_mm.testing.precision import (float32_errors, offset_inputs,
                                      pytorch_norms)
+from sn_mm.testing.processes import run_on_ranks
 
 OFFSETS = [1e2, 1e3, 1e4]
 SCALES = [1e-2, 1e-1, 1.]
@@ -138,9 +137,7 @@ def test_float32_as_precise_as_pytorch_norms(kernels, shape, offset, steps,
             assert ours[what] <= bound, (scale, what, ours, theirs)
 
 
-def sync_worker(rank, port, shape, offset, scale, out):
-    dist.init_process_group(
-        'gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=2)
+def sync_worker(rank, shape, offset, scale):
     sn64 = make_sn(shape[1])
     layer = float32_layer(sn64, SyncSwitchableNorm)
     x = offset_input(shape, offset, scale)
@@ -153,30 +150,22 @@ def sync_worker(rank, port, shape, offset, scale, out):
         refused = ''
     except RuntimeError as err:
         refused = str(err)
-    torch.save(
-        dict(
-            y=y.detach(),
-            running_var=layer.running_var,
-            running_mean=layer.running_mean,
-            refused=refused), f'{out}.{rank}')
-    dist.destroy_process_group()
+    return dict(
+        y=y.detach(),
+        running_var=layer.running_var,
+        running_mean=layer.running_mean,
+        refused=refused)
 
 
 @pytest.mark.parametrize('offset,scale', [(1e2, 1e-2), (1e4, 1.)])
-def test_syncsn_float32_with_large_offsets(tmp_path, offset, scale):
+def test_syncsn_float32_with_large_offsets(offset, scale):
     shape = (4, 6, 5, 5)
-    out = str(tmp_path / 'sync')
-    mp.spawn(
-        sync_worker,
-        args=(free_port(), shape, offset, scale, out),
-        nprocs=2,
-        join=True)
+    results = run_on_ranks(sync_worker, 2, (shape, offset, scale))
     sn64 = make_sn(shape[1])
     x = offset_input(shape, offset, scale)
     expected = sn64(x.double())
     tol = 4 * max(groupnorm_error(x, 1), 1e-5)
-    for rank in range(2):
-        result = torch.load(f'{out}.{rank}')
+    for rank, result in enumerate(results):
         part = expected[rank * 2:(rank + 1) * 2]
         assert (result['y'].double() - part).abs().max() <= tol
         torch.testing.assert_close(

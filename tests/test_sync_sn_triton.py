@@ -7,15 +7,14 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from helpers import free_port
+from helpers import require_kernels
 from test_sync_switchable_norm import (CASES, PARAMS, case_data, make_layer,
                                        rank_cases, run_layer)
 
 from sn_mm import SwitchableNorm
+from sn_mm.testing.processes import run_on_ranks
 
-pytest.importorskip('triton')
+require_kernels('triton', allow_module_level=True)
 # Marked cuda as well: on a GPU the two processes share the one device
 # (gloo carries CUDA tensors), the multi-rank path on CUDA tensors that
 # `make gpu-check` runs.
@@ -30,12 +29,7 @@ WORLD = 2
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 
 
-def worker(rank, port, result_file):
-    dist.init_process_group(
-        'gloo',
-        init_method=f'tcp://127.0.0.1:{port}',
-        rank=rank,
-        world_size=WORLD)
+def worker(rank):
     from sn_mm.ops import triton_fused
     calls = []
     real = triton_fused._combine_over_group
@@ -49,15 +43,12 @@ def worker(rank, port, result_file):
                 layer.to(DEVICE), x.to(DEVICE), grad_out.to(DEVICE)).items()
         }
     results['fused_calls'] = len(calls)
-    torch.save(results, f'{result_file}.{rank}')
-    dist.destroy_process_group()
+    return results
 
 
 @pytest.fixture(scope='module')
-def sync_results(tmp_path_factory):
-    result_file = str(tmp_path_factory.mktemp('syncsn_triton') / 'result')
-    mp.spawn(worker, args=(free_port(), result_file), nprocs=WORLD, join=True)
-    return [torch.load(f'{result_file}.{r}') for r in range(WORLD)]
+def sync_results():
+    return run_on_ranks(worker, WORLD)
 
 
 def test_the_fused_path_ran(sync_results):

@@ -4,11 +4,10 @@ kernels split at their collectives and on the reference."""
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from helpers import free_port
 
 from sn_mm import (SwitchableNorm, SyncSwitchableNorm, convert_sync_sn, ops,
                    revert_sync_sn)
+from sn_mm.testing.processes import run_on_ranks
 
 WORLD = 2
 # (name, input shape of the whole batch, samples on rank 0, on rank 1,
@@ -95,12 +94,7 @@ def rank_cases(rank, dtype=torch.float64, **kwargs):
         yield name, x[share].to(dtype), grad_out[share].to(dtype), layer
 
 
-def worker(rank, port, result_file):
-    dist.init_process_group(
-        'gloo',
-        init_method=f'tcp://127.0.0.1:{port}',
-        rank=rank,
-        world_size=WORLD)
+def worker(rank):
     results = {}
     for kernels in KERNELS:
         for name, x, grad_out, layer in rank_cases(rank, kernels=kernels):
@@ -109,15 +103,12 @@ def worker(rank, port, result_file):
                                         layer.running_mean,
                                         dist.group.WORLD).call.__name__
             results[kernels, name] = result
-    torch.save(results, f'{result_file}.{rank}')
-    dist.destroy_process_group()
+    return results
 
 
 @pytest.fixture(scope='module')
-def sync_results(tmp_path_factory):
-    result_file = str(tmp_path_factory.mktemp('syncsn') / 'result')
-    mp.spawn(worker, args=(free_port(), result_file), nprocs=WORLD, join=True)
-    return [torch.load(f'{result_file}.{r}') for r in range(WORLD)]
+def sync_results():
+    return run_on_ranks(worker, WORLD)
 
 
 @pytest.mark.parametrize('kernels', list(KERNELS))

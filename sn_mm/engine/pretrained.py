@@ -14,7 +14,7 @@ from mmengine.runner import CheckpointLoader
 from ..models import SwitchableNorm, SwitchableWhitening
 from ..models.convert import source_logits
 from ..models.switchable_norm import to_groups
-from .runner import trusted_torch_load
+from .runner import safe_torch_load, trusted_torch_load
 
 RATIO_CHOICES = ('uniform', 'source')
 # An SN layer named e.g. 'sn1' (mmcv's build_norm_layer: the norm type's
@@ -218,11 +218,9 @@ class SNPretrainedInit:
 
     def _state_dict(self) -> Dict[str, torch.Tensor]:
         try:
-            if self.trusted:
-                with trusted_torch_load():
-                    ckpt = CheckpointLoader.load_checkpoint(
-                        self.checkpoint, self.map_location)
-            else:
+            # Untrusted: the safe loader on every torch (before 2.6 its
+            # default unpickles anything).
+            with (trusted_torch_load() if self.trusted else safe_torch_load()):
                 ckpt = CheckpointLoader.load_checkpoint(
                     self.checkpoint, self.map_location)
         except Exception as err:

@@ -9,10 +9,28 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-from ..models import SyncSwitchableNorm, revert_sync_sn
+from ..models import (SyncSwitchableNorm, SyncSwitchableWhitening,
+                      revert_sync_sn)
 
 
 @contextlib.contextmanager
+def torch_load_default(weights_only: bool):
+    """Make ``weights_only`` the default of ``torch.load`` inside the block
+    (for callers, such as mmengine's loaders, that do not pass it)."""
+    original = torch.load
+
+    @functools.wraps(original)
+    def load(*args, **kwargs):
+        kwargs.setdefault('weights_only', weights_only)
+        return original(*args, **kwargs)
+
+    torch.load = load
+    try:
+        yield
+    finally:
+        torch.load = original
+
+
 def trusted_torch_load():
     """Make ``torch.load`` default to ``weights_only=False`` inside the block.
 
@@ -24,18 +42,14 @@ def trusted_torch_load():
     resume of the run's own checkpoint is trusted; pretrained weights
     (``load_from``, ``init_cfg``) keep the safe default.
     """
-    original = torch.load
+    return torch_load_default(False)
 
-    @functools.wraps(original)
-    def load(*args, **kwargs):
-        kwargs.setdefault('weights_only', False)
-        return original(*args, **kwargs)
 
-    torch.load = load
-    try:
-        yield
-    finally:
-        torch.load = original
+def safe_torch_load():
+    """Make ``torch.load`` default to ``weights_only=True`` inside the
+    block: torch >= 2.6's default, on the older torches too (whose default
+    unpickles anything)."""
+    return torch_load_default(True)
 
 
 CHECKPOINT_DOC = ('docs/configs_and_checkpoints.md'
@@ -96,11 +110,12 @@ class SNRunner(Runner):
       training before the datasets are built, naming the file and the docs
       (:func:`check_checkpoints`); testing a trained model does not need
       them.
-    - On one process (no launcher), SyncSN layers become SN layers, as
+    - On one process (no launcher), SyncSN layers become SN layers and
+      SyncSW layers SW layers, as
       mmengine's own ``wrap_model`` turns SyncBN into BN: there is nothing to
       synchronise with, and SN computes the same thing.
-    - ``compile=True`` compiles the model's part of ``train_step`` (data
-      preprocessing, forward, loss); the optimizer's update runs eagerly.
+    - ``compile=True`` compiles the model's forward and loss; the data
+      preprocessing and the optimizer's update run eagerly.
     - With a launcher but no CUDA (e.g. ``torchrun --nproc_per_node 2
       tools/train.py CFG --launcher pytorch`` on a CPU machine), mmengine
       0.10.7 would call ``torch.cuda.set_device`` and give DDP a device id;
@@ -126,12 +141,16 @@ class SNRunner(Runner):
 
     def wrap_model(self, model_wrapper_cfg, model):
         if not self.distributed and not is_model_wrapper(model):
-            num_sync = sum(
+            sn = sum(
                 isinstance(m, SyncSwitchableNorm) for m in model.modules())
-            if num_sync:
+            sw = sum(
+                isinstance(m, SyncSwitchableWhitening)
+                for m in model.modules())
+            if sn or sw:
                 model = revert_sync_sn(model)
-                self.logger.info(f'Not distributed: turned {num_sync} SyncSN '
-                                 'layers into SN layers')
+                self.logger.info(f'Not distributed: turned {sn} SyncSN layers '
+                                 f'into SN layers and {sw} SyncSW layers into '
+                                 'SW layers')
         if self._cpu_distributed():
             model_wrapper_cfg = dict(
                 dict(
@@ -148,8 +167,9 @@ class SNRunner(Runner):
         # mmengine compiles the whole train_step, optimizer step included;
         # torch 2.14's dynamo fails inside SGD.step on mmengine's param
         # groups (InternalTorchDynamoError, whatever the model's norm
-        # layers). The optimizer wrapper's update (backward, step) runs
-        # eagerly; the data preprocessor, forward and loss are compiled.
+        # layers), and torch 2.1's inside the toolboxes' batch stacking.
+        # The data preprocessor and the optimizer wrapper's update
+        # (backward, step) run eagerly; the forward and loss are compiled.
         if self.cfg.get('compile') and target == 'train_step' and hasattr(
                 self, 'optim_wrapper') and not getattr(
                     self.optim_wrapper, '_sn_eager_update', False):
@@ -157,6 +177,11 @@ class SNRunner(Runner):
             wrapper.update_params = torch.compiler.disable(
                 wrapper.update_params)
             wrapper._sn_eager_update = True
+            model = getattr(self.model, 'module', self.model)
+            preprocessor = getattr(model, 'data_preprocessor', None)
+            if preprocessor is not None:
+                preprocessor.forward = torch.compiler.disable(
+                    preprocessor.forward)
         super()._maybe_compile(target)
 
     def resume(self, *args, **kwargs):

@@ -12,6 +12,7 @@ import torch.nn as nn
 
 from .fuse import hard_ratio_terms
 from .switchable_norm import SwitchableNorm
+from .switchable_whitening import SwitchableWhitening, SyncSwitchableWhitening
 from .sync_switchable_norm import SyncSwitchableNorm
 
 RATIO_CHOICES = ('uniform', 'source', 'fixed')
@@ -188,3 +189,77 @@ def _plain_norm(layer: SwitchableNorm, bn_type: type):
         norm.bias.copy_(layer.bias)
     return norm.to(layer.weight.device,
                    layer.weight.dtype).train(layer.training)
+
+
+def _swap(module: nn.Module, swaps: dict) -> nn.Module:
+    """Replace, recursively, every layer whose exact type is a key of
+    ``swaps`` by ``swaps[type](layer)``, handing over the same Parameter
+    and buffer objects, so that an optimizer built before the swap still
+    updates the new layers."""
+    make_new = swaps.get(type(module))
+    if make_new is not None:
+        new = make_new(module)
+        for name, param in module.named_parameters(recurse=False):
+            setattr(new, name, param)
+        for name, buffer in module.named_buffers(recurse=False):
+            setattr(new, name, buffer)
+        new.train(module.training)
+        return new
+    for name, child in module.named_children():
+        new_child = _swap(child, swaps)
+        if new_child is not child:
+            module.add_module(name, new_child)
+    return module
+
+
+def _sn_args(m: SwitchableNorm) -> dict:
+    return dict(
+        num_features=m.num_features,
+        eps=m.eps,
+        momentum=m.momentum,
+        using_bn=m.using_bn,
+        unbiased=m.unbiased,
+        kernels=m.kernels,
+        ratio_fn=m.ratio_fn,
+        ratio_groups=m.ratio_groups)
+
+
+def _sw_args(m: SwitchableWhitening) -> dict:
+    return dict(
+        num_features=m.num_features,
+        num_pergroup=m.num_pergroup,
+        sw_type=m.sw_type,
+        T=m.T,
+        tie_weight=m.tie_weight,
+        eps=m.eps,
+        momentum=m.momentum,
+        affine=m.affine)
+
+
+def convert_sync_sn(module: nn.Module, group=None) -> nn.Module:
+    """Turn every :class:`SwitchableNorm` in ``module`` into a
+    :class:`SyncSwitchableNorm`, and every :class:`SwitchableWhitening`
+    into a :class:`SyncSwitchableWhitening`, sharing batch statistics over
+    ``group`` and keeping the layer's parameters and buffers, like
+    ``nn.SyncBatchNorm.convert_sync_batchnorm``. Returns the converted
+    module (a new object only where ``module`` itself is such a layer)."""
+    return _swap(
+        module, {
+            SwitchableNorm:
+            lambda m: SyncSwitchableNorm(**_sn_args(m), group=group),
+            SwitchableWhitening:
+            lambda m: SyncSwitchableWhitening(**_sw_args(m), group=group),
+        })
+
+
+def revert_sync_sn(module: nn.Module) -> nn.Module:
+    """Turn every :class:`SyncSwitchableNorm` in ``module`` back into a
+    :class:`SwitchableNorm`, and every :class:`SyncSwitchableWhitening` into
+    a :class:`SwitchableWhitening`, e.g. to test on one process or the
+    CPU."""
+    return _swap(
+        module, {
+            SyncSwitchableNorm: lambda m: SwitchableNorm(**_sn_args(m)),
+            SyncSwitchableWhitening:
+            lambda m: SwitchableWhitening(**_sw_args(m)),
+        })

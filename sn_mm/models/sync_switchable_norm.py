@@ -1,19 +1,22 @@
 """SyncSN: Switchable Normalization with BN statistics shared across ranks."""
+import gc
 import operator
 import os
 import socket
+import weakref
 from typing import Optional
 
 import torch.distributed as dist
-import torch.nn as nn
 from mmengine.registry import MODELS
 
 from .switchable_norm import SwitchableNorm
 
 GROUP_NAMES = ('world', 'node')
 # {(the group setting, the default process group's id): the subgroup
-# holding this rank}. Made once per process group: making one is a
+# holding this rank, weakly}. Made once per process group: making one is a
 # collective, and a ProcessGroup held by a layer would not deep-copy (EMA).
+# Weakly, so that destroy_process_group frees it (see hold_group in
+# sn_mm.ops.reference), and a later group of the same id makes its own.
 _subgroups = {}
 
 
@@ -70,10 +73,13 @@ def process_group(group):
     if isinstance(group, dist.ProcessGroup):
         return group
     key = (group, id(dist.group.WORLD))
-    if key not in _subgroups:
+    ref = _subgroups.get(key)
+    subgroup = None if ref is None else ref()
+    if subgroup is None:
         blocks = _rank_blocks(group, dist.get_world_size())
-        _subgroups[key] = dist.new_subgroups_by_enumeration(blocks)[0]
-    return _subgroups[key]
+        subgroup = dist.new_subgroups_by_enumeration(blocks)[0]
+        _subgroups[key] = weakref.ref(subgroup)
+    return subgroup
 
 
 def sharing_group(group):
@@ -84,6 +90,26 @@ def sharing_group(group):
         return None
     group = process_group(group)
     return group if dist.get_world_size(group) > 1 else None
+
+
+def end_process_group() -> bool:
+    """Tear down the default process group once every rank is done with it:
+    a barrier (no rank tears down while a peer still talks to it),
+    ``destroy_process_group``, then a garbage collection, which frees what
+    still holds the group in reference cycles (a runner and its DDP
+    wrapper), so that its gloo threads are joined while Python still runs.
+    Left to interpreter exit, a gloo worker that releases a finished
+    collective's tensors takes the GIL during finalisation and aborts the
+    process ('terminate called without an active exception'). Returns
+    whether the group was freed. Not after a failure: other ranks may be
+    inside a collective, and the barrier would wait for them."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return True
+    world = weakref.ref(dist.group.WORLD)
+    dist.barrier()
+    dist.destroy_process_group()
+    gc.collect()
+    return world() is None
 
 
 @MODELS.register_module('SyncSN')
@@ -131,57 +157,3 @@ class SyncSwitchableNorm(SwitchableNorm):
 
     def _sync_group(self):
         return sharing_group(self.group)
-
-
-def _swap_norm(module: nn.Module, old_type: type, make_new) -> nn.Module:
-    """Replace, recursively, every layer of exactly ``old_type`` by
-    ``make_new(layer)``, handing over the same Parameter objects so that an
-    optimizer built before the swap still updates the new layers."""
-    if type(module) is old_type:
-        new = make_new(module)
-        new.weight = module.weight
-        new.bias = module.bias
-        new.mean_weight = module.mean_weight
-        new.var_weight = module.var_weight
-        new.ratio_fixed = module.ratio_fixed
-        new.fixed_ratios = module.fixed_ratios
-        new.radius = module.radius
-        if module.using_bn:
-            new.running_mean = module.running_mean
-            new.running_var = module.running_var
-            new.num_batches_tracked = module.num_batches_tracked
-            new.nonfinite_batches = module.nonfinite_batches
-        new.train(module.training)
-        return new
-    for name, child in module.named_children():
-        new_child = _swap_norm(child, old_type, make_new)
-        if new_child is not child:
-            module.add_module(name, new_child)
-    return module
-
-
-def convert_sync_sn(module: nn.Module, group=None) -> nn.Module:
-    """Turn every :class:`SwitchableNorm` in ``module`` into a
-    :class:`SyncSwitchableNorm` sharing its parameters and buffers, like
-    ``nn.SyncBatchNorm.convert_sync_batchnorm``. Returns the converted module
-    (a new object only where ``module`` itself is an SN layer)."""
-    return _swap_norm(
-        module, SwitchableNorm, lambda m: SyncSwitchableNorm(
-            m.num_features,
-            m.eps,
-            m.momentum,
-            m.using_bn,
-            m.unbiased,
-            group=group,
-            kernels=m.kernels,
-            ratio_fn=m.ratio_fn,
-            ratio_groups=m.ratio_groups))
-
-
-def revert_sync_sn(module: nn.Module) -> nn.Module:
-    """Turn every :class:`SyncSwitchableNorm` in ``module`` back into a
-    :class:`SwitchableNorm`, e.g. to test on one process or the CPU."""
-    return _swap_norm(
-        module, SyncSwitchableNorm, lambda m: SwitchableNorm(
-            m.num_features, m.eps, m.momentum, m.using_bn, m.unbiased, m.
-            kernels, m.ratio_fn, m.ratio_groups))

@@ -15,6 +15,7 @@ variances of means about their own mean (Chan et al.'s parallel formula),
 the output as ``(x - mu) * scale``.
 """
 import math
+import weakref
 from typing import Optional
 
 import torch
@@ -22,6 +23,32 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .ratios import mixing_ratio
+
+
+def hold_group(group):
+    """A weak reference to the process group ``group`` (None stays None),
+    for an autograd graph to keep until its backward.
+
+    A graph can outlive ``destroy_process_group``: user code may keep a
+    loss, and after a backward that raised, autograd's queue in that thread
+    keeps the graph until the thread's next backward. Held strongly, the
+    group (and gloo's worker threads) would then live on into interpreter
+    exit, where a worker that releases a finished collective's tensors
+    takes the GIL during finalisation and aborts the process ('terminate
+    called without an active exception')."""
+    return None if group is None else weakref.ref(group)
+
+
+def held_group(ref, who: str = 'SyncSN'):
+    """The process group :func:`hold_group` refers to; a RuntimeError if it
+    has been destroyed since the forward."""
+    if ref is None:
+        return None
+    group = ref()
+    if group is None:
+        raise RuntimeError(f'{who}: the process group of this forward was '
+                           'destroyed before its backward')
+    return group
 
 
 class _SyncStatistics(torch.autograd.Function):
@@ -48,7 +75,7 @@ class _SyncStatistics(torch.autograd.Function):
         dev = (counts * (means - base)).sum(0) / total.clamp_min(1)
         mean = base + dev
         m2 = m2s.sum(0) + (counts * (means - base - dev).square()).sum(0)
-        ctx.group, ctx.n = group, n
+        ctx.group, ctx.n = hold_group(group), n
         ctx.save_for_backward(mean_c, mean, total)
         ctx.mark_non_differentiable(total)
         return total, mean, m2 / total.clamp_min(1)
@@ -66,7 +93,7 @@ class _SyncStatistics(torch.autograd.Function):
             zeros if grad_mean is None else grad_mean,
             zeros if grad_var is None else grad_var
         ])
-        dist.all_reduce(shared, group=ctx.group)
+        dist.all_reduce(shared, group=held_group(ctx.group))
         grad_mean, grad_var = shared.chunk(2)
         # mean = sum_r n_r mean_r / N; var = (sum_r m2_r + sum_r n_r
         # (mean_r - mean)^2) / N, whose weighted deviations sum to zero.
@@ -256,7 +283,9 @@ def switchable_norm_reference(
     Statistics in float32 at least (fp16/bf16 sums lose too much); the
     output in ``x``'s dtype."""
     shape = x.shape
-    dtype = torch.promote_types(x.dtype, torch.float32)
+    # (torch.promote_types(x.dtype, torch.float32), which Dynamo 2.1 cannot
+    # trace)
+    dtype = torch.float64 if x.dtype is torch.float64 else torch.float32
     # A view where it can be: channels_last in gives channels_last out.
     x3 = _as(x.reshape(shape[0], shape[1], math.prod(shape[2:])), dtype)
     y, mean_bn, var_bn, has = reference_forward(x3, _as(weight, dtype),

@@ -42,6 +42,7 @@ import torch.nn as nn
 
 import sn_mm  # noqa: F401
 from sn_mm import SwitchableNorm, SyncSwitchableNorm
+from sn_mm.models.sync_switchable_norm import end_process_group
 from sn_mm.ops import (cpu_isa, cpu_isas, default_kernels, native_available,
                        set_cpu_isa)
 from sn_mm.ops._compat import own_tensors
@@ -558,18 +559,19 @@ def torchvision_mask_rcnn(norm_layer, toy):
         **size)
 
 
-def _one_rank_group(device):
+def _one_rank_group(device) -> bool:
+    """Start a one-rank process group unless one runs; whether it started
+    one (its caller then ends it: end_process_group)."""
     import torch.distributed as dist
-    if not dist.is_initialized():
-        import socket
-        with socket.socket() as s:
-            s.bind(('127.0.0.1', 0))
-            port = s.getsockname()[1]
-        dist.init_process_group(
-            'nccl' if device == 'cuda' else 'gloo',
-            init_method=f'tcp://127.0.0.1:{port}',
-            rank=0,
-            world_size=1)
+    if dist.is_initialized():
+        return False
+    # An in-process store: one rank has no one to meet.
+    dist.init_process_group(
+        'nccl' if device == 'cuda' else 'gloo',
+        store=dist.HashStore(),
+        rank=0,
+        world_size=1)
+    return True
 
 
 @contextlib.contextmanager
@@ -646,7 +648,7 @@ def torchvision_detector_step(device, repeats, toy):
         import torchvision  # noqa: F401
     except ImportError:
         return None
-    _one_rank_group(device)
+    own_group = _one_rank_group(device)
     bf16 = device == 'cuda'
     gen = torch.Generator().manual_seed(0)
     h, w = (64, 96) if toy else (800, 1216)
@@ -688,6 +690,8 @@ def torchvision_detector_step(device, repeats, toy):
         steps[name] = step
     # warm: an untimed step before each timed one (the first compiles)
     times = median_times(steps, repeats, warm=True)
+    if own_group:
+        end_process_group()
     return [
         dict(norm=name, ms=t * 1e3, vs_gn=t / times['GN(32)'])
         for name, t in times.items()
