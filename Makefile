@@ -26,7 +26,8 @@ TORCHVISION_VERSION ?= 0.29.1
 # Written last: a .venv whose install broke half-way is completed next time.
 STAMP     := $(VENV)/.sn_mm-installed
 
-.PHONY: venv test demo demo-seg demo-pretrain demo-video clean-venv gpu-wheels gpu-check
+.PHONY: venv test demo demo-seg demo-pretrain demo-video clean-venv gpu-wheels gpu-check \
+	venv-oldest test-oldest
 
 DEMO_CONFIG := configs/toy/mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py
 TOY_COCO    := data/toy_coco/annotations/instances_val.json
@@ -55,6 +56,37 @@ $(STAMP): requirements/build.txt requirements/runtime.txt requirements/tests.txt
 # its share of the cores (tests/conftest.py).
 test: venv
 	$(VPY) -m pytest tests -n 2 --dist loadfile --durations=20
+
+# The oldest supported stack, in .venv-oldest/: torch 2.1.2 on Python 3.8
+# (pyenv's where it has one: its shim on PATH fails for a version that is
+# not selected; else python3.8 on PATH), mmcv 2.1.0 built from
+# source against it (what its prebuilt wheels pair), the same OpenMMLab
+# versions, and mmdeploy 1.3.1 with ONNX Runtime 1.16.3. The same steps as
+# .venv's; mmcv builds in C++17, which torch 2.1's headers take.
+OLDEST_PY    ?= $(firstword \
+	$(wildcard $(HOME)/.pyenv/versions/3.8.*/bin/python3.8) \
+	$(shell command -v python3.8))
+OLDEST_VENV  := .venv-oldest
+OLDEST_VPY   := $(OLDEST_VENV)/bin/python
+OLDEST_STAMP := $(OLDEST_VENV)/.sn_mm-installed
+
+venv-oldest: $(OLDEST_STAMP)
+
+$(OLDEST_STAMP): requirements/oldest.txt requirements/tests-oldest.txt \
+		requirements/build.txt requirements/runtime.txt setup.py \
+		$(wildcard sn_mm/ops/csrc/*.cpp sn_mm/ops/csrc/*.h)
+	@test -n "$(OLDEST_PY)" || { echo "no Python 3.8: set OLDEST_PY"; exit 1; }
+	test -x $(OLDEST_VPY) || $(OLDEST_PY) -m venv $(OLDEST_VENV)
+	$(OLDEST_VPY) -m pip install -q --upgrade 'pip<25'
+	$(OLDEST_VPY) -m pip install -r requirements/oldest.txt
+	$(OLDEST_VPY) -m pip install -r requirements/build.txt -r requirements/oldest.txt
+	$(OLDEST_VPY) -m pip install mmengine==0.10.7 -r requirements/oldest.txt
+	MAX_JOBS=$${MAX_JOBS:-2} $(OLDEST_VPY) -m pip install --no-build-isolation \
+		--no-cache-dir mmcv==2.1.0 -r requirements/oldest.txt
+	$(OLDEST_VPY) -m pip install -r requirements/tests-oldest.txt -r requirements/oldest.txt
+	$(OLDEST_VPY) -m pip install --no-deps openmim==0.3.9 mmaction2==1.2.0
+	$(OLDEST_VPY) -m pip install --no-build-isolation --no-deps -e .
+	touch $(OLDEST_STAMP)
 
 # The main job: train Mask R-CNN with SN everywhere on the toy data, print
 # COCO bbox/segm AP, then draw the learned ratios of every SN layer.

@@ -7,7 +7,7 @@ import socket
 
 import torch
 
-from sn_mm.ops import native_available
+from sn_mm.ops import native_available, triton_problem
 from sn_mm.testing import make_layer, reference_sn
 
 
@@ -86,13 +86,28 @@ def load_tool(*parts):
     return module
 
 
-def require_kernels(name):
-    """Skip the calling test where kernel set ``name`` cannot run here."""
+def require_kernels(name, allow_module_level=False):
+    """Skip the calling test (or module) where kernel set ``name`` cannot
+    run here."""
     import pytest
     if name == 'native' and not native_available():
-        pytest.skip('native extension not built (SN_MM_NO_EXT=1)')
-    if name == 'triton':
-        pytest.importorskip('triton')
+        pytest.skip(
+            'native extension not built (SN_MM_NO_EXT=1)',
+            allow_module_level=allow_module_level)
+    if name == 'triton' and triton_problem() is not None:
+        pytest.skip(triton_problem(), allow_module_level=allow_module_level)
+
+
+def require_onnx_exporter(exporter):
+    """Skip the calling test where this torch lacks ONNX exporter
+    ``exporter`` (the dynamo one before torch 2.5)."""
+    import pytest
+
+    from sn_mm.ops._compat import ONNX_EXPORTERS
+    if exporter not in ONNX_EXPORTERS:
+        pytest.skip(f'torch.onnx.export(dynamo=True), the {exporter} '
+                    f'exporter, needs torch >= 2.5 (this is '
+                    f'{torch.__version__})')
 
 
 def toy_seg_batch(model, size=64):

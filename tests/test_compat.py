@@ -33,8 +33,8 @@ def test_in_onnx_export(monkeypatch, private, tmp_path):
             return x + 1
 
     pytest.importorskip('onnx')
-    torch.onnx.export(
-        Probe(), (torch.zeros(2), ), str(tmp_path / 'p.onnx'), dynamo=False)
+    torch.onnx.export(Probe(), (torch.zeros(2), ), str(tmp_path / 'p.onnx'),
+                      **_compat.onnx_export_kwargs('torchscript'))
     assert seen and all(seen)
 
 
@@ -71,7 +71,10 @@ def test_op_function_is_the_overloads_call():
 
 def test_the_private_flags_are_found_on_this_torch():
     # Where this fails, torch moved them: the fallback still answers.
-    assert _compat._ONNX_FLAGS is not None
+    if _compat.TORCH_VERSION >= (2, 14):
+        # (where the main pin's torch keeps them; the oldest supported,
+        # 2.1, answers through torch.onnx.is_in_onnx_export())
+        assert _compat._ONNX_FLAGS is not None
     assert _compat._ENV_BYTES is not None
     assert _compat._JIT_TRACING is not None
     assert _compat.op_function(torch.ops.aten.add.Tensor) is not \
@@ -115,3 +118,26 @@ def test_current_raw_stream(monkeypatch):
     private = _compat.current_raw_stream(0)
     monkeypatch.setattr(_compat, '_RAW_STREAM', None)
     assert _compat.current_raw_stream(0) == private
+
+
+def test_triton_older_than_the_kernels_is_named():
+    """A Triton older than the fused kernels' (torch 2.1-2.3 ship 2.1-2.3)
+    leaves SN on PyTorch ops on CUDA; kernels='triton' says why."""
+    from sn_mm.ops import operator, triton_problem
+    problem = operator.triton_version_problem('2.1.0')
+    assert 'Triton 2.1.0' in problem and '3.0' in problem
+    assert operator.triton_version_problem('3.0.0') is None
+    assert operator.triton_version_problem('3.8.1') is None
+    try:
+        import triton
+    except ImportError:
+        assert 'cannot be imported' in triton_problem()
+        return
+    assert triton_problem() == operator.triton_version_problem(
+        triton.__version__)
+    assert (operator.triton_module() is None) == (triton_problem()
+                                                  is not None)
+    if triton_problem() is not None and operator._INTERPRET:
+        x = torch.randn(2, 3, 4, 4)
+        with pytest.raises(RuntimeError, match=f'Triton {triton.__version__}'):
+            operator.route('triton', x, torch.ones(3), None)

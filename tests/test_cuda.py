@@ -22,10 +22,11 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import free_port, random_input
+from helpers import free_port, random_input, require_kernels
 
 from sn_mm import SwitchableNorm
-from sn_mm.ops import native_available, switchable_norm
+from sn_mm.models.sync_switchable_norm import end_process_group
+from sn_mm.ops import native_available, switchable_norm, triton_problem
 from sn_mm.testing import make_layer, reference_sn
 from sn_mm.testing.kernel_agreement import all_cases, compare_case
 from sn_mm.testing.precision import (OFFSETS, SPREADS, float32_errors,
@@ -45,11 +46,8 @@ pytestmark = [
 def kernel_paths():
     paths = ['torch']
     if ON_GPU:
-        try:
-            import triton  # noqa: F401  (whether it is there)
+        if triton_problem() is None:
             paths.append('triton')
-        except ImportError:
-            pass
     elif native_available():
         paths.append('native')
     return paths
@@ -207,7 +205,7 @@ def one_rank_group():
             rank=0,
             world_size=1)
     yield dist.group.WORLD
-    dist.destroy_process_group()
+    end_process_group()
 
 
 def test_syncsn_collective_path_on_one_rank(one_rank_group):
@@ -244,7 +242,7 @@ def test_fused_kernels_agree_with_the_reference():
     """Outputs, every gradient, running statistics and the batch counter
     after two steps, case by case; on a GPU in worker processes that compile
     Triton's specialisations in parallel."""
-    pytest.importorskip('triton')
+    require_kernels('triton')
     cases = agreement_cases()
     # compare_case raises, naming the case and the quantity, past the
     # dtype's tolerance.

@@ -7,10 +7,20 @@ import os.path as osp
 from tool_runner import ROOT
 
 
+def _dotted(node) -> str:
+    """The dotted name an expression calls or names ('triton.jit',
+    'argparse.ArgumentParser'); '' for other expressions."""
+    if isinstance(node, ast.Call):
+        return _dotted(node.func)
+    if isinstance(node, ast.Attribute):
+        return f'{_dotted(node.value)}.{node.attr}'
+    return node.id if isinstance(node, ast.Name) else ''
+
+
 def _is_triton_kernel(node) -> bool:
     # Triton compiles a kernel's own source; those are documented by the
     # comment above them.
-    return any('triton' in ast.unparse(d) for d in node.decorator_list)
+    return any('triton' in _dotted(d) for d in node.decorator_list)
 
 
 def undocumented(source: str):
@@ -31,7 +41,7 @@ def tool_problems(source: str):
     problems = [] if ast.get_docstring(tree) else ['no module docstring']
     parsers = [
         node for node in ast.walk(tree) if isinstance(node, ast.Call)
-        and ast.unparse(node.func).endswith('ArgumentParser')
+        and _dotted(node.func).endswith('ArgumentParser')
     ]
     if not any(kw.arg == 'description' for p in parsers for kw in p.keywords):
         problems.append('no ArgumentParser(description=...)')

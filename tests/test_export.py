@@ -7,11 +7,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from helpers import require_onnx_exporter
 from mmengine.registry import MODELS, DefaultScope
 from tool_runner import ROOT, run_python_together, tool
 
 import sn_mm  # noqa: F401
 from sn_mm import SwitchableNorm
+from sn_mm.ops._compat import ONNX_EXPORTERS, onnx_export_kwargs
 
 
 def randomise(model, seed=0):
@@ -105,6 +107,13 @@ def test_torch_export(training):
     assert_same(module(x), model(x))
     after = dict(module.named_buffers())
     for key, value in sn_state(model).items():
+        if key not in after:
+            # torch 2.1 names buffers by the traced access, and in eval
+            # keeps them as constants
+            if not training:
+                continue
+            owner, _, name = key.rpartition('.')
+            key = f'self___{owner.replace(".", "___")}__buffers__{name}'
         torch.testing.assert_close(after[key], value)
 
 
@@ -155,15 +164,19 @@ def test_jit_trace():
     torch.testing.assert_close(traced(y), model(y))
 
 
-@pytest.mark.parametrize(
-    'dynamo', [True, False], ids=['dynamo', 'torchscript'])
-def test_onnx_export_uses_standard_ops(tmp_path, dynamo):
+@pytest.mark.parametrize('exporter', ['dynamo', 'torchscript'])
+def test_onnx_export_uses_standard_ops(tmp_path, exporter):
     onnx = pytest.importorskip('onnx')
     ort = pytest.importorskip('onnxruntime')
+    require_onnx_exporter(exporter)
     model = small_net().eval()
     x = torch.randn(2, 3, 12, 12)
     path = str(tmp_path / 'sn.onnx')
-    torch.onnx.export(model, (x, ), path, dynamo=dynamo, input_names=['input'])
+    torch.onnx.export(
+        model, (x, ),
+        path,
+        input_names=['input'],
+        **onnx_export_kwargs(exporter))
     ops = {n.op_type for n in onnx.load(path).graph.node}
     assert {'ReduceMean', 'Sqrt'} <= ops
     assert not any('sn_mm' in op or 'Python' in op for op in ops), ops
@@ -183,10 +196,11 @@ def test_pytorch2onnx_tool(tmp_path):
     ckpt = tmp_path / 'bn.pth'
     torch.save(dict(state_dict=nn.BatchNorm2d(3).state_dict()), ckpt)
     seg = 'deeplabv3_r18-sn-d8_toy-seg.py'
-    # (what the tool does, config, checkpoint, exporter)
+    # (what the tool does, config, checkpoint, exporter): the detector
+    # under the newer exporter where this torch has it
     runs = [('segmentor', seg, 'none', 'torchscript'),
             ('detector', 'mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py', 'none',
-             'dynamo'), ('refused', seg, ckpt, 'dynamo')]
+             ONNX_EXPORTERS[0]), ('refused', seg, ckpt, ONNX_EXPORTERS[0])]
     results = run_python_together([[
         tool('deployment', 'pytorch2onnx.py'),
         osp.join(ROOT, 'configs', 'toy', config), checkpoint, '--out',

@@ -11,6 +11,8 @@ import pytest
 import torch
 from tool_runner import ROOT, run_python, tool
 
+from sn_mm.ops import triton_problem
+
 
 def probe_wheel(folder):
     """A minimal pure-Python wheel, built here: what the script installs
@@ -59,12 +61,16 @@ def test_gpu_check_runs_its_cpu_parts(tmp_path):
         c['check'].split('[')[0]
         for c in checks if not c['detail'].startswith('skipped')
     }
-    for expected in ('test_against_float64_reference', 'test_empty_batch',
-                     'test_gradcheck_and_gradgradcheck', 'test_autocast',
-                     'test_channels_last_without_a_full_size_copy',
-                     'test_syncsn_collective_path_on_one_rank',
-                     'test_fused_kernels_agree_with_the_reference'):
-        assert expected in ran, expected
+    expected = {
+        'test_against_float64_reference', 'test_empty_batch',
+        'test_gradcheck_and_gradgradcheck', 'test_autocast',
+        'test_channels_last_without_a_full_size_copy',
+        'test_syncsn_collective_path_on_one_rank',
+        'test_fused_kernels_agree_with_the_reference'
+    }
+    if triton_problem() is not None:  # (a Triton older than the kernels')
+        expected.remove('test_fused_kernels_agree_with_the_reference')
+    assert expected <= ran, expected - ran
     settle = next(c for c in checks if c['check'] == 'varying sizes settle')
     assert settle['ok'] and report['varying_sizes']['summary']['steps'] == 12
     bench = report['bench']
@@ -84,6 +90,9 @@ def test_gpu_check_runs_its_cpu_parts(tmp_path):
     assert '| ResNet-50 train step' in result.stdout
     groups = {r['layer'] for r in report['group_sn']['group_sn']}
     assert groups == {'SN', 'SN G=2', 'SN G=32'}
+    assert 'checks passed' in result.stdout
+    if triton_problem() is not None:
+        return
     # The Triton plans' A/B (benchmark_paths.py --triton, in the
     # interpreter): each layout ran with it on, never with it off.
     plans = {(r['path'], r['mode']) for r in report['triton_paths']}
@@ -92,7 +101,6 @@ def test_gpu_check_runs_its_cpu_parts(tmp_path):
                      for m in ('eval', 'train')}
     assert all(r['taken_on'] > 0 and r['taken_off'] == 0
                for r in report['triton_paths'])
-    assert 'checks passed' in result.stdout
 
 
 def test_gpu_check_reports_a_failing_test(tmp_path):

@@ -10,6 +10,7 @@ from helpers import require_kernels
 
 from sn_mm import SwitchableNorm, fuse_conv_sn, harden_sn
 from sn_mm.models.hard_ratios import harden_state_dict
+from sn_mm.ops._compat import onnx_export_kwargs
 
 
 def group_sn_float64(x,
@@ -347,7 +348,11 @@ def test_onnx_export(tmp_path):
     layer = group_layer(8, 2, dtype=torch.float32).eval()
     x = torch.randn(2, 8, 5, 5)
     path = tmp_path / 'group_sn.onnx'
-    torch.onnx.export(layer, (x, ), str(path), dynamo=False, opset_version=17)
+    torch.onnx.export(
+        layer, (x, ),
+        str(path),
+        opset_version=17,
+        **onnx_export_kwargs('torchscript'))
     session = ort.InferenceSession(str(path))
     got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
     torch.testing.assert_close(

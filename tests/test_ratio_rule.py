@@ -10,6 +10,7 @@ import os
 
 import pytest
 import torch
+from helpers import require_kernels
 
 from sn_mm import SwitchableNorm
 from sn_mm.ops import native_available
@@ -82,7 +83,7 @@ def run(layer, x, grad):
 def test_kernels_apply_the_ratio_rule(path, using_bn, has_in, fixed, ratio_fn,
                                       groups):
     if path == 'triton':
-        pytest.importorskip('triton')
+        require_kernels('triton')
     dtype = torch.float64 if path == 'native' else torch.float32
     shape = (3, 4, 3, 2) if has_in else (3, 4, 1, 1)
     gen = torch.Generator().manual_seed(4)

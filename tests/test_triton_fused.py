@@ -11,11 +11,12 @@ import os.path as osp
 
 import pytest
 import torch
+from helpers import require_kernels
 from tool_runner import ROOT, run_python
 
 from sn_mm import SwitchableNorm
 
-pytest.importorskip('triton')
+require_kernels('triton', allow_module_level=True)
 from sn_mm.ops import triton_fused, triton_kernels  # noqa: E402
 from sn_mm.testing import kernel_agreement as agreement  # noqa: E402
 

@@ -7,7 +7,7 @@ import os.path as osp
 
 import pytest
 import torch
-from helpers import make_sn, random_input, reference_of
+from helpers import make_sn, random_input, reference_of, require_kernels
 from mmdet.models.backbones import ResNet
 from tool_runner import ROOT
 
@@ -51,7 +51,7 @@ def test_5d_on_every_path(path, groups):
     paper's formulas; for group SN the reference implementation, which
     tests/test_group_sn.py holds to them)."""
     if path == 'triton':
-        pytest.importorskip('triton')
+        require_kernels('triton')
     want_layer = make_sn(VIDEO[1], ratio_groups=groups)
     x = random_input(VIDEO)
     want = run(want_layer, x, 'torch')

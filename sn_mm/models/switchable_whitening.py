@@ -33,6 +33,9 @@ import torch.nn as nn
 from mmengine.registry import MODELS
 from torch import Tensor
 
+from ..ops._compat import (DYNAMO_TRACES_FUNCTION_CTX, in_onnx_export,
+                           is_compiling, jit_is_tracing)
+from ..ops.reference import held_group, hold_group
 from .norm_eval import keep_norm_eval_everywhere
 from .sync_switchable_norm import check_group, sharing_group
 
@@ -65,14 +68,15 @@ class _AllReduceSum(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor: Tensor, group) -> Tensor:
-        ctx.group = group
+        ctx.group = hold_group(group)
         total = tensor.clone()
         dist.all_reduce(total, group=group)
         return total
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        return _AllReduceSum.apply(grad.contiguous(), ctx.group), None
+        return _AllReduceSum.apply(grad.contiguous(),
+                                   held_group(ctx.group, 'SyncSW')), None
 
 
 def _all_reduce(tensor: Tensor, group) -> Tensor:
@@ -98,6 +102,16 @@ def batch_moments(mean_in: Tensor, cov_in: Tensor, length: int, group=None):
     m2 = (cov_in.sum(0) + torch.einsum('ngi,ngj->gij', dev, dev)) * length
     cov_bn = _all_reduce(m2, group) / total
     return mean_bn, cov_bn, sums[-1]
+
+
+def plain_ops() -> bool:
+    """Whether SW runs on plain PyTorch ops instead of its autograd
+    Functions (which compute the same): under the tracers that cannot
+    record those, Dynamo before torch 2.5, ``torch.jit.trace`` and the
+    TorchScript ONNX exporter (which would record a Python op)."""
+    if is_compiling():  # (Dynamo cannot trace the other two queries)
+        return not DYNAMO_TRACES_FUNCTION_CTX
+    return jit_is_tracing() or in_onnx_export()
 
 
 def newton_whitening(cov_n: Tensor, iterations: int) -> Tensor:
@@ -135,7 +149,7 @@ class _CentredMoments(torch.autograd.Function):
         with_ones[:, c].fill_(1)
         centred = with_ones[:, :c]
         mean = rows.mean(-1)
-        if torch.compiler.is_compiling():  # no strided out= under Dynamo
+        if is_compiling():  # no strided out= under Dynamo
             centred.copy_(rows - mean[..., None])
         else:
             torch.sub(rows, mean[..., None], out=centred)
@@ -215,9 +229,10 @@ class SwitchableWhitening(nn.Module):
         tie_weight (bool): One importance-weight vector for the mean and
             the covariance (no ``sw_var_weight``). Default: False.
         eps (float): Added to the mixed covariance's diagonal. Default: 1e-5.
-        momentum (float): The release's convention, ``running = momentum *
-            running + (1 - momentum) * batch`` (PyTorch's BN momentum 0.01 is
-            this 0.99). Default: 0.99.
+        momentum (float): PyTorch's convention, as SN's and BN's: the
+            batch's weight, ``running = (1 - momentum) * running + momentum
+            * batch``. The release writes the running value's weight (its
+            0.9 is this 0.1). Default: 0.1.
         affine (bool): Per-channel ``weight`` and ``bias``. Default: True.
 
     The whitening runs in float32 under autocast (and in float32 for half
@@ -237,7 +252,7 @@ class SwitchableWhitening(nn.Module):
                  T: int = 5,
                  tie_weight: bool = False,
                  eps: float = 1e-5,
-                 momentum: float = 0.99,
+                 momentum: float = 0.1,
                  affine: bool = True) -> None:
         super().__init__()
         if sw_type not in SW_COMPONENTS:
@@ -254,7 +269,8 @@ class SwitchableWhitening(nn.Module):
             raise ValueError(f'eps must be > 0, got {eps!r}')
         if not 0 <= momentum <= 1:
             raise ValueError(f'momentum must be in [0, 1] (the weight of the '
-                             f'running statistics), got {momentum!r}')
+                             f'batch, as in PyTorch\'s norms), got '
+                             f'{momentum!r}')
         keep_norm_eval_everywhere(SwitchableWhitening)
         self.num_features = num_features
         self.num_pergroup = num_pergroup
@@ -357,6 +373,14 @@ class SwitchableWhitening(nn.Module):
         in PyTorch ops that keep the centred rows for backward."""
         n, g, c = x.shape[0], self.num_groups, self.num_pergroup
         rows = x.reshape(n * g, c, math.prod(x.shape[2:]))
+        if plain_ops():
+            mean_in = rows.mean(-1)
+            centred = rows - mean_in[..., None]
+            cov_in = torch.bmm(centred, centred.transpose(1, 2)) / \
+                rows.shape[-1]
+            transform, shift = self._transform(
+                mean_in, cov_in, n=n, length=rows.shape[-1], group=group)
+            return torch.baddbmm(shift, transform, centred).reshape(x.shape)
         centred, mean_in, cov_in, with_ones = _CentredMoments.apply(rows)
         transform, shift = self._transform(
             mean_in, cov_in, n=n, length=rows.shape[-1], group=group)
@@ -397,8 +421,12 @@ class SwitchableWhitening(nn.Module):
                         total = total + weights[name][which] * stat
             return total
 
+        # Diagonals and diagonal matrices as products with the identity:
+        # ONNX has no diagonal before opset 13 and no diag_embed.
+        eye = torch.eye(c, dtype=dtype, device=mean_in.device)
+
         def var(cov):
-            return torch.diagonal(cov, dim1=-2, dim2=-1)
+            return (cov * eye).sum(-1)
 
         mean_terms = [(('bw', 'bn'), mean_bn), (('iw', 'in'), mean_in)]
         diag_terms = [(('bn', ), var(cov_bn)), (('in', ), var(cov_in))]
@@ -418,7 +446,7 @@ class SwitchableWhitening(nn.Module):
         r_trace = 1 / (mixed(1, [(('bw', ), var(cov_bn).sum(-1)),
                                  (('iw', ), var(cov_in).sum(-1))]) +
                        diag.sum(-1))[..., None, None]
-        cov_n = torch.diag_embed(diag * r_trace[..., 0]) + \
+        cov_n = (diag * r_trace[..., 0]).unsqueeze(-1) * eye + \
             weights['bw'][1] * r_trace * cov_bn
         if 'iw' in weights:
             cov_n = torch.addcmul(cov_n, weights['iw'][1] * r_trace, cov_in)
@@ -453,15 +481,16 @@ class SwitchableWhitening(nn.Module):
     @torch.no_grad()
     def _update_running(self, mean_bn: Tensor, cov_bn: Tensor,
                         count: Tensor) -> None:
-        """The release's moving averages, unless the batch is empty or its
-        statistics are not all finite (those are counted instead)."""
+        """Moving averages, ``momentum`` the batch's weight, unless the
+        batch is empty or its statistics are not all finite (those are
+        counted instead)."""
         finite = torch.isfinite(mean_bn).all() & torch.isfinite(cov_bn).all()
         bad = ~finite & (count > 0)
         take = finite & (count > 0)
         m = self.momentum
-        new_mean = m * self.running_mean + (1 - m) * mean_bn[..., None].to(
+        new_mean = (1 - m) * self.running_mean + m * mean_bn[..., None].to(
             self.running_mean.dtype)
-        new_cov = m * self.running_cov + (1 - m) * cov_bn.to(
+        new_cov = (1 - m) * self.running_cov + m * cov_bn.to(
             self.running_cov.dtype)
         self.running_mean.copy_(torch.where(take, new_mean, self.running_mean))
         self.running_cov.copy_(torch.where(take, new_cov, self.running_cov))
@@ -500,7 +529,7 @@ class SyncSwitchableWhitening(SwitchableWhitening):
                  T: int = 5,
                  tie_weight: bool = False,
                  eps: float = 1e-5,
-                 momentum: float = 0.99,
+                 momentum: float = 0.1,
                  affine: bool = True,
                  group: Optional[object] = None) -> None:
         super().__init__(num_features, num_pergroup, sw_type, T, tie_weight,

@@ -14,7 +14,8 @@ their host side; ``ratios.py`` the rule from logits to ratio vectors.
 from .operator import (KERNEL_CHOICES, KERNELS_ENV, check_kernels, cpu_isa,
                        cpu_isas, cpu_path_counts, default_kernels,
                        implementation, native_available, route, set_cpu_isa,
-                       set_cpu_path, set_default_kernels, switchable_norm)
+                       set_cpu_path, set_default_kernels, switchable_norm,
+                       triton_problem)
 from .ratios import (RATIO_FNS, TERMS, layer_ratios, mixing_ratio,
                      ratio_without_in)
 from .sparsestmax import sparsemax, sparsestmax
@@ -23,6 +24,6 @@ __all__ = [
     'KERNEL_CHOICES', 'KERNELS_ENV', 'check_kernels', 'cpu_isa', 'cpu_isas',
     'cpu_path_counts', 'default_kernels', 'set_cpu_isa', 'set_cpu_path',
     'implementation', 'route', 'native_available', 'set_default_kernels',
-    'switchable_norm', 'RATIO_FNS', 'TERMS', 'layer_ratios', 'mixing_ratio',
-    'ratio_without_in', 'sparsemax', 'sparsestmax'
+    'switchable_norm', 'triton_problem', 'RATIO_FNS', 'TERMS', 'layer_ratios',
+    'mixing_ratio', 'ratio_without_in', 'sparsemax', 'sparsestmax'
 ]

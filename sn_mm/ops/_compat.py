@@ -1,13 +1,89 @@
 """Every private API of another package that sn_mm uses, each behind a
-function with a public fallback (the fallback is slower, never different).
+function with a public fallback (the fallback is slower, never different),
+and the torch functions whose names or signatures changed between the
+torches sn_mm supports (2.1 to 2.14), each behind one name here.
 
-They exist for one reason: SN's per-call host cost. At small shapes
-(batch-1 inference, RoI heads) a layer call costs a few microseconds of
-arithmetic, and the public routes below cost as much again.
+The private ones exist for one reason: SN's per-call host cost. At small
+shapes (batch-1 inference, RoI heads) a layer call costs a few microseconds
+of arithmetic, and the public routes below cost as much again.
 """
 import os
 
 import torch
+
+# -- across torch versions ------------------------------------------------
+TORCH_VERSION = tuple(
+    int(part) for part in torch.__version__.split('+')[0].split('.')[:2])
+OLDEST_TORCH = (2, 1)
+if TORCH_VERSION < OLDEST_TORCH:
+    raise ImportError(
+        f'sn_mm needs torch >= {".".join(map(str, OLDEST_TORCH))}, found '
+        f'{torch.__version__} (docs/get_started.md#supported-versions)')
+# Dynamo traces an autograd.Function's ctx.mark_non_differentiable and
+# ctx.set_materialize_grads from torch 2.5 on (pytorch/pytorch#134087,
+# #133978); before, it breaks the graph there or ignores them.
+DYNAMO_TRACES_FUNCTION_CTX = TORCH_VERSION >= (2, 5)
+# ``torch.compiler.is_compiling()`` (torch >= 2.3); before it, the function
+# that Dynamo (2.1, 2.2) folds to True while it traces.
+is_compiling = getattr(torch.compiler, 'is_compiling', None) or \
+    torch._utils.is_compiling
+
+# torch.onnx.export's two exporters: dynamo=True (torch.export-based) and
+# the TorchScript one, chosen by its dynamo= argument from torch 2.5 on;
+# before it the TorchScript exporter is its only one.
+ONNX_EXPORTERS = ('dynamo', 'torchscript') if TORCH_VERSION >= (2, 5) \
+    else ('torchscript', )
+
+
+def onnx_export_kwargs(exporter: str) -> dict:
+    """The arguments of ``torch.onnx.export`` that choose ``exporter``
+    ('dynamo' or 'torchscript'); a RuntimeError naming the torch version
+    where this torch lacks it."""
+    if exporter not in ('dynamo', 'torchscript'):
+        raise ValueError(f'unknown ONNX exporter {exporter!r}: expected '
+                         '\'dynamo\' or \'torchscript\'')
+    if exporter not in ONNX_EXPORTERS:
+        raise RuntimeError(
+            f'the {exporter} ONNX exporter (torch.onnx.export(dynamo=True)) '
+            f'needs torch >= 2.5; this is torch {torch.__version__}, whose '
+            'exporter is the TorchScript one')
+    if len(ONNX_EXPORTERS) == 1:
+        return {}
+    return dict(dynamo=exporter == 'dynamo')
+
+
+def register_fake(qualname: str):
+    """The decorator that registers an operator's fake implementation (the
+    output's shape and layout, for FakeTensor and meta tensors):
+    ``torch.library.register_fake`` (torch >= 2.4), ``impl_abstract``
+    (2.2, 2.3), ``torch._custom_ops.impl_abstract`` (2.1)."""
+    for name in ('register_fake', 'impl_abstract'):
+        register = getattr(torch.library, name, None)
+        if register is not None:
+            return register(qualname)
+    from torch._custom_ops import impl_abstract
+    return impl_abstract(qualname)
+
+
+def _autocast_enabled_by_device():
+    """``torch.is_autocast_enabled(device_type)`` where it takes a device
+    type (torch >= 2.4); before it, one function per device type."""
+    try:
+        torch.is_autocast_enabled('cpu')
+        return torch.is_autocast_enabled
+    except TypeError:
+        pass
+
+    def enabled(device_type: str) -> bool:
+        if device_type == 'cuda':
+            return torch.is_autocast_enabled()
+        per_device = getattr(torch, f'is_autocast_{device_type}_enabled', None)
+        return bool(per_device is not None and per_device())
+
+    return enabled
+
+
+autocast_enabled = _autocast_enabled_by_device()
 
 # -- the environment ------------------------------------------------------
 # os.environ.get encodes the name and decodes the value on every call; the

@@ -47,6 +47,7 @@ the same collectives, elsewhere (as PyTorch's SyncBatchNorm, it is for
 GPUs; on the CPU it serves gloo tests and debugging).
 """
 import math
+import warnings
 from typing import Callable, List, NamedTuple, Optional
 
 import torch
@@ -100,7 +101,7 @@ _LIB.impl('switchable_norm_graph_grads', _graph_grads_op,
           'CompositeImplicitAutograd')
 
 
-@torch.library.register_fake('sn_mm::switchable_norm')
+@_compat.register_fake('sn_mm::switchable_norm')
 def _switchable_norm_fake(x, weight, bias, mean_logits, var_logits,
                           running_mean, running_var, num_batches_tracked,
                           nonfinite_batches, ratio_fixed, fixed_ratios,
@@ -168,20 +169,56 @@ def set_cpu_isa(name: str) -> None:
 _OP = _compat.op_function(torch.ops.sn_mm.switchable_norm.default)
 
 # -- the Triton kernels under the CUDA keys ---------------------------------
+# The oldest Triton the fused kernels are written for and tested with
+# (torch >= 2.4 ships one); with an older one (torch 2.1-2.3 ship 2.1-2.3)
+# SN runs on PyTorch ops on CUDA.
+MIN_TRITON = (3, 0)
 _triton = None
+_triton_problem = None
+
+
+def triton_version_problem(version: str) -> Optional[str]:
+    """Why Triton ``version`` cannot run SN's fused kernels, or None."""
+    try:
+        have = tuple(int(part) for part in version.split('.')[:2])
+    except ValueError:
+        return None  # a development build: tried, and the probe decides
+    if have >= MIN_TRITON:
+        return None
+    need = '.'.join(map(str, MIN_TRITON))
+    return (f'Triton {version} is older than the {need} that SN\'s fused '
+            f'kernels need (torch >= 2.4 ships one)')
 
 
 def triton_module():
-    """:mod:`sn_mm.ops.triton_fused`, imported on first use; None without
-    Triton."""
-    global _triton
+    """:mod:`sn_mm.ops.triton_fused`, imported on first use; None without a
+    Triton that runs it (:func:`triton_problem` says why; on a machine with
+    a GPU a warning says so once)."""
+    global _triton, _triton_problem
     if _triton is None:
+        _triton = False
         try:
-            from . import triton_fused
-        except ImportError:
-            triton_fused = False
-        _triton = triton_fused
+            import triton
+            _triton_problem = triton_version_problem(triton.__version__)
+        except ImportError as err:
+            _triton_problem = f'Triton cannot be imported ({err})'
+        if _triton_problem is None:
+            try:
+                from . import triton_fused
+                _triton = triton_fused
+            except ImportError as err:
+                _triton_problem = (f'SN\'s Triton kernels cannot be '
+                                   f'imported ({err})')
+        if _triton_problem is not None and torch.cuda.is_available():
+            warnings.warn(f'sn_mm: {_triton_problem}; SN runs on PyTorch '
+                          'ops on CUDA')
     return _triton or None
+
+
+def triton_problem() -> Optional[str]:
+    """Why SN's fused Triton kernels cannot run here, or None."""
+    triton_module()
+    return _triton_problem
 
 
 def _cuda_kernel(x, weight, bias, mean_logits, var_logits, running_mean,
@@ -190,8 +227,8 @@ def _cuda_kernel(x, weight, bias, mean_logits, var_logits, running_mean,
                  ratios_given):
     fused = triton_module()
     if fused is None:
-        raise RuntimeError('sn_mm::switchable_norm on CUDA needs Triton, '
-                           'which cannot be imported')
+        raise RuntimeError('sn_mm::switchable_norm on CUDA runs SN\'s '
+                           f'Triton kernels: {triton_problem()}')
     return fused.switchable_norm(
         x,
         weight,
@@ -260,7 +297,7 @@ def set_default_kernels(choice: Optional[str]) -> None:
 
 def is_tracing() -> bool:
     """Whether a graph is being captured (dynamo, export, jit or ONNX)."""
-    return (torch.compiler.is_compiling() or _compat.jit_is_tracing()
+    return (_compat.is_compiling() or _compat.jit_is_tracing()
             or _compat.in_onnx_export())
 
 
@@ -308,9 +345,12 @@ def _kind(kernels, x, weight, running_mean) -> str:
     """Route's kind: the setting, the input's device and dtype and tracing
     decide. (Each test is made once: at small shapes this function's cost
     is a visible part of a call.)"""
+    if is_tracing():
+        # (Before the environment is read: Dynamo 2.1 cannot trace that.)
+        check_kernels(kernels or 'auto')
+        return 'torch'
     choice = kernels or default_kernels()
-    if choice == 'torch' or is_tracing():
-        check_kernels(choice)
+    if choice == 'torch':
         return 'torch'
     if (choice == 'auto' or choice == 'native') and x.is_cpu and NATIVE \
             and x.dtype is weight.dtype and x.dtype in _NATIVE_DTYPES:
@@ -336,8 +376,7 @@ def _triton_implementation(choice, x, weight, running_mean) -> str:
                              f'in Triton\'s interpreter with '
                              f'TRITON_INTERPRET=1), got one on {x.device}')
         if fused is None:
-            raise RuntimeError('kernels=\'triton\': Triton cannot be '
-                               'imported')
+            raise RuntimeError(f'kernels=\'triton\': {triton_problem()}')
         # float64 and empty inputs: the reference computes the same thing.
         return 'triton' if fused.applies(x, weight, running_mean) \
             else 'torch'
@@ -464,7 +503,7 @@ def _call_reference(x, weight, bias, mean_weight, var_weight, running_mean,
             num_batches_tracked, training, momentum, eps, unbiased,
             ratio_fixed, fixed_ratios, ratios_given, group, nonfinite_batches)
     # (No autocast on the meta device: shape inference, deferred init.)
-    if not x.is_meta and torch.is_autocast_enabled(x.device.type):
+    if not x.is_meta and _compat.autocast_enabled(x.device.type):
         with torch.autocast(x.device.type, enabled=False):
             return switchable_norm_reference(x, *args)
     return switchable_norm_reference(x, *args)

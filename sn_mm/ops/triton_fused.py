@@ -31,8 +31,9 @@ from torch import Tensor
 from . import _compat
 from . import triton_kernels as kernels
 from .agreement import worst_difference
-from .reference import (combine_statistics, graph_grads,
-                        switchable_norm_reference, update_running_stats)
+from .reference import (combine_statistics, graph_grads, held_group,
+                        hold_group, switchable_norm_reference,
+                        update_running_stats)
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _TILE = 2048  # elements per (rows x block) tile
@@ -338,7 +339,8 @@ class TritonSwitchableNorm(torch.autograd.Function):
         y, ws, plan, key = _forward(x3, weight, bias, mean_logits, var_logits,
                                     *state)
         running_mean, running_var, training = state[0], state[1], state[5]
-        ctx.state = state
+        # The process group (SyncSN's, index 10) held weakly (hold_group).
+        ctx.state = state[:10] + (hold_group(state[10]), ) + state[11:]
         ctx.plan = plan
         ctx.key = key  # None: no direct launches (see _launch)
         # Eval's BN term reads the running statistics: saved, so that a
@@ -356,7 +358,8 @@ class TritonSwitchableNorm(torch.autograd.Function):
         (x3, weight, _, mean_logits, var_logits, ws, rmean,
          rvar) = ctx.saved_tensors
         (running_mean, _, _, ratio_fixed, fixed_ratios, training, _, _,
-         unbiased, ratios_given, group, _) = ctx.state
+         unbiased, ratios_given, group_ref, _) = ctx.state
+        group = held_group(group_ref)
         plan = ctx.plan
         n, c, length = x3.shape
         split, chunk = plan['split'], plan['chunk']
@@ -412,8 +415,8 @@ class TritonSwitchableNorm(torch.autograd.Function):
 def _recorded_backward(ctx, grad_y):
     """create_graph=True: the reference's gradients, as a graph."""
     (running_mean, running_var, _, ratio_fixed, fixed_ratios, training, _, eps,
-     unbiased, ratios_given, group, _) = ctx.state
-    if group is not None:
+     unbiased, ratios_given, group_ref, _) = ctx.state
+    if group_ref is not None:
         raise RuntimeError(
             'SyncSN: double backward (create_graph=True) across several '
             'processes is not supported; on one process (or with SN) it '

@@ -207,6 +207,9 @@ def ab(path, shape, mode, rounds, side=CppPaths, **call_args):
 
 
 def triton_device() -> str:
+    from sn_mm.ops import triton_problem
+    if triton_problem() is not None:
+        sys.exit(f'benchmark_paths --triton: {triton_problem()}')
     if torch.cuda.is_available():
         return 'cuda'
     if os.environ.get('TRITON_INTERPRET') != '1':

@@ -29,6 +29,7 @@ from mmengine.registry import MODELS, init_default_scope
 import sn_mm  # noqa: F401
 from sn_mm import revert_sync_sn
 from sn_mm.cli import load_config
+from sn_mm.ops._compat import ONNX_EXPORTERS, onnx_export_kwargs
 
 RTOL = 1e-4
 
@@ -66,9 +67,9 @@ def parse_args(argv=None):
     parser.add_argument(
         '--exporter',
         choices=['dynamo', 'torchscript'],
-        default='dynamo',
-        help='torch.onnx.export\'s '
-        'dynamo=True (default) or its TorchScript exporter')
+        default=ONNX_EXPORTERS[0],
+        help='torch.onnx.export\'s dynamo=True (the default from torch '
+        '2.5 on, where it exists) or its TorchScript exporter')
     parser.add_argument(
         '--force', action='store_true', help='overwrite --out if it exists')
     return parser.parse_args(argv)
@@ -112,9 +113,10 @@ def main(argv=None):
         expected = model(x)
     expected = expected if isinstance(expected, tuple) else (expected, )
     try:
+        kwargs = onnx_export_kwargs(args.exporter)
         if args.exporter == 'dynamo':
             torch.onnx.export(
-                model, (x, ), args.out, dynamo=True, input_names=['input'])
+                model, (x, ), args.out, input_names=['input'], **kwargs)
         else:
             # The TorchScript exporter's initializer de-duplication drops
             # parameters that equal another bit for bit (fresh SN layers'
@@ -123,9 +125,9 @@ def main(argv=None):
             torch.onnx.export(
                 model, (x, ),
                 args.out,
-                dynamo=False,
                 input_names=['input'],
-                keep_initializers_as_inputs=True)
+                keep_initializers_as_inputs=True,
+                **kwargs)
     except Exception as err:  # report what the exporter said, no traceback
         sys.exit(f'cannot export {kind} of {args.config} with the '
                  f'{args.exporter} exporter: {type(err).__name__}: {err}')

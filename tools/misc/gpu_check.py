@@ -207,7 +207,15 @@ def varying_sizes(report, cuda):
 
 def triton_paths(report, env, cuda):
     """The Triton plans' A/B (benchmark_paths.py --triton) in a process of
-    its own; in Triton's interpreter at toy sizes without a GPU."""
+    its own; in Triton's interpreter at toy sizes without a GPU; skipped
+    where this Triton cannot run SN's kernels."""
+    from sn_mm.ops import triton_problem
+    if triton_problem() is not None:
+        return dict(
+            check='Triton plans timed on and off',
+            ok=True,
+            detail=f'skipped: {triton_problem()}',
+            seconds=0.0)
     table = osp.join(tempfile.mkdtemp(prefix='sn_mm_paths_'), 'paths.json')
     flags = ['--triton', '--rounds', '3' if cuda else '1', '--json', table]
     if not cuda:

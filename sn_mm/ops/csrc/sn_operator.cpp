@@ -11,6 +11,7 @@
 #include <Python.h>  // first, as Python's API manual asks
 // torch's headers
 #include <ATen/FuncTorchTLS.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
