@@ -126,6 +126,18 @@ def test_other_layouts_are_refused(released, tmp_path):
     assert result.returncode == 1 and 'no SW layers' in result.stderr
 
 
+def test_sw_type_5_is_refused_with_the_reason(tmp_path):
+    """The release's sw_type=5 weighs BN's and IN's variances with other
+    components' weights; SW here does not compute that, so no file."""
+    model = ReleasedSWResNet50(sw_cfg=dict(num_pergroup=16, sw_type=5, T=5))
+    src = tmp_path / 'type5.pth'
+    torch.save(dict(state_dict=model.state_dict()), src)
+    result = run_tool(src, tmp_path / 'out.pth')
+    assert result.returncode == 1
+    assert 'sw_type=5' in result.stderr and 'var_weight[0]' in result.stderr
+    assert not (tmp_path / 'out.pth').exists()
+
+
 def test_sw_resnet_layout_and_norm_eval():
     backbone = build(
         'mmdet',

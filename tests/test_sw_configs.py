@@ -45,7 +45,7 @@ def build(cfg, scope_name):
 def test_the_rows_are_all_there():
     assert {config_id(p)
             for p in CONFIGS} == {
-                'resnet50-sw_8xb32_in1k', 'resnet101-sw_8xb32_in1k',
+                'resnet50-sw_4xb64_in1k', 'resnet101-sw_4xb64_in1k',
                 'mask-rcnn_r50-syncsw_fpn_2x_coco'
             } | {
                 f'pspnet_r{d}-syncsw-d8_8xb2-{s}'
@@ -70,7 +70,7 @@ def test_config_builds_with_the_release_layout(path):
         num_pergroup=16,
         T=5,
         tie_weight=False,
-        momentum=0.9)
+        momentum=0.1)
     model, _ = build(cfg, scope(path))
     sw = [m for m in model.modules() if isinstance(m, SwitchableWhitening)]
     assert len(sw) == SW_LAYERS[depth]
@@ -112,7 +112,7 @@ def one_step(model, optim_wrapper, data):
 
 def test_imagenet_row_trains_a_step():
     cfg = Config.fromfile(
-        osp.join(ROOT, 'configs', 'sw', 'resnet50-sw_8xb32_in1k.py'))
+        osp.join(ROOT, 'configs', 'sw', 'resnet50-sw_4xb64_in1k.py'))
     model, optim_wrapper = build(cfg, 'mmpretrain')
     torch.manual_seed(0)
     one_step(model, optim_wrapper, toy_cls_batch(model))

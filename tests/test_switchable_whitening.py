@@ -1,24 +1,32 @@
 """Switchable Whitening (SW, SyncSW): against the released formulation in
 float64, the decisions where the release is inconsistent, errors, autograd,
 autocast, export, and SyncSW over real gloo processes."""
+import copy
 import math
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from helpers import free_port
+from helpers import require_onnx_exporter
 from mmcv.cnn import build_norm_layer
 
 from sn_mm.models.switchable_whitening import (SwitchableWhitening,
                                                SyncSwitchableWhitening)
+from sn_mm.ops._compat import onnx_export_kwargs
+from sn_mm.testing.processes import run_on_ranks
 
 
-def released_sw(x, layer, training, running_mean=None, running_cov=None):
+def released_sw(x,
+                layer,
+                training,
+                running_mean=None,
+                running_cov=None,
+                release_type5=False):
     """The release's formulation (models/ops/switchwhiten.py), written out:
     batch covariance straight from the centred data, per-sample instance
     covariances, LN's unbiased variance, Newton's iteration. sw_type=5 with
-    each component's own covariance weight (see the module docstring)."""
+    each component's own covariance weight (the paper's, SW's here), or
+    with ``release_type5`` as the release mixes it: the BN and IN variances
+    weighed by the BW and IW covariance weights (indices 0 and 1)."""
     n, channels = x.shape[:2]
     g, c = layer.num_groups, layer.num_pergroup
     hw = x[0, 0].numel()
@@ -58,7 +66,8 @@ def released_sw(x, layer, training, running_mean=None, running_cov=None):
         'ln': var_ln
     }
     mean = sum(wm[k] * means[name] for k, name in enumerate(layer.components))
-    cov = sum(wv[k] * covs[name]
+    weight_of = {'bn': 0, 'in': 1} if release_type5 else {}
+    cov = sum(wv[weight_of.get(name, k)] * covs[name]
               for k, name in enumerate(layer.components)) + layer.eps * eye
     p = torch.eye(c, dtype=x.dtype).expand(n * g, c, c)
     r_tr = 1 / (cov * p).sum((1, 2), keepdim=True)
@@ -103,9 +112,6 @@ def test_equals_the_released_formulation(sw_type, tie_weight):
     x = data((3, 8, 5, 4))
     y = layer(x)
     torch.testing.assert_close(y, released_sw(x, layer, True))
-    # The release's momentum: running = 0.99 * running + 0.01 * batch.
-    mean_bn = x.transpose(0, 1).reshape(2, 4, -1).mean(-1, keepdim=True)
-    torch.testing.assert_close(layer.running_mean, 0.01 * mean_bn)
     layer.eval()
     torch.testing.assert_close(
         layer(x),
@@ -119,11 +125,54 @@ def test_other_spatial_shapes_and_a_large_offset():
         torch.testing.assert_close(layer(x), released_sw(x, layer, True))
 
 
-def test_type_5_gives_each_component_its_own_covariance_weight():
+def test_type_5_differs_from_the_release_exactly_where_it_should():
+    """The release weighs BN's and IN's variances with the BW and IW
+    covariance weights; SW here with their own. The two differ, and
+    coincide where the BN and IN logits equal the BW and IW ones."""
     layer = make_sw(sw_type=5)
-    layer(data((3, 8, 5, 4))).square().sum().backward()
-    # The release's sw_type=5 leaves these two at zero gradient.
-    assert layer.sw_var_weight.grad[2:4].abs().min() > 0
+    x = data((3, 8, 5, 4))
+    for mode in (True, False):
+        layer.train(mode)
+        args = (x, layer, mode, layer.running_mean, layer.running_cov)
+        ours = layer(x)
+        torch.testing.assert_close(ours, released_sw(*args))
+        assert (ours - released_sw(*args, release_type5=True)).abs().max() \
+            > 1e-3
+    with torch.no_grad():
+        layer.sw_var_weight[2:4] = layer.sw_var_weight[0:2]
+    for mode in (True, False):
+        layer.train(mode)
+        torch.testing.assert_close(
+            layer(x),
+            released_sw(
+                x,
+                layer,
+                mode,
+                layer.running_mean,
+                layer.running_cov,
+                release_type5=True))
+
+
+def test_running_statistics_take_pytorchs_momentum():
+    """momentum is the batch's weight, as in PyTorch's norms: by hand,
+    from zero over two batches, running = (1 - m) m b1 + m b2 for the
+    batch mean and (biased) covariance of each group."""
+    m = 0.3
+    layer = make_sw(momentum=m)
+    assert SwitchableWhitening(8, num_pergroup=4).momentum == 0.1
+    batches = [data((3, 8, 5, 4), seed=s) for s in (1, 2)]
+    stats = []
+    for x in batches:
+        layer(x)
+        rows = x.transpose(0, 1).reshape(2, 4, -1)
+        mean = rows.mean(-1, keepdim=True)
+        d = rows - mean
+        stats.append((mean, d @ d.transpose(1, 2) / rows.shape[-1]))
+    (mean1, cov1), (mean2, cov2) = stats
+    torch.testing.assert_close(layer.running_mean,
+                               (1 - m) * m * mean1 + m * mean2)
+    torch.testing.assert_close(layer.running_cov,
+                               (1 - m) * m * cov1 + m * cov2)
 
 
 def test_whitens_with_many_newton_steps():
@@ -311,12 +360,7 @@ def test_export_and_compile():
 SHARES = [(0, 3), (3, 3), (3, 5)]
 
 
-def sync_worker(rank, port, result_file):
-    dist.init_process_group(
-        'gloo',
-        init_method=f'tcp://127.0.0.1:{port}',
-        rank=rank,
-        world_size=len(SHARES))
+def sync_worker(rank):
     results = []
     for sw_type in (2, 5):
         layer = make_sw(sw_type=sw_type, cls=SyncSwitchableWhitening)
@@ -335,18 +379,11 @@ def sync_worker(rank, port, result_file):
                     for k, p in layer.named_parameters()
                 },
                 running_cov=layer.running_cov.clone()))
-    torch.save(results, f'{result_file}.{rank}')
-    dist.destroy_process_group()
+    return results
 
 
-def test_sync_sw_equals_sw_on_the_whole_batch(tmp_path):
-    result_file = str(tmp_path / 'result')
-    mp.spawn(
-        sync_worker,
-        args=(free_port(), result_file),
-        nprocs=len(SHARES),
-        join=True)
-    ranks = [torch.load(f'{result_file}.{r}') for r in range(len(SHARES))]
+def test_sync_sw_equals_sw_on_the_whole_batch():
+    ranks = run_on_ranks(sync_worker, len(SHARES))
     for case, sw_type in enumerate((2, 5)):
         layer = make_sw(sw_type=sw_type)
         x = data((5, 8, 4, 3), seed=sw_type).requires_grad_()
@@ -379,3 +416,59 @@ def test_digits_study_runs():
     # The covariance weights moved from their start (0.4 on BW + IW).
     assert 0 < rows[1]['whitening'] < 1
     assert rows[1]['whitening'] != pytest.approx(0.4, abs=1e-4)
+
+
+def test_sync_conversion_turns_sw_and_syncsw_as_sn_and_syncsn():
+    """convert_sync_sn / revert_sync_sn (and the runner on one process,
+    which reverts) swap SW and SyncSW as they swap SN and SyncSN: the same
+    parameter and buffer objects, the same settings and mode."""
+    from sn_mm import (SwitchableNorm, SyncSwitchableNorm, convert_sync_sn,
+                       revert_sync_sn)
+    model = torch.nn.Sequential(
+        make_sw(sw_type=5, momentum=0.2, T=3), SwitchableNorm(8),
+        torch.nn.Sequential(make_sw(tie_weight=True).eval()))
+    params = [id(p) for p in model.parameters()]
+    buffers = [id(b) for b in model.buffers()]
+    x = data((3, 8, 4, 4))
+    model(x)  # running statistics away from their start
+    expected = copy.deepcopy(model).eval()(x)
+    synced = convert_sync_sn(model, group='node')
+    assert [type(m) for m in (synced[0], synced[1], synced[2][0])] == [
+        SyncSwitchableWhitening, SyncSwitchableNorm, SyncSwitchableWhitening
+    ]
+    assert synced[0].group == 'node' and synced[0].sw_type == 5
+    assert (synced[0].momentum, synced[0].T) == (0.2, 3)
+    assert synced[2][0].tie_weight and not synced[2][0].training
+    assert [id(p) for p in synced.parameters()] == params
+    assert [id(b) for b in synced.buffers()] == buffers
+    back = revert_sync_sn(synced)
+    assert [type(m) for m in (back[0], back[1], back[2][0])] == [
+        SwitchableWhitening, SwitchableNorm, SwitchableWhitening
+    ]
+    assert [id(p) for p in back.parameters()] == params
+    torch.testing.assert_close(back.eval()(x), expected)
+
+
+@pytest.mark.parametrize('exporter', ['torchscript', 'dynamo'])
+@pytest.mark.parametrize('sw_type', [2, 5])
+def test_onnx_export_as_standard_operators(tmp_path, exporter, sw_type):
+    onnx = pytest.importorskip('onnx')
+    ort = pytest.importorskip('onnxruntime')
+    require_onnx_exporter(exporter)
+    layer = make_sw(sw_type=sw_type, dtype=torch.float32)
+    layer(data((4, 8, 5, 5), dtype=torch.float32))  # running statistics
+    layer.eval()
+    x = data((2, 8, 5, 5), seed=3, dtype=torch.float32)
+    path = str(tmp_path / 'sw.onnx')
+    torch.onnx.export(
+        layer, (x, ),
+        path,
+        input_names=['input'],
+        opset_version=11 if exporter == 'torchscript' else None,
+        **onnx_export_kwargs(exporter))
+    ops = {n.op_type for n in onnx.load(path).graph.node}
+    assert 'MatMul' in ops
+    assert all(not n.domain for n in onnx.load(path).graph.node), ops
+    (got, ) = ort.InferenceSession(path).run(None, {'input': x.numpy()})
+    torch.testing.assert_close(
+        torch.from_numpy(got), layer(x).detach(), rtol=1e-4, atol=1e-4)

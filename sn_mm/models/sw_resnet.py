@@ -57,11 +57,19 @@ def apply_sw_layout(backbone: nn.Module,
             attr = f'norm{which}_name'
             channels = getattr(block, getattr(block, attr)).num_features
             _replace_norm(block, attr, sw_cfg, channels, which)
+    # The toolboxes' ResNets freeze their first stages in __init__, before
+    # the SW layers come in: freeze again, so that from build on no
+    # parameter of a frozen stage requires grad (the runner wraps the model
+    # in DDP before training, which would wait for their gradients).
+    freeze = getattr(backbone, '_freeze_stages', None)
+    if callable(freeze):
+        freeze()
     return backbone
 
 
 @MODELS.register_module()
-def SWResNet(sw_cfg: dict = dict(type='SW', num_pergroup=16, sw_type=2, T=5),
+def SWResNet(sw_cfg: dict = dict(
+    type='SW', num_pergroup=16, sw_type=2, T=5, momentum=0.1),
              stage_with_sw: Sequence[bool] = (True, True, True, False),
              sw_stem: bool = True,
              **resnet_cfg) -> nn.Module:

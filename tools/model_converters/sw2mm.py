@@ -15,9 +15,11 @@ ResNet with SW where the authors have it):
 
 The tool reads the depth, ``sw_type``, ``num_pergroup``, tied weights and
 which stages have SW from the keys, refuses a layout other than the
-authors', checks the result loads into the OpenMMLab model, and prints the
-backbone config to use (``T`` is not stored in a checkpoint: the release
-trains with 5).
+authors' and ``sw_type=5`` (whose release formula SW does not compute),
+checks the result loads into the OpenMMLab model, and prints the backbone
+config to use (``T`` and the momentum are not stored in a checkpoint: the
+release trains with 5 Newton steps and its momentum 0.9, the running
+value's weight, which is PyTorch's and SW's 0.1).
 
 Example::
 
@@ -80,6 +82,14 @@ def read_layout(state):
     if k not in (2, 3, 5):
         raise ConversionError(f'{first}: {k} importance weights, expected '
                               '2, 3 or 5 (sw_type)')
+    if k == 5:
+        raise ConversionError(
+            f'{first}: sw_type=5, which SW here computes otherwise than the '
+            'release: the release weighs the BN and IN variances with the '
+            'BW and IW covariance weights (var_weight[0] and [1]) instead '
+            'of their own ([2] and [3]), so the converted model would not '
+            'compute what the checkpoint was trained to (docs/'
+            'layer_reference.md#switchable-whitening-sw-syncsw)')
     num_pergroup = state[f'{first}.running_cov'].shape[-1]
     tie = f'{first}.sw_var_weight' not in state
     stages = tuple(
@@ -100,7 +110,14 @@ def read_layout(state):
                 or state[f'{name}.running_cov'].shape[-1] != num_pergroup):
             raise ConversionError(f'{name}: sw_type or num_pergroup differs '
                                   f'from {first}\'s')
-    sw_cfg = dict(type='SW', num_pergroup=int(num_pergroup), sw_type=k, T=5)
+    # T and momentum are not stored: the release trains with T=5 and its
+    # momentum 0.9, the running value's weight, which is PyTorch's 0.1.
+    sw_cfg = dict(
+        type='SW',
+        num_pergroup=int(num_pergroup),
+        sw_type=k,
+        T=5,
+        momentum=0.1)
     if tie:
         sw_cfg['tie_weight'] = True
     return dict(
