@@ -1,0 +1,240 @@
+#!/usr/bin/env python
+"""Deploy an mmdet detector with SN (or SW) layers as OpenMMLab users
+deploy: mmdeploy's ``torch2onnx`` to an end-to-end ONNX file, then its ONNX
+Runtime backend, checked against PyTorch on the given images.
+
+Prints the exported file's operators (SN and SW layers export as standard
+ONNX operators; where mmdeploy needs its own custom ops, the custom-op
+library of its wheel runs them), then compares, for each image:
+
+1. the exported graph in ONNX Runtime against the PyTorch model it was
+   traced from (mmdeploy's rewrites applied), output by output: the same
+   labels, boxes within ``--box-rtol`` of their coordinates (at least a
+   pixel's worth), masks (28 x 28, at 0.5) of IoU above ``--mask-iou``;
+2. ONNX Runtime's detections (mmdeploy's backend model) against mmdet's own
+   PyTorch ``predict``, matched one to one by label, box and mask. Only the
+   detections that rank clear of the ``keep_top_k`` cut (by
+   ``--score-margin``) are required in both. A two-stage detector is
+   reported, not required to agree: mmdeploy's RPN rewrite suppresses the
+   proposals of all FPN levels together where mmdet's suppresses each
+   level's, so the proposals, and the detections, differ for any norm
+   layer.
+
+Exits non-zero, naming the image and detection, where a required
+comparison disagrees.
+
+Needs mmdeploy 1.3.1 with ONNX Runtime 1.16 (``make venv-oldest`` installs
+them beside torch 2.1.2; docs/deployment.md).
+
+Example::
+
+    python tools/deployment/mmdeploy_onnx.py \\
+        configs/deploy/instance-seg_onnxruntime_static-128x128.py \\
+        configs/toy/mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py \\
+        work_dirs/demo/iter_100.pth data/toy_coco/val/000000.png \\
+        --work-dir work_dirs/deploy
+"""
+import argparse
+import os.path as osp
+import sys
+
+import torch
+
+import sn_mm  # noqa: F401  (registers SN, SW and SWResNet)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description='Convert an mmdet detector with SN/SW layers to ONNX '
+        'with mmdeploy and check its ONNX Runtime detections against '
+        'PyTorch\'s.')
+    parser.add_argument('deploy_cfg', help='mmdeploy deploy config')
+    parser.add_argument('model_cfg', help='the detector\'s config')
+    parser.add_argument('checkpoint', help='the detector\'s checkpoint')
+    parser.add_argument(
+        'images', nargs='+', help='images to convert with and compare on')
+    parser.add_argument(
+        '--work-dir', required=True, help='where the ONNX file goes')
+    parser.add_argument('--device', default='cpu')
+    parser.add_argument(
+        '--box-rtol',
+        type=float,
+        default=1e-3,
+        help='box coordinates within this fraction of their value '
+        '(default: 1e-3)')
+    parser.add_argument(
+        '--mask-iou',
+        type=float,
+        default=0.99,
+        help='least IoU of matched masks (default: 0.99)')
+    parser.add_argument(
+        '--score-margin',
+        type=float,
+        default=1e-3,
+        help='how far above the last kept score a detection must rank to '
+        'be required in both (default: 1e-3)')
+    return parser.parse_args(argv)
+
+
+def standard_onnx(path):
+    """The exported graph's operators, and those outside ONNX's own domain
+    that are not mmdeploy's (a Python op, an sn_mm op: what SN or SW would
+    leave if it did not export as standard operators)."""
+    import onnx
+    nodes = onnx.load(path).graph.node
+    ops = sorted({(n.domain or 'ai.onnx', n.op_type) for n in nodes})
+    foreign = [(d, op) for d, op in ops
+               if d not in ('ai.onnx', 'mmdeploy') or 'Python' in op]
+    return ops, foreign
+
+
+def detections(sample):
+    """(boxes (N, 4), scores (N), labels (N), masks (N, H, W) or None) of
+    a DetDataSample's predictions, on the CPU."""
+    pred = sample.pred_instances
+    masks = pred.masks.cpu().bool() if 'masks' in pred else None
+    return (pred.bboxes.detach().cpu().double(),
+            pred.scores.detach().cpu().double(), pred.labels.cpu(), masks)
+
+
+def compare(want, got, box_rtol, mask_iou, score_margin, keep_top_k):
+    """Problems, and the number of matched detections: every detection of
+    ``want`` (PyTorch's) that ranks clear of the keep_top_k cut (0: every
+    one) has one in ``got`` (the backend's) with its label, box and mask;
+    and the other way round."""
+    problems = []
+    (wb, ws, wl, wm), (gb, gs, gl, gm) = want, got
+    floor = 0.
+    if keep_top_k and len(ws) >= keep_top_k:  # full: the cut is a score
+        floor = float(ws.min()) + score_margin
+    required = [i for i in range(len(ws)) if ws[i] > floor]
+    taken = set()
+    for i in required:
+        tol = box_rtol * wb[i].abs().clamp(min=1.)
+        close = [
+            j for j in range(len(gs))
+            if j not in taken and gl[j] == wl[i] and bool((
+                (gb[j] - wb[i]).abs() <= tol).all())
+        ]
+        if not close:
+            problems.append(f'detection {i} (label {int(wl[i])}, score '
+                            f'{float(ws[i]):.4f}, box {wb[i].tolist()}) has '
+                            'no match')
+            continue
+        j = min(close, key=lambda k: float((gb[k] - wb[i]).abs().max()))
+        taken.add(j)
+        if wm is not None:
+            inter = (wm[i] & gm[j]).sum().item()
+            union = (wm[i] | gm[j]).sum().item()
+            iou = inter / union if union else 1.
+            if iou <= mask_iou:
+                problems.append(f'detection {i}: mask IoU {iou:.4f}')
+    extra = [j for j in range(len(gs)) if j not in taken and gs[j] > floor]
+    if extra:
+        problems.append(f'{len(extra)} backend detections above the cut '
+                        f'without a match (e.g. {gb[extra[0]].tolist()})')
+    return problems, len(taken)
+
+
+def traced_outputs(processor, deploy_cfg, checkpoint, image, shape):
+    """The input tensor and the outputs (dets, labels[, masks]) of the
+    PyTorch model under mmdeploy's ONNX rewrites: what the export traced."""
+    from mmdeploy.core import RewriterContext, patch_model
+    from mmdeploy.utils import IR
+    model = processor.build_pytorch_model(checkpoint)
+    data, inputs = processor.create_input(
+        image, shape, data_preprocessor=model.data_preprocessor)
+    if isinstance(inputs, list) and len(inputs) == 1:
+        inputs = inputs[0]
+    patched = patch_model(
+        model, cfg=deploy_cfg, backend='onnxruntime', ir=IR.ONNX)
+    with RewriterContext(
+            cfg=deploy_cfg,
+            backend='onnxruntime',
+            ir=IR.ONNX,
+            opset=deploy_cfg.onnx_config.opset_version), torch.no_grad():
+        outputs = patched(
+            inputs, data_samples=data['data_samples'], mode='predict')
+    return inputs, outputs
+
+
+def raw_detections(dets, labels, masks=None):
+    """(boxes, scores, labels, masks at 0.5 or None) of the first image of
+    the exported graph's outputs."""
+    dets = dets[0].detach().cpu().double()
+    return (dets[:, :4], dets[:, 4], labels[0].cpu(),
+            None if masks is None else masks[0].cpu() >= 0.5)
+
+
+def has_rpn(model_cfg) -> bool:
+    return 'rpn_head' in model_cfg.model
+
+
+def report(name, problems, matched, want, got, required=True):
+    print(f'  {name}: PyTorch {len(want[1])} detections, ONNX Runtime '
+          f'{len(got[1])}, {matched} matched' +
+          ('' if problems else ', all agree'))
+    for problem in problems[:10]:
+        print(f'    {problem}')
+    return required and (bool(problems) or not matched)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        from mmdeploy.apis import build_task_processor, torch2onnx
+        from mmdeploy.utils import get_input_shape, load_config
+    except ImportError as err:
+        sys.exit(f'mmdeploy_onnx: {err}: needs mmdeploy 1.3.1 and '
+                 'onnxruntime 1.16 (make venv-oldest; docs/deployment.md)')
+    deploy_cfg, model_cfg = load_config(args.deploy_cfg, args.model_cfg)
+    save_file = deploy_cfg.onnx_config.save_file
+    onnx_path = osp.join(args.work_dir, save_file)
+    torch2onnx(args.images[0], args.work_dir, save_file, deploy_cfg, model_cfg,
+               args.checkpoint, args.device)
+    ops, foreign = standard_onnx(onnx_path)
+    print(f'Exported {args.model_cfg} to {onnx_path}: ' +
+          ', '.join(op if d == 'ai.onnx' else f'{d}::{op}' for d, op in ops))
+    if foreign:
+        sys.exit(f'mmdeploy_onnx: operators outside ONNX and mmdeploy: '
+                 f'{foreign}')
+    processor = build_task_processor(model_cfg, deploy_cfg, args.device)
+    backend = processor.build_backend_model([onnx_path])
+    pytorch = processor.build_pytorch_model(args.checkpoint)
+    shape = get_input_shape(deploy_cfg)
+    keep_top_k = deploy_cfg.codebase_config.post_processing.keep_top_k
+    names = deploy_cfg.onnx_config.output_names
+    two_stage = has_rpn(model_cfg)
+    failed = False
+    for image in args.images:
+        print(osp.basename(image))
+        x, traced = traced_outputs(processor, deploy_cfg, args.checkpoint,
+                                   image, shape)
+        with torch.no_grad():
+            run = backend.wrapper({'input': x})
+        want = raw_detections(*traced)
+        got = raw_detections(*(run[name] for name in names))
+        failed |= report(
+            'the exported graph against the model it was traced from',
+            *compare(want, got, args.box_rtol, args.mask_iou, 0., 0), want,
+            got)
+        inputs, _ = processor.create_input(image, shape)
+        with torch.no_grad():
+            want = detections(pytorch.test_step(inputs)[0])
+            got = detections(backend.test_step(inputs)[0])
+        failed |= report(
+            'ONNX Runtime\'s detections against mmdet\'s predict' +
+            (' (reported: mmdeploy\'s RPN differs)' if two_stage else ''),
+            *compare(want, got, args.box_rtol, args.mask_iou,
+                     args.score_margin, keep_top_k),
+            want,
+            got,
+            required=not two_stage)
+    if failed:
+        sys.exit('mmdeploy_onnx: ONNX Runtime disagrees with PyTorch '
+                 '(above), or nothing was compared')
+    print('ONNX Runtime agrees with PyTorch')
+
+
+if __name__ == '__main__':
+    main()
