@@ -97,6 +97,14 @@ setup(
     },
     ext_modules=ext_modules,
     cmdclass=cmdclass,
+    # Tested on Python 3.8 (torch 2.1.2) and 3.11 (torch 2.14.1); torch
+    # 2.1 to 2.14 (docs/get_started.md#supported-versions).
     python_requires='>=3.8',
+    classifiers=[
+        'Programming Language :: Python :: 3.8',
+        'Programming Language :: Python :: 3.9',
+        'Programming Language :: Python :: 3.10',
+        'Programming Language :: Python :: 3.11',
+    ],
     license='Apache-2.0',
 )

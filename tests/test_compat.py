@@ -135,8 +135,7 @@ def test_triton_older_than_the_kernels_is_named():
         return
     assert triton_problem() == operator.triton_version_problem(
         triton.__version__)
-    assert (operator.triton_module() is None) == (triton_problem()
-                                                  is not None)
+    assert (operator.triton_module() is None) == (triton_problem() is not None)
     if triton_problem() is not None and operator._INTERPRET:
         x = torch.randn(2, 3, 4, 4)
         with pytest.raises(RuntimeError, match=f'Triton {triton.__version__}'):

@@ -95,7 +95,7 @@ def test_the_table_names_the_unpublished_start():
 def test_training_commands_start_from_published_files(doc):
     unpublished = unpublished_checkpoints()
     commands = list(training_commands(read(doc)))
-    assert len(commands) >= 5, commands
+    assert len(commands) >= 3, commands
     checked = 0
     for command, config, options in commands:
         if config.isupper():  # a placeholder, CONFIG
@@ -106,7 +106,7 @@ def test_training_commands_start_from_published_files(doc):
                 f'{command!r} starts from {path}, which {TABLE} marks as '
                 'not published')
         checked += 1
-    assert checked >= 4
+    assert checked >= 2
 
 
 def test_the_check_can_fail():

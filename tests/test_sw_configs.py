@@ -79,11 +79,13 @@ def test_config_builds_with_the_release_layout(path):
                              'SW' else 'SyncSwitchableWhitening') for m in sw)
     assert isinstance(model.backbone.norm1, SwitchableWhitening)
     if scope(path) == 'mmpretrain':
-        # The release's recipe (experiments/resnet50_sw/run.sh).
+        # The release's recipe (experiments/resnet50_sw/run.sh): 4 GPUs of
+        # 64 images, as the config's name says.
         optimizer = cfg.optim_wrapper.optimizer
         assert (optimizer.lr, optimizer.momentum,
                 optimizer.weight_decay) == (0.1, 0.9, 1e-4)
-        assert cfg.train_dataloader.batch_size * 8 == 256
+        assert '_4xb64_' in path and cfg.train_dataloader.batch_size == 64
+        assert cfg.auto_scale_lr.base_batch_size == 4 * 64
         assert cfg.param_scheduler.milestones == [30, 60, 90]
         assert cfg.train_cfg.max_epochs == 100
         assert not backbone.zero_init_residual

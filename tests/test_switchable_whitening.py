@@ -442,9 +442,8 @@ def test_sync_conversion_turns_sw_and_syncsw_as_sn_and_syncsn():
     assert [id(p) for p in synced.parameters()] == params
     assert [id(b) for b in synced.buffers()] == buffers
     back = revert_sync_sn(synced)
-    assert [type(m) for m in (back[0], back[1], back[2][0])] == [
-        SwitchableWhitening, SwitchableNorm, SwitchableWhitening
-    ]
+    assert [type(m) for m in (back[0], back[1], back[2][0])
+            ] == [SwitchableWhitening, SwitchableNorm, SwitchableWhitening]
     assert [id(p) for p in back.parameters()] == params
     torch.testing.assert_close(back.eval()(x), expected)
 
