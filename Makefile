@@ -91,7 +91,7 @@ $(OLDEST_STAMP): requirements/oldest.txt requirements/tests-oldest.txt \
 # The second CI leg: the whole suite on the oldest supported stack; tests
 # that need a newer torch skip, naming it (-rs lists them).
 test-oldest: venv-oldest
-	$(OLDEST_VPY) -m pytest tests -n 2 --dist loadfile --durations=20 -rs
+	$(OLDEST_VPY) -m pytest tests -n 2 --dist loadfile --durations=20 -rfEs
 
 # The main job: train Mask R-CNN with SN everywhere on the toy data, print
 # COCO bbox/segm AP, then draw the learned ratios of every SN layer.

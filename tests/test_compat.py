@@ -1,6 +1,7 @@
 """sn_mm/ops/_compat.py: each private API it uses gives what its public
 fallback gives, and the fallback runs where the private API is missing."""
 import os
+import warnings
 
 import pytest
 import torch
@@ -83,34 +84,94 @@ def test_the_private_flags_are_found_on_this_torch():
         assert _compat._RAW_STREAM is not None
 
 
-def test_direct_launch_falls_back_to_tritons_launch_path(monkeypatch):
-    """A compiled kernel whose launcher takes other arguments (another
-    Triton): the launch goes through kernel[grid] and direct launches are
-    switched off, with a warning."""
+def test_direct_launch_falls_back_per_key_and_warns_once(monkeypatch):
+    """Any failure at a key's first direct launch (a launcher that takes
+    other arguments, say) launches that call through kernel[grid], keeps
+    that key on Triton's path and warns once; other keys still launch
+    directly, and a key that launched directly once keeps doing so."""
     tf = pytest.importorskip('sn_mm.ops.triton_fused')
+    direct = []
 
-    class OtherLauncher:
+    class Launcher:
         function = packed_metadata = None
 
-        def run(self, *args):
-            raise TypeError('run() takes other arguments')
+        def __init__(self, fails):
+            self.fails = fails
 
-    launched = []
+        def run(self, *args):
+            if self.fails:
+                raise TypeError('run() takes other arguments')
+            direct.append(args[-2:])
+
+    through_triton = []
 
     class Kernel:
 
         def __getitem__(self, grid):
-            return lambda *args: launched.append(args) or OtherLauncher()
+            return lambda *args: through_triton.append(args) or Launcher(False)
 
     monkeypatch.setattr(_compat, '_RAW_STREAM', lambda index: 0)
-    monkeypatch.setitem(tf._DIRECT, 'on', True)
-    monkeypatch.setattr(tf, '_COMPILED', {'key': OtherLauncher()})
+    monkeypatch.setattr(tf, '_DIRECT', dict(on=True, warned=False))
+    monkeypatch.setattr(
+        tf, '_COMPILED',
+        dict(bad=[Launcher(True), False], good=[Launcher(False), False]))
     with pytest.warns(
-            UserWarning, match='launching Triton kernels directly '
-            'failed'):
-        tf._launch(Kernel(), 'key', (1, 1), (1, 2), 0)
-    assert launched == [(1, 2)]
-    assert tf._DIRECT['on'] is False and not tf._COMPILED
+            UserWarning, match='launching a Triton kernel '
+            'directly failed'):
+        tf._launch(Kernel(), 'bad', (1, 1), (1, 2), 0)
+    assert through_triton == [(1, 2)] and tf._COMPILED['bad'] == 'through '\
+        'Triton'
+    tf._launch(Kernel(), 'good', (1, 1), (3, 4), 0)
+    tf._launch(Kernel(), 'good', (1, 1), (5, 6), 0)
+    assert direct == [(3, 4), (5, 6)] and tf._COMPILED['good'][1]
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')  # once: no second warning
+        tf._launch(Kernel(), 'bad', (1, 1), (7, 8), 0)
+    assert through_triton == [(1, 2), (7, 8)]
+    # A new key launches through Triton first, then directly.
+    tf._launch(Kernel(), 'new', (1, 1), (9, 10), 0)
+    tf._launch(Kernel(), 'new', (1, 1), (11, 12), 0)
+    assert through_triton[-1] == (9, 10) and direct[-1] == (11, 12)
+
+
+def test_the_direct_launch_key_holds_every_dtype_and_flag():
+    """Everything the compiled kernel depends on is in its key: a logit,
+    bias or fixed-ratio tensor of another dtype, another flag or plan, or
+    an unaligned pointer gives another key (or none)."""
+    tf = pytest.importorskip('sn_mm.ops.triton_fused')
+
+    class CudaLike:
+        """What direct_key reads of a tensor."""
+        is_cuda = True
+
+        def __init__(self, dtype, ptr=0):
+            self.dtype, self.ptr = dtype, ptr
+
+        def data_ptr(self):
+            return self.ptr
+
+    f32, f64 = torch.float32, torch.float64
+    plan = dict(key=('plan', 1))
+    tensors = [CudaLike(f32) for _ in range(5)]
+    saved = dict(tf._DIRECT)
+    tf._DIRECT['on'] = True
+    try:
+        base = tf.direct_key(plan, ('flags', ), tensors)
+        keys = {base}
+        for i in range(len(tensors)):
+            other = list(tensors)
+            other[i] = CudaLike(f64)
+            keys.add(tf.direct_key(plan, ('flags', ), other))
+        keys.add(tf.direct_key(plan, ('other flags', ), tensors))
+        keys.add(tf.direct_key(dict(key=('plan', 2)), ('flags', ), tensors))
+        assert len(keys) == len(tensors) + 3 and None not in keys
+        unaligned = list(tensors)
+        unaligned[3] = CudaLike(f32, ptr=8)
+        assert tf.direct_key(plan, ('flags', ), unaligned) is None
+        tf._DIRECT['on'] = False
+        assert tf.direct_key(plan, ('flags', ), tensors) is None
+    finally:
+        tf._DIRECT.update(saved)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a GPU')

@@ -176,28 +176,50 @@ def _dense(x3: Tensor) -> Tensor:
 # it), later launches with the same specialisation call the compiled kernel
 # directly. Triton's own launch path re-derives the specialisation from every
 # argument on every call, which at small shapes costs more than the kernel.
-# The key holds what that specialisation depends on (the sizes, strides and
-# dtypes of the plan, the flags, every pointer's 16-byte alignment).
-_DIRECT = {'on': not _INTERPRET}
+# The key (direct_key) holds what that specialisation depends on: the plan
+# (sizes and strides), the flags, the dtype of every tensor argument (one
+# compile per pointer type) and that every pointer is 16-byte aligned.
+_DIRECT = {'on': not _INTERPRET, 'warned': False}
+# key -> [compiled kernel, launched directly before], or _THROUGH_TRITON:
+# the first direct launch for the key failed, Triton's path serves it.
 _COMPILED = _LRU(4096)  # six kernels per plan
+_THROUGH_TRITON = 'through Triton'
+
+
+def direct_key(plan, flags, tensors):
+    """The direct-launch key of a call with these compile-time ``flags``
+    and tensor arguments, or None where the call cannot launch directly
+    (off, not on CUDA, a pointer not 16-byte aligned)."""
+    if not (_DIRECT['on'] and tensors[0].is_cuda and all(t.data_ptr() % 16 == 0
+                                                         for t in tensors)):
+        return None
+    return (plan['key'], flags, tuple(t.dtype for t in tensors))
 
 
 def _launch(kernel, key, grid, args, device_index):
-    compiled = _COMPILED.get(key)
-    if compiled is not None:
-        try:
-            _compat.launch_directly(compiled, grid, device_index, args)
+    entry = None if key is None else _COMPILED.get(key)
+    if entry is not None and entry is not _THROUGH_TRITON:
+        if entry[1]:
+            _compat.launch_directly(entry[0], grid, device_index, args)
             _PATHS['direct_launch'] += 1
             return
-        except TypeError as err:  # another Triton's launcher: its own path
-            _DIRECT['on'] = False
-            _COMPILED.clear()
-            warnings.warn(f'sn_mm: launching Triton kernels directly failed '
-                          f'({err}); using Triton\'s launch path')
+        try:
+            _compat.launch_directly(entry[0], grid, device_index, args)
+        except Exception as err:  # this Triton's launcher, for this key
+            _COMPILED[key] = entry = _THROUGH_TRITON
+            if not _DIRECT['warned']:
+                _DIRECT['warned'] = True
+                warnings.warn(f'sn_mm: launching a Triton kernel directly '
+                              f'failed ({type(err).__name__}: {err}); its '
+                              f'calls take Triton\'s launch path')
+        else:
+            entry[1] = True
+            _PATHS['direct_launch'] += 1
+            return
     compiled = kernel[grid](*args)
-    if key is not None and _DIRECT['on'] and _compat.can_launch_directly(
+    if key is not None and entry is None and _compat.can_launch_directly(
             compiled):
-        _COMPILED[key] = compiled
+        _COMPILED[key] = [compiled, False]
 
 
 def logit_blocks(c: int, groups: int):
@@ -211,10 +233,6 @@ def _ratio_groups(mean_logits: Tensor):
     if mean_logits.dim() == 2:
         return mean_logits.shape[0], mean_logits.shape[1]
     return 1, mean_logits.shape[0]
-
-
-def _aligned(*tensors) -> bool:
-    return all(t.data_ptr() % 16 == 0 for t in tensors)
 
 
 def _forward(x3,
@@ -260,14 +278,11 @@ def _forward(x3,
     has_fixed = ratio_fixed is not None
     fixed = ratio_fixed if has_fixed else ws
     fixed_r = fixed_ratios if has_fixed else ws
-    key = None
-    device_index = -1
-    if _DIRECT['on'] and x3.is_cuda and _aligned(
-            x3, weight, bias, mean_logits, var_logits, rmean, rvar, count, bad,
-            fixed, fixed_r):
-        device_index = x3.get_device()
-        key = (plan['key'], x3.dtype, groups, k, has_in, ratios_given,
-               has_fixed, bn_batch, cumulative, sync, count_bad)
+    key = direct_key(plan, (groups, k, has_in, ratios_given, has_fixed,
+                            bn_batch, cumulative, sync, count_bad),
+                     (x3, y, ws, weight, bias, mean_logits, var_logits, rmean,
+                      rvar, count, bad, fixed, fixed_r))
+    device_index = -1 if key is None else x3.get_device()
     _launch(kernels.moments_kernel, key and ('m', ) + key, grid,
             (x3, ws, n * c, c, length, chunk, sxn, sxc, sxl, split, rows,
              block, chunk == block), device_index)
@@ -288,7 +303,7 @@ def _forward(x3,
     if update:
         _bump(running_mean, running_var, nbt,
               *([nonfinite] if count_bad else []))
-    return y, ws, plan, key
+    return y, ws, plan
 
 
 def _bn_slots(ws, n, c, plan):
@@ -336,13 +351,12 @@ class TritonSwitchableNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x3, weight, bias, mean_logits, var_logits, state):
-        y, ws, plan, key = _forward(x3, weight, bias, mean_logits, var_logits,
-                                    *state)
+        y, ws, plan = _forward(x3, weight, bias, mean_logits, var_logits,
+                               *state)
         running_mean, running_var, training = state[0], state[1], state[5]
         # The process group (SyncSN's, index 10) held weakly (hold_group).
         ctx.state = state[:10] + (hold_group(state[10]), ) + state[11:]
         ctx.plan = plan
-        ctx.key = key  # None: no direct launches (see _launch)
         # Eval's BN term reads the running statistics: saved, so that a
         # change before backward is caught by autograd's version check.
         bn_eval = running_mean is not None and not training
@@ -382,12 +396,11 @@ class TritonSwitchableNorm(torch.autograd.Function):
         fixed = ratio_fixed if has_fixed else ws
         fixed_r = fixed_ratios if has_fixed else ws
         grid, rows, block = plan['grid'], plan['rows'], plan['block']
-        key = None
-        device_index = -1
-        # The forward's tensors were aligned if it launched directly.
-        if ctx.key is not None and grad_y.data_ptr() % 16 == 0:
-            device_index = x3.get_device()
-            key = ctx.key + (grad_y.dtype, sgn, sgc, sgl)
+        key = direct_key(plan, (groups, k, has_in, ratios_given, has_fixed,
+                                bn_batch, sync, sgn, sgc, sgl),
+                         (grad_y, x3, dx, ws, bws, pg, weight, mean_logits,
+                          var_logits, rmean, rvar, fixed, fixed_r))
+        device_index = -1 if key is None else x3.get_device()
         _launch(kernels.grad_sums_kernel, key and ('gs', ) + key, grid,
                 (grad_y, x3, ws, bws, n * c, c, length, chunk, sgn, sgc, sgl,
                  sxn, sxc, sxl, split, rows, block), device_index)

@@ -90,11 +90,15 @@ def standard_onnx(path):
 
 def detections(sample):
     """(boxes (N, 4), scores (N), labels (N), masks (N, H, W) or None) of
-    a DetDataSample's predictions, on the CPU."""
+    a DetDataSample's predictions, on the CPU, without boxes of zero width
+    or height: mmdet drops those before its NMS (``min_bbox_size``),
+    mmdeploy's end-to-end graph keeps them."""
     pred = sample.pred_instances
-    masks = pred.masks.cpu().bool() if 'masks' in pred else None
-    return (pred.bboxes.detach().cpu().double(),
-            pred.scores.detach().cpu().double(), pred.labels.cpu(), masks)
+    boxes = pred.bboxes.detach().cpu().double()
+    keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+    masks = pred.masks.cpu().bool()[keep] if 'masks' in pred else None
+    return (boxes[keep], pred.scores.detach().cpu().double()[keep],
+            pred.labels.cpu()[keep], masks)
 
 
 def compare(want, got, box_rtol, mask_iou, score_margin, keep_top_k):
@@ -105,8 +109,9 @@ def compare(want, got, box_rtol, mask_iou, score_margin, keep_top_k):
     problems = []
     (wb, ws, wl, wm), (gb, gs, gl, gm) = want, got
     floor = 0.
-    if keep_top_k and len(ws) >= keep_top_k:  # full: the cut is a score
-        floor = float(ws.min()) + score_margin
+    for scores in (ws, gs):
+        if keep_top_k and len(scores) >= keep_top_k:  # full: cut at a score
+            floor = max(floor, float(scores.min()) + score_margin)
     required = [i for i in range(len(ws)) if ws[i] > floor]
     taken = set()
     for i in required:
