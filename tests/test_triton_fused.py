@@ -268,3 +268,93 @@ def test_layers_over_changing_sizes_settle():
     summary = varying_sizes.summary(rows)
     assert summary['stopped'] and summary['steps'] == 2
     assert summary['plans'] <= summary['plan_bound']
+
+
+# The plans of a GPU: an H100's and an H200's 132 SMs, four programs each.
+GPU_PROGRAMS = 4 * 132
+
+
+@needs_interpreter_or_gpu
+@pytest.mark.parametrize(
+    'shape,channels_last',
+    [
+        # one row pair of 50,176 values in 32 chunks of 2,048 (two rows of
+        # 1,024 a tile), the last seven empty: 1x64x224x224's plan, per row
+        ((1, 2, 224, 224), False),
+        # three tiles of two rows of 2,000, each split in two
+        ((2, 3, 40, 50), False),
+        # channels_last: tiles across 64 channels, rows split in four
+        ((1, 64, 14, 14), True),
+    ],
+    ids=['empty_trailing_chunks', 'split_rows', 'channels_last_split'])
+@pytest.mark.parametrize('training', [True, False], ids=['train', 'eval'])
+def test_gpu_sized_plans_against_the_float64_reference(shape, channels_last,
+                                                       training):
+    """The plans a real GPU chooses (split rows, empty trailing chunks,
+    the large tiles), forward and backward, against SN in float64."""
+    previous = triton_fused.plan_as_for(GPU_PROGRAMS)
+    try:
+        n, c = shape[:2]
+        length = shape[2] * shape[3]
+        strides = (1, c) if channels_last else (length, 1)
+        plan = triton_fused._plan(n, c, length, *strides, torch.device(DEVICE))
+        assert plan['split'] > 1
+        if shape == (1, 2, 224, 224):
+            assert (plan['split'], plan['chunk'], plan['rows'],
+                    plan['block']) == (32, 2048, 2, 1024)
+            assert (plan['split'] * plan['chunk'] - length) // \
+                plan['chunk'] == 7
+        gen = torch.Generator().manual_seed(2)
+        x = torch.randn(shape, generator=gen) * 2 + 3
+        grad = torch.randn(shape, generator=gen)
+        if channels_last:
+            x = x.to(memory_format=torch.channels_last)
+            grad = grad.to(memory_format=torch.channels_last)
+        runs = []
+        for kernels, dtype in (('triton', torch.float32), ('torch',
+                                                           torch.float64)):
+            layer = agreement.make_layer(c, True, kernels).to(DEVICE, dtype)
+            layer.train(training)
+            xi = x.to(DEVICE, dtype).detach().requires_grad_()
+            y = layer(xi)
+            y.backward(grad.to(DEVICE, dtype))
+            runs.append(
+                dict(
+                    output=y.detach(),
+                    input_grad=xi.grad,
+                    running_var=layer.running_var,
+                    **{
+                        f'{name} grad': p.grad
+                        for name, p in layer.named_parameters()
+                    }))
+        for name, got in runs[0].items():
+            want = runs[1][name]
+            scale = want.abs().max().clamp(min=1)
+            assert (got.double() - want).abs().max() <= 1e-4 * scale, name
+    finally:
+        triton_fused.plan_as_for(previous)
+
+
+def test_the_full_compile_check_takes_every_flag_combination():
+    """triton_fused_compile_check.py --all (run on its own: about 1,600
+    compiles) compiles every flag combination the host can produce, with
+    and without the IN term, in every data dtype, on a GPU's plans: the
+    one-position tile (BLOCK=1) and the split rows among them."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        'compile_check',
+        osp.join(ROOT, 'tests', 'triton_fused_compile_check.py'))
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    cases = check.all_cases()
+    flags = ('K', 'BN_BATCH', 'UPDATE', 'COUNT_BAD', 'HAS_IN', 'RATIOS_GIVEN',
+             'HAS_FIXED', 'GROUPED', 'CUMULATIVE')
+    normalize = {(tuple(c[f] for f in flags), dtype)
+                 for name, c, dtype in cases if name == 'normalize_kernel'}
+    # 5 settings of the BN term x IN or not x 2^4 free flags, 3 dtypes
+    assert len(normalize) == 5 * 2 * 16 * 3
+    assert {dtype for _, dtype in normalize} == {'fp32', 'bf16', 'fp16'}
+    assert any(c.get('BLOCK') == 1 for _, c, _ in cases)
+    assert any(c.get('SPLIT', 1) > 1 for _, c, _ in cases)
+    sync = {c['SYNC'] for name, c, _ in cases if name == 'input_grad_kernel'}
+    assert sync == {False, True}

@@ -2,8 +2,17 @@
 NVIDIA GPUs without one: Triton lowers them to PTX and ptxas assembles a
 cubin, so type and lowering errors that the interpreter lets through show
 up here. Run as a script without TRITON_INTERPRET set (the tests do);
-prints one line per kernel and case."""
+prints one line per kernel and case.
+
+Without arguments, a cross-section for sm_90 (the suite's check). With
+``--all``, every combination of compile-time flags the host code
+(triton_fused.py) can produce, on an H100's or H200's plans (528 programs),
+for sm_90 and, where this Triton targets it, sm_100, each named in the
+output; ``--jobs`` compiles in that many processes."""
+import argparse
+import itertools
 import sys
+from concurrent.futures import ProcessPoolExecutor
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -51,7 +60,7 @@ def blocks(c, groups):
     return dict(GB=gb, WB=wb)
 
 
-def main():
+def sample():
     # (N, C, L, stride_c, stride_l): contiguous long rows (split), RoI
     # rows, channels_last, one position.
     shapes = [(2, 256, 60800, 60800, 1), (16, 256, 49, 49, 1),
@@ -118,6 +127,137 @@ def main():
                     f'cubin={len(compiled.asm["cubin"])}',
                     flush=True)
     return 0
+
+
+# -- every combination ---------------------------------------------------
+# The plans (N, C, L, stride_c, stride_l) of a GPU of 528 programs: rows
+# split into chunks, the last ones empty (1x64x224x224), RoI rows,
+# channels_last tiles, one position (no IN term) contiguous and
+# channels_last (a tile of one position: BLOCK=1).
+GPU_PROGRAMS = 4 * 132
+PLANS = {
+    'split_rows': (2, 256, 60800, 60800, 1),
+    'empty_chunks': (1, 64, 50176, 50176, 1),
+    'roi_rows': (16, 256, 49, 49, 1),
+    'channels_last': (8, 256, 3136, 1, 256),
+    'one_position': (4, 64, 1, 1, 1),
+    'one_position_channels_last': (4, 64, 1, 1, 64),
+}
+# The flag-dependent kernels get every flag combination on one plan with
+# the IN term and one without (HAS_IN is L > 1, the plan's); the others get
+# the first combination.
+FLAG_PLANS = ('split_rows', 'one_position')
+DTYPES = ('fp32', 'bf16', 'fp16')
+# What the BN term allows, as the host sets it: K = 3 logits with a BN
+# term (2 without); BN_BATCH = BN in training; the update in the normalize
+# kernel unless SyncSN (which updates after its all-gather); the non-finite
+# count only with an update.
+BN_SETTINGS = [
+    dict(K=2, BN_BATCH=False, UPDATE=False, COUNT_BAD=False, SYNC=False),
+    dict(K=3, BN_BATCH=False, UPDATE=False, COUNT_BAD=False, SYNC=False),
+    dict(K=3, BN_BATCH=True, UPDATE=False, COUNT_BAD=False, SYNC=True),
+    dict(K=3, BN_BATCH=True, UPDATE=True, COUNT_BAD=False, SYNC=False),
+    dict(K=3, BN_BATCH=True, UPDATE=True, COUNT_BAD=True, SYNC=False),
+]
+FREE = ('RATIOS_GIVEN', 'HAS_FIXED', 'GROUPED', 'CUMULATIVE')
+
+
+def gpu_plans():
+    previous = tf.plan_as_for(GPU_PROGRAMS)
+    try:
+        return {
+            name: (shape, tf._plan(*shape, tf.torch.device('cpu')))
+            for name, shape in PLANS.items()
+        }
+    finally:
+        tf.plan_as_for(previous)
+
+
+def keep(kernel, flags):
+    """The kernel's own constexprs of ``flags``."""
+    return {k: v for k, v in flags.items() if k in kernel.arg_names}
+
+
+def all_cases():
+    """(kernel name, constexprs, data dtype) of every compile."""
+    cases = []
+    for plan_name, ((n, c, length, _, _), plan) in gpu_plans().items():
+        tiles = dict(
+            SPLIT=plan['split'], ROWS=plan['rows'], BLOCK=plan['block'])
+        stats_tiles = dict(SPLIT=plan['split'], CB=plan['cb'], NB=plan['nb'])
+        for dtype in DTYPES:
+            cases.append(
+                (tk.moments_kernel,
+                 dict(tiles, ONE_STEP=plan['chunk'] == plan['block']), dtype))
+            cases.append((tk.grad_sums_kernel, tiles, dtype))
+        for local in (False, True):
+            cases.append((tk.stats_kernel, dict(stats_tiles,
+                                                LOCAL=local), 'fp32'))
+        combos = list(
+            itertools.product(BN_SETTINGS, *([(False, True)] * len(FREE))))
+        if plan_name not in FLAG_PLANS:
+            combos = combos[-1:]
+        for bn, *free in combos:
+            flags = dict(bn, HAS_IN=length > 1, **dict(zip(FREE, free)))
+            groups = 2 if flags['GROUPED'] else 1
+            by_kernel = [
+                (tk.normalize_kernel, dict(tiles, CB=plan['cb'],
+                                           **flags), DTYPES),
+                (tk.input_grad_kernel, dict(tiles, **flags,
+                                            **blocks(c, groups)), DTYPES),
+                (tk.grad_stats_kernel, dict(stats_tiles, **flags), ('fp32', )),
+            ]
+            for kernel, constexprs, dtypes in by_kernel:
+                for dtype in dtypes:
+                    cases.append((kernel, keep(kernel, constexprs), dtype))
+    # The flags a kernel does not take repeat its cases: each once.
+    unique, seen = [], set()
+    for kernel, constexprs, dtype in cases:
+        key = (kernel.__name__, tuple(sorted(constexprs.items())), dtype)
+        if key not in seen:
+            seen.add(key)
+            unique.append((kernel.__name__, constexprs, dtype))
+    return unique
+
+
+def compile_case(args):
+    name, constexprs, dtype, arch = args
+    compiled = compile_kernel(getattr(tk, name), constexprs, dtype, arch)
+    flags = ' '.join(f'{k}={int(v) if isinstance(v, bool) else v}'
+                     for k, v in sorted(constexprs.items()))
+    return (f'{name} sm_{arch} {dtype} {flags} '
+            f'cubin={len(compiled.asm["cubin"])}')
+
+
+def targets():
+    """sm_90, and sm_100 where this Triton compiles for it."""
+    try:
+        compile_kernel(tk.grad_sums_kernel, dict(SPLIT=1, ROWS=2, BLOCK=16),
+                       'fp32', 100)
+        return (90, 100)
+    except Exception as err:  # this Triton does not target Blackwell
+        print(f'(no sm_100: {type(err).__name__}: {err})')
+        return (90, )
+
+
+def every_combination(jobs):
+    cases = [(*case, arch) for arch in targets() for case in all_cases()]
+    print(f'{len(cases)} compiles', flush=True)
+    with ProcessPoolExecutor(jobs) as pool:
+        for line in pool.map(compile_case, cases, chunksize=4):
+            print(line, flush=True)
+    return 0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument(
+        '--all',
+        action='store_true',
+        help='every flag combination the host can produce, sm_90 and sm_100')
+    parser.add_argument('--jobs', type=int, default=1)
+    args = parser.parse_args(argv)
+    return every_combination(args.jobs) if args.all else sample()
 
 
 if __name__ == '__main__':

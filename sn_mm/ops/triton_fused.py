@@ -67,13 +67,30 @@ class _LRU(OrderedDict):
 
 
 _SM_COUNT = {}
+# Plans as for a device of this many programs instead of this one's (None:
+# this device's): the tests run an H100's or H200's plans in Triton's
+# interpreter (plan_as_for).
+_TARGET = {'programs': None}
 # A detector's layers meet a few hundred (shape, layout) pairs at a few
 # image sizes; the bounds hold several of those at once.
 _PLANS = _LRU(1024)
 
 
+def plan_as_for(programs: Optional[int]) -> Optional[int]:
+    """Plan every call as for a device that keeps ``programs`` programs
+    busy (four per SM: 528 for an H100's or H200's 132 SMs); None: as for
+    the device at hand. Returns the previous setting. The tests run a
+    GPU's plans (rows split across programs, empty trailing chunks, the
+    large tiles) in Triton's interpreter with it."""
+    previous = _TARGET['programs']
+    _TARGET['programs'] = programs
+    return previous
+
+
 def _target_programs(device: torch.device) -> int:
     """Programs that keep every multiprocessor busy (four per SM)."""
+    if _TARGET['programs'] is not None:
+        return _TARGET['programs']
     if device.type != 'cuda':
         return 4  # Triton's interpreter: few programs, quick tests
     index = device.index if device.index is not None else \
@@ -118,7 +135,8 @@ def _plan(n: int, c: int, length: int, stride_c: int, stride_l: int,
           device: torch.device):
     """Tile shape, chunks per row and launch grids for one shape and
     layout; cached."""
-    key = (n, c, length, stride_c, stride_l, device, *_PLAN_PATHS_ON.values())
+    key = (n, c, length, stride_c, stride_l, device, _TARGET['programs'],
+           *_PLAN_PATHS_ON.values())
     plan = _PLANS.get(key)
     if plan is not None:
         return plan

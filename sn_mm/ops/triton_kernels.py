@@ -2,17 +2,18 @@
 they share; the host side that plans and launches them, the autograd
 Function and the SyncSN exchange are in :mod:`sn_mm.ops.triton_fused`.
 
-Forward: (1) each row's IN moments (Welford, a row split into chunks across
-programs where rows are few and long), (2) one program per sample for LN's
-statistics and one per channel for BN's, with the running-statistics update,
-(3) the mixing (softmax or fixed ratios, computed in the kernel from the
-logits) and the normalisation. Backward: (4) each row's gradient sums,
-(5) the per-sample and per-channel sums of the mixed statistics' gradients,
-grad_weight and grad_bias, (6) the input gradient, and in one program the
-ratio-logit gradients. Group SN (logits (G, K)) runs on the same kernels:
-each row takes its ratios from its channel's group, each channel's program
-leaves its terms of the ratio gradients, and the logit gradients sum them
-over each group's channels.
+Forward: (1) each row's IN moments (a row split into chunks across programs
+where rows are few and long; a chunk of one tile in two passes over
+registers, a longer one by Welford's update per lane), (2) one program per
+sample for LN's statistics and one per channel for BN's, with the running-
+statistics update, (3) the mixing (softmax or fixed ratios, computed in the
+kernel from the logits) and the normalisation. Backward: (4) each row's
+gradient sums, (5) the per-sample and per-channel sums of the mixed
+statistics' gradients, grad_weight and grad_bias, (6) the input gradient,
+and in one program the ratio-logit gradients. Group SN (logits (G, K)) runs
+on the same kernels: each row takes its ratios from its channel's group,
+each channel's program leaves its terms of the ratio gradients, and the
+logit gradients sum them over each group's channels.
 
 Statistics are float32 whatever the input's dtype; the kernels take
 strides, so that contiguous and channels_last inputs need no copy.
@@ -20,9 +21,11 @@ strides, so that contiguous and channels_last inputs need no copy.
 import triton
 import triton.language as tl
 
-# Sizes take no part in a kernel's specialisation (each distinct
-# specialisation is a compile, seconds on first use); strides and the row
-# length do: they decide alignment and vector loads.
+# Triton specialises a kernel on its integer arguments (divisible by 16 or
+# not, equal to 1 or not), and each specialisation is a compile, seconds on
+# first use. The counts that change with the batch (R, N, C) are exempt
+# (do_not_specialize); strides and the row length are not: they decide
+# alignment and vector loads.
 
 # -- device helpers -------------------------------------------------------
 

@@ -1,9 +1,9 @@
 // SN's CPU row kernels: the full-size passes over a contiguous (N, C, L)
-// input, each over a range of its N x C rows, and the reductions of the
-// (N, C) statistics between them. row_kernels_<isa>.cpp compiles this once
-// per instruction set; everything here has internal linkage and calls no
-// library function, so that no code compiled for one set is linked into
-// another's callers.
+// input, each over a range of its N x C rows, and the vector helpers they
+// share with the (N, C) reductions between them (reduction_kernels_impl.h).
+// row_kernels_<isa>.cpp compiles this once per instruction set; everything
+// here has internal linkage and calls no library function, so that no code
+// compiled for one set is linked into another's callers.
 #pragma once
 
 #include <cstdint>
