@@ -12,13 +12,18 @@ library of its wheel runs them), then compares, for each image:
    labels, boxes within ``--box-rtol`` of their coordinates (at least a
    pixel's worth), masks (28 x 28, at 0.5) of IoU above ``--mask-iou``;
 2. ONNX Runtime's detections (mmdeploy's backend model) against mmdet's own
-   PyTorch ``predict``, matched one to one by label, box and mask. Only the
-   detections that rank clear of the ``keep_top_k`` cut (by
-   ``--score-margin``) are required in both. A two-stage detector is
-   reported, not required to agree: mmdeploy's RPN rewrite suppresses the
-   proposals of all FPN levels together where mmdet's suppresses each
-   level's, so the proposals, and the detections, differ for any norm
-   layer.
+   PyTorch ``predict``, matched one to one by label, box and mask.
+
+Only detections that rank clear (by ``--score-margin``) of the score
+threshold, and of the last kept score where ``keep_top_k`` detections fill
+an image's output, are required in both: scores within rounding of either
+edge may be kept on one side only. A comparison without a single
+detection counts as a failure; ``--cfg-options
+model.test_cfg.rcnn.score_thr=...`` lowers a briefly trained detector's
+threshold. A two-stage detector's second comparison is reported, not
+required to agree: mmdeploy's RPN rewrite suppresses the proposals of all
+FPN levels together where mmdet's suppresses each level's, so the
+proposals, and the detections, differ for any norm layer.
 
 Exits non-zero, naming the image and detection, where a required
 comparison disagrees.
@@ -39,6 +44,7 @@ import os.path as osp
 import sys
 
 import torch
+from mmengine.config import DictAction
 
 import sn_mm  # noqa: F401  (registers SN, SW and SWResNet)
 
@@ -68,11 +74,19 @@ def parse_args(argv=None):
         default=0.99,
         help='least IoU of matched masks (default: 0.99)')
     parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        default={},
+        help='override settings of the detector\'s config (as tools/'
+        'train.py does), e.g. model.test_cfg.rcnn.score_thr=0.01 to compare '
+        'more detections of a briefly trained model')
+    parser.add_argument(
         '--score-margin',
         type=float,
         default=1e-3,
-        help='how far above the last kept score a detection must rank to '
-        'be required in both (default: 1e-3)')
+        help='how far above the score threshold and the last kept score a '
+        'detection must rank to be required in both (default: 1e-3)')
     return parser.parse_args(argv)
 
 
@@ -101,14 +115,21 @@ def detections(sample):
             pred.labels.cpu()[keep], masks)
 
 
-def compare(want, got, box_rtol, mask_iou, score_margin, keep_top_k):
+def compare(want,
+            got,
+            box_rtol,
+            mask_iou,
+            score_margin,
+            keep_top_k,
+            score_thr=0.):
     """Problems, and the number of matched detections: every detection of
-    ``want`` (PyTorch's) that ranks clear of the keep_top_k cut (0: every
-    one) has one in ``got`` (the backend's) with its label, box and mask;
-    and the other way round."""
+    ``want`` (PyTorch's) that ranks clear of the score threshold and of the
+    keep_top_k cut (0: no cut) by ``score_margin`` has one in ``got`` (the
+    backend's) with its label, box and mask; and the other way round."""
     problems = []
     (wb, ws, wl, wm), (gb, gs, gl, gm) = want, got
-    floor = 0.
+    # A score within rounding of the threshold may be kept on one side only.
+    floor = score_thr + score_margin if score_thr else 0.
     for scores in (ws, gs):
         if keep_top_k and len(scores) >= keep_top_k:  # full: cut at a score
             floor = max(floor, float(scores.min()) + score_margin)
@@ -175,6 +196,16 @@ def has_rpn(model_cfg) -> bool:
     return 'rpn_head' in model_cfg.model
 
 
+def score_threshold(model_cfg, deploy_cfg) -> float:
+    """The score below which the detector drops detections: its test_cfg's
+    (the R-CNN stage's for a two-stage one), as mmdeploy's rewrites read it,
+    else the deploy config's."""
+    test_cfg = model_cfg.model.get('test_cfg', {})
+    test_cfg = test_cfg.get('rcnn', test_cfg)
+    post = deploy_cfg.codebase_config.post_processing
+    return float(test_cfg.get('score_thr', post.score_threshold))
+
+
 def report(name, problems, matched, want, got, required=True):
     print(f'  {name}: PyTorch {len(want[1])} detections, ONNX Runtime '
           f'{len(got[1])}, {matched} matched' +
@@ -193,6 +224,7 @@ def main(argv=None):
         sys.exit(f'mmdeploy_onnx: {err}: needs mmdeploy 1.3.1 and '
                  'onnxruntime 1.16 (make venv-oldest; docs/deployment.md)')
     deploy_cfg, model_cfg = load_config(args.deploy_cfg, args.model_cfg)
+    model_cfg.merge_from_dict(args.cfg_options)
     save_file = deploy_cfg.onnx_config.save_file
     onnx_path = osp.join(args.work_dir, save_file)
     torch2onnx(args.images[0], args.work_dir, save_file, deploy_cfg, model_cfg,
@@ -208,6 +240,7 @@ def main(argv=None):
     pytorch = processor.build_pytorch_model(args.checkpoint)
     shape = get_input_shape(deploy_cfg)
     keep_top_k = deploy_cfg.codebase_config.post_processing.keep_top_k
+    score_thr = score_threshold(model_cfg, deploy_cfg)
     names = deploy_cfg.onnx_config.output_names
     two_stage = has_rpn(model_cfg)
     failed = False
@@ -221,8 +254,8 @@ def main(argv=None):
         got = raw_detections(*(run[name] for name in names))
         failed |= report(
             'the exported graph against the model it was traced from',
-            *compare(want, got, args.box_rtol, args.mask_iou, 0., 0), want,
-            got)
+            *compare(want, got, args.box_rtol, args.mask_iou,
+                     args.score_margin, keep_top_k, score_thr), want, got)
         inputs, _ = processor.create_input(image, shape)
         with torch.no_grad():
             want = detections(pytorch.test_step(inputs)[0])
@@ -231,7 +264,7 @@ def main(argv=None):
             'ONNX Runtime\'s detections against mmdet\'s predict' +
             (' (reported: mmdeploy\'s RPN differs)' if two_stage else ''),
             *compare(want, got, args.box_rtol, args.mask_iou,
-                     args.score_margin, keep_top_k),
+                     args.score_margin, keep_top_k, score_thr),
             want,
             got,
             required=not two_stage)
