@@ -358,3 +358,32 @@ def test_the_full_compile_check_takes_every_flag_combination():
     assert any(c.get('SPLIT', 1) > 1 for _, c, _ in cases)
     sync = {c['SYNC'] for name, c, _ in cases if name == 'input_grad_kernel'}
     assert sync == {False, True}
+
+
+@needs_interpreter_or_gpu
+@pytest.mark.parametrize('shape', [(2, 3, 2000), (4, 6, 15)])
+def test_the_host_reads_the_workspace_where_the_kernels_write(shape):
+    """The statistics' places in a forward's workspace (ws_at, stat_at) as
+    the host reads them (SyncSN's exchange) hold LN's and BN's batch
+    statistics; (2, 3, 2000) splits its rows across programs."""
+    n, c, length = shape
+    x = torch.randn(shape, dtype=torch.float64).mul(3).add(5)
+    x3 = x.float().to(DEVICE)
+    params = [torch.ones(c), torch.zeros(c), torch.zeros(3), torch.zeros(3)]
+    rmean, rvar = torch.zeros(c), torch.ones(c)
+    nbt = torch.zeros((), dtype=torch.long)
+    _, ws, plan = triton_fused._forward(
+        x3, *(t.to(DEVICE) for t in params + [rmean, rvar, nbt]), None, None,
+        True, 0.1, 1e-5, False, False)
+    mean_bn, var_bn, _ = triton_fused._bn_slots(ws.cpu(), n, c, plan)
+    torch.testing.assert_close(
+        mean_bn.double(), x.mean((0, 2)), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        var_bn.double(), x.var((0, 2), unbiased=False), rtol=1e-4, atol=1e-5)
+    ln = triton_kernels.ws_at.fn(triton_kernels.WS_LN, n * c, 1, plan['split'])
+    mean_ln, var_ln = (
+        ws.cpu()[ln + triton_kernels.stat_at.fn(stat, n):][:n].double()
+        for stat in (triton_kernels.STAT_MEAN, triton_kernels.STAT_VAR))
+    torch.testing.assert_close(mean_ln, x.mean((1, 2)), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        var_ln, x.var((1, 2), unbiased=False), rtol=1e-4, atol=1e-5)

@@ -328,8 +328,10 @@ def _bn_slots(ws, n, c, plan):
     """Views of the BN mean and variance (C each) and the group's sample
     count (1) in the workspace."""
     start = kernels.ws_at.fn(kernels.WS_BN, n * c, c, plan['split'])
-    return (ws[start:start + c], ws[start + c:start + 2 * c],
-            ws[start + 2 * c:start + 2 * c + 1])
+    var, count = (
+        start + kernels.stat_at.fn(stat, c)
+        for stat in (kernels.STAT_VAR, kernels.STAT_COUNT))
+    return ws[start:var], ws[var:count], ws[count:count + 1]
 
 
 def _combine_over_group(ws,
@@ -430,7 +432,8 @@ class TritonSwitchableNorm(torch.autograd.Function):
         if sync:
             # The shared BN statistics collect gradient from every rank.
             start = kernels.bws_at.fn(kernels.BWS_BN, n * c, c, split)
-            torch.distributed.all_reduce(bws[start:start + 2 * c], group=group)
+            end = start + kernels.stat_at.fn(kernels.STAT_COUNT, c)
+            torch.distributed.all_reduce(bws[start:end], group=group)
         _launch(kernels.input_grad_kernel, key and ('ig', ) + key, grid,
                 (grad_y, x3, dx, ws, bws, pg, weight, mean_logits, var_logits,
                  fixed, fixed_r, n, c, groups, length, chunk, 2.0 / divisor,

@@ -134,6 +134,26 @@ def bws_at(plane: tl.constexpr, R, C, SPLIT: tl.constexpr):
     return at
 
 
+# Inside the LN and BN planes, and their gradients' planes, the statistics
+# lie one after another, each ``size`` long (N for LN, C for BN): the means,
+# the variances, then (BN's forward plane only) the sample count, 1 long.
+STAT_MEAN = tl.constexpr(0)
+STAT_VAR = tl.constexpr(1)
+STAT_COUNT = tl.constexpr(2)
+
+
+@triton.jit
+def stat_at(stat: tl.constexpr, size):
+    """Where ``stat`` starts inside an LN or BN plane of ``size`` samples
+    or channels."""
+    at = size * 0
+    if stat > 0:  # the means
+        at += size
+    if stat > 1:  # the variances
+        at += size
+    return at
+
+
 @triton.jit
 def _chunk_at(r, s, SPLIT: tl.constexpr):
     """Where row r's chunk s sits in a plane of R x SPLIT partials."""
@@ -368,7 +388,7 @@ def _ln_stats(ws_ptr, n, N, C, L, chunk, divisor, SPLIT: tl.constexpr,
         dev = mean - mean_ln
         acc += tl.where(ok, var + dev * dev, 0.0)
     tl.store(ws_ptr + out + n, shift0 + mean_ln)
-    tl.store(ws_ptr + out + N + n, tl.sum(acc, 0) / C)
+    tl.store(ws_ptr + out + stat_at(STAT_VAR, N) + n, tl.sum(acc, 0) / C)
 
 
 @triton.jit
@@ -394,9 +414,9 @@ def _bn_stats(ws_ptr, c, N, C, L, chunk, divisor, SPLIT: tl.constexpr,
     shift = tl.load(ws_ptr + ws_at(WS_SHIFT, R, C, SPLIT) + c)
     tl.store(ws_ptr + out + c, shift + mean_bn)
     if LOCAL:  # this rank's share: the centred second moment, not / N
-        tl.store(ws_ptr + out + C + c, tl.sum(acc, 0))
+        tl.store(ws_ptr + out + stat_at(STAT_VAR, C) + c, tl.sum(acc, 0))
     else:
-        tl.store(ws_ptr + out + C + c, tl.sum(acc, 0) / N)
+        tl.store(ws_ptr + out + stat_at(STAT_VAR, C) + c, tl.sum(acc, 0) / N)
 
 
 @triton.jit(do_not_specialize=['N', 'C'])
@@ -429,7 +449,7 @@ def _update_running(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr, bad_ptr, N, C,
     for c0 in range(0, C, CB):
         ok = c0 + idx < C
         m = tl.load(bn + c0 + idx, mask=ok, other=0.0)
-        v = tl.load(bn + C + c0 + idx, mask=ok, other=0.0)
+        v = tl.load(bn + stat_at(STAT_VAR, C) + c0 + idx, mask=ok, other=0.0)
         # NaN fails every comparison, infinities this one.
         finite = (tl.abs(m) <= _FLOAT32_MAX) & (tl.abs(v) <= _FLOAT32_MAX)
         bad += tl.where(ok & ~finite, 1, 0)
@@ -442,7 +462,8 @@ def _update_running(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr, bad_ptr, N, C,
         for c0 in range(0, C, CB):
             ok = c0 + idx < C
             m = tl.load(bn + c0 + idx, mask=ok, other=0.0)
-            v = tl.load(bn + C + c0 + idx, mask=ok, other=0.0)
+            v = tl.load(
+                bn + stat_at(STAT_VAR, C) + c0 + idx, mask=ok, other=0.0)
             rm = tl.load(rmean_ptr + c0 + idx, mask=ok, other=0.0)
             rv = tl.load(rvar_ptr + c0 + idx, mask=ok, other=0.0)
             tl.store(rmean_ptr + c0 + idx, rm * (1 - mom) + mom * m, mask=ok)
@@ -486,12 +507,13 @@ def normalize_kernel(x_ptr, y_ptr, ws_ptr, w_ptr, b_ptr, mlog_ptr, vlog_ptr,
     mu = mean_in + wm1 * (
         tl.load(ws_ptr + ln + n, mask=row_ok, other=0.0) - mean_in)
     var = wv0 * var_in + wv1 * tl.load(
-        ws_ptr + ln + N + n, mask=row_ok, other=0.0)
+        ws_ptr + ln + stat_at(STAT_VAR, N) + n, mask=row_ok, other=0.0)
     if K == 3:
         if BN_BATCH:
             bn = ws_at(WS_BN, R, C, SPLIT)
             mean_bn = tl.load(ws_ptr + bn + c, mask=row_ok, other=0.0)
-            var_bn = tl.load(ws_ptr + bn + C + c, mask=row_ok, other=0.0)
+            var_bn = tl.load(
+                ws_ptr + bn + stat_at(STAT_VAR, C) + c, mask=row_ok, other=0.0)
         else:
             mean_bn = tl.load(rmean_ptr + c, mask=row_ok, other=0.0)
             var_bn = tl.load(rvar_ptr + c, mask=row_ok, other=0.0)
@@ -587,7 +609,7 @@ def _sample_grads(ws_ptr, bws_ptr, w_ptr, mlog_ptr, vlog_ptr, fixed_ptr,
         acc_mu += tl.where(ok, wm1 * d_mu, 0.0)
         acc_var += tl.where(ok, wv1 * d_var, 0.0)
     tl.store(bws_ptr + out + n, tl.sum(acc_mu, 0))
-    tl.store(bws_ptr + out + N + n, tl.sum(acc_var, 0))
+    tl.store(bws_ptr + out + stat_at(STAT_VAR, N) + n, tl.sum(acc_var, 0))
 
 
 @triton.jit
@@ -610,7 +632,7 @@ def _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
     if K == 3:
         if BN_BATCH:
             mean_bn = tl.load(ws_ptr + bn + c)
-            var_bn = tl.load(ws_ptr + bn + C + c)
+            var_bn = tl.load(ws_ptr + bn + stat_at(STAT_VAR, C) + c)
         else:
             mean_bn = tl.load(rmean_ptr + c)
             var_bn = tl.load(rvar_ptr + c)
@@ -627,7 +649,8 @@ def _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
         s1, centred, d_mu, d_var, mean_in, var_in, rstd = _row_grads(
             ws_ptr, bws_ptr, (n0 + idx) * C + c, ok, w, R, SPLIT)
         mean_ln = tl.load(ws_ptr + ln + n0 + idx, mask=ok, other=0.0)
-        var_ln = tl.load(ws_ptr + ln + N + n0 + idx, mask=ok, other=0.0)
+        var_ln = tl.load(
+            ws_ptr + ln + stat_at(STAT_VAR, N) + n0 + idx, mask=ok, other=0.0)
         acc_mu += tl.where(ok, d_mu, 0.0)
         acc_var += tl.where(ok, d_var, 0.0)
         acc_w += tl.where(ok, centred * rstd, 0.0)
@@ -649,7 +672,7 @@ def _channel_grads(ws_ptr, bws_ptr, pg_ptr, w_ptr, rmean_ptr, rvar_ptr,
                         G + grp, K, HAS_IN, RATIOS_GIVEN, HAS_FIXED)
     bn_grads = bws_at(BWS_BN, R, C, SPLIT)
     tl.store(bws_ptr + bn_grads + c, wm2 * tl.sum(acc_mu, 0))
-    tl.store(bws_ptr + bn_grads + C + c, wv2 * d_var_c)
+    tl.store(bws_ptr + bn_grads + stat_at(STAT_VAR, C) + c, wv2 * d_var_c)
     tl.store(pg_ptr + c, tl.sum(acc_w, 0))
     tl.store(pg_ptr + C + c, tl.sum(acc_b, 0))
     tl.store(parts, tl.sum(acc_ln_m, 0))
@@ -757,7 +780,9 @@ def input_grad_kernel(g_ptr, x_ptr, dx_ptr, ws_ptr, bws_ptr, pg_ptr, w_ptr,
     # Back through LN's (per sample; the sums carry their ratios) and BN's
     # (per channel) statistics to each row's IN mean and variance (Eq. 5
     # reversed).
-    dvar_n = tl.load(bws_ptr + ln_grads + N + n, mask=row_ok, other=0.0) / C
+    dvar_n = tl.load(
+        bws_ptr + ln_grads + stat_at(STAT_VAR, N) + n, mask=row_ok,
+        other=0.0) / C
     d_var_in = dvar_n + wv0 * d_var
     d_mean_in = (
         tl.load(bws_ptr + ln_grads + n, mask=row_ok, other=0.0) / C +
@@ -768,11 +793,13 @@ def input_grad_kernel(g_ptr, x_ptr, dx_ptr, ws_ptr, bws_ptr, pg_ptr, w_ptr,
             bn = ws_at(WS_BN, R, C, SPLIT)
             bn_grads = bws_at(BWS_BN, R, C, SPLIT)
             if SYNC:  # the batch over the group
-                count = tl.load(ws_ptr + bn + 2 * C)
+                count = tl.load(ws_ptr + bn + stat_at(STAT_COUNT, C))
             else:
                 count = N * 1.0
             dvar_c = tl.load(
-                bws_ptr + bn_grads + C + c, mask=row_ok, other=0.0) / count
+                bws_ptr + bn_grads + stat_at(STAT_VAR, C) + c,
+                mask=row_ok,
+                other=0.0) / count
             d_var_in += dvar_c
             d_mean_in += (
                 tl.load(bws_ptr + bn_grads + c, mask=row_ok, other=0.0) / count
