@@ -64,7 +64,7 @@ def measure(name, net_module, net, loss_fn, x, repeats, backend):
           f'| {first:.1f} |')
 
 
-def main(argv=None):
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--repeats', type=int, default=7)
     parser.add_argument(
@@ -81,7 +81,11 @@ def main(argv=None):
         choices=['all', 'deeplabv3', 'mask-rcnn'],
         default='all',
         help='which toy model to time (default: both)')
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     torch.manual_seed(0)
     print(f'torch {torch.__version__}, {torch.get_num_threads()} threads, '
           f'backend {args.backend}, median of {args.repeats}\n')

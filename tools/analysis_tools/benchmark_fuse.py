@@ -71,7 +71,7 @@ def eval_times(models, x, repeats):
             }, repeats)
 
 
-def main(argv=None):
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--batch', type=int, default=2)
@@ -80,7 +80,11 @@ def main(argv=None):
         type=int,
         default=512,
         help='input height and width (default 512)')
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     from mmcv.cnn import fuse_conv_bn
     x = torch.randn(
         args.batch,
