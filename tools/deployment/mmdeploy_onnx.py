@@ -10,7 +10,10 @@ library of its wheel runs them), then compares, for each image:
 1. the exported graph in ONNX Runtime against the PyTorch model it was
    traced from (mmdeploy's rewrites applied), output by output: the same
    labels, boxes within ``--box-rtol`` of their coordinates (at least a
-   pixel's worth), masks (28 x 28, at 0.5) of IoU above ``--mask-iou``;
+   pixel's worth), mask probabilities (28 x 28) within ``--mask-atol`` and
+   masks at 0.5 of IoU above ``--mask-iou`` over the pixels clear of 0.5
+   by that much (a briefly trained mask head's probabilities lie near 0.5,
+   where rounding decides the side);
 2. ONNX Runtime's detections (mmdeploy's backend model) against mmdet's own
    PyTorch ``predict``, matched one to one by label, box and mask.
 
@@ -74,6 +77,13 @@ def parse_args(argv=None):
         default=0.99,
         help='least IoU of matched masks (default: 0.99)')
     parser.add_argument(
+        '--mask-atol',
+        type=float,
+        default=1e-3,
+        help='most that matched mask probabilities of the exported graph '
+        'and its PyTorch model may differ by; pixels this close to 0.5 are '
+        'left out of the IoU (default: 1e-3)')
+    parser.add_argument(
         '--cfg-options',
         nargs='+',
         action=DictAction,
@@ -115,17 +125,32 @@ def detections(sample):
             pred.labels.cpu()[keep], masks)
 
 
-def compare(want,
-            got,
-            box_rtol,
-            mask_iou,
-            score_margin,
-            keep_top_k,
-            score_thr=0.):
+def mask_problem(want, got, mask_iou, mask_atol):
+    """What is wrong with mask ``got`` against ``want`` (None: nothing).
+    Boolean masks: their IoU. Probabilities: they differ by at most
+    ``mask_atol``, and the masks at 0.5 have their IoU over the pixels
+    where neither lies within ``mask_atol`` of 0.5."""
+    clear = torch.ones_like(want, dtype=torch.bool)
+    if want.is_floating_point():
+        diff = float((want - got).abs().max()) if want.numel() else 0.
+        if diff > mask_atol:
+            return f'mask probabilities differ by {diff:.2e}'
+        clear = ((want - 0.5).abs() > mask_atol) & (
+            (got - 0.5).abs() > mask_atol)
+        want, got = want >= 0.5, got >= 0.5
+    inter = (want & got & clear).sum().item()
+    union = ((want | got) & clear).sum().item()
+    iou = inter / union if union else 1.
+    return f'mask IoU {iou:.4f}' if iou <= mask_iou else None
+
+
+def compare(want, got, args, keep_top_k, score_thr=0.):
     """Problems, and the number of matched detections: every detection of
     ``want`` (PyTorch's) that ranks clear of the score threshold and of the
-    keep_top_k cut (0: no cut) by ``score_margin`` has one in ``got`` (the
-    backend's) with its label, box and mask; and the other way round."""
+    keep_top_k cut (0: no cut) by ``args.score_margin`` has one in ``got``
+    (the backend's) with its label, box and mask; and the other way
+    round."""
+    box_rtol, score_margin = args.box_rtol, args.score_margin
     problems = []
     (wb, ws, wl, wm), (gb, gs, gl, gm) = want, got
     # A score within rounding of the threshold may be kept on one side only.
@@ -150,11 +175,9 @@ def compare(want,
         j = min(close, key=lambda k: float((gb[k] - wb[i]).abs().max()))
         taken.add(j)
         if wm is not None:
-            inter = (wm[i] & gm[j]).sum().item()
-            union = (wm[i] | gm[j]).sum().item()
-            iou = inter / union if union else 1.
-            if iou <= mask_iou:
-                problems.append(f'detection {i}: mask IoU {iou:.4f}')
+            problem = mask_problem(wm[i], gm[j], args.mask_iou, args.mask_atol)
+            if problem:
+                problems.append(f'detection {i}: {problem}')
     extra = [j for j in range(len(gs)) if j not in taken and gs[j] > floor]
     if extra:
         problems.append(f'{len(extra)} backend detections above the cut '
@@ -185,11 +208,11 @@ def traced_outputs(processor, deploy_cfg, checkpoint, image, shape):
 
 
 def raw_detections(dets, labels, masks=None):
-    """(boxes, scores, labels, masks at 0.5 or None) of the first image of
-    the exported graph's outputs."""
+    """(boxes, scores, labels, mask probabilities or None) of the first
+    image of the exported graph's outputs."""
     dets = dets[0].detach().cpu().double()
     return (dets[:, :4], dets[:, 4], labels[0].cpu(),
-            None if masks is None else masks[0].cpu() >= 0.5)
+            None if masks is None else masks[0].detach().cpu().double())
 
 
 def has_rpn(model_cfg) -> bool:
@@ -254,8 +277,7 @@ def main(argv=None):
         got = raw_detections(*(run[name] for name in names))
         failed |= report(
             'the exported graph against the model it was traced from',
-            *compare(want, got, args.box_rtol, args.mask_iou,
-                     args.score_margin, keep_top_k, score_thr), want, got)
+            *compare(want, got, args, keep_top_k, score_thr), want, got)
         inputs, _ = processor.create_input(image, shape)
         with torch.no_grad():
             want = detections(pytorch.test_step(inputs)[0])
@@ -263,8 +285,7 @@ def main(argv=None):
         failed |= report(
             'ONNX Runtime\'s detections against mmdet\'s predict' +
             (' (reported: mmdeploy\'s RPN differs)' if two_stage else ''),
-            *compare(want, got, args.box_rtol, args.mask_iou,
-                     args.score_margin, keep_top_k, score_thr),
+            *compare(want, got, args, keep_top_k, score_thr),
             want,
             got,
             required=not two_stage)
