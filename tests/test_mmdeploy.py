@@ -48,10 +48,11 @@ def workspace(tmp_path_factory):
 def test_onnx_runtime_gives_pytorchs_detections(workspace, case):
     deploy, model = CASES[case]
     config = osp.join(ROOT, 'configs', 'toy', f'{model}.py')
+    # Seeded, so that a failure reproduces on the same CPU.
     run_python([
         tool('train.py'), config, '--work-dir', case, '--cfg-options',
         f'train_cfg.max_iters={STEPS}', f'train_cfg.val_interval={STEPS}',
-        f'default_hooks.checkpoint.interval={STEPS}'
+        f'default_hooks.checkpoint.interval={STEPS}', 'randomness.seed=0'
     ], workspace)
     images = [
         workspace / 'data' / 'toy_coco' / 'val' / f'{i:05d}.png'
