@@ -3,6 +3,7 @@ import gc
 import operator
 import os
 import socket
+import time
 import weakref
 from typing import Optional
 
@@ -107,6 +108,12 @@ def end_process_group() -> bool:
         return True
     world = weakref.ref(dist.group.WORLD)
     dist.barrier()
+    # A gloo worker thread may still hold a finished collective whose
+    # tensors' Python objects are gone: releasing it takes the GIL, which
+    # the group's destructor holds while it joins the workers (a deadlock in
+    # destroy_process_group, seen on torch 2.1 with the cores busy). A pause
+    # without the GIL lets them release it first.
+    time.sleep(0.1)
     dist.destroy_process_group()
     gc.collect()
     return world() is None

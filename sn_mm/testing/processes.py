@@ -60,8 +60,12 @@ def run_on_ranks(fn: Callable,
     problems = []
     for rank, (p, outcome) in enumerate(zip(procs, outcomes)):
         if rank in hung:
-            problems.append(f'rank {rank}: still running after {timeout:g} s '
-                            '(killed)')
+            where = ('after returning its result, so in teardown or exit'
+                     if outcome is not None and outcome[0] == 'ok' else
+                     'in the function or teardown')
+            problems.append(f'rank {rank}: still running after {timeout:g} s, '
+                            f'{where} (its threads\' stacks are on stderr; '
+                            'killed)')
         elif outcome is None:
             problems.append(f'rank {rank}: {_exit(p.exitcode)} without a '
                             'result')
@@ -86,6 +90,9 @@ def _wait(procs, folder, timeout):
             deadline = min(deadline, time.monotonic() + _GRACE_S)
         time.sleep(0.05)
     hung = [rank for rank, p in enumerate(procs) if p.is_alive()]
+    for rank in hung:  # faulthandler prints every thread's stack, in turn
+        os.kill(procs[rank].pid, signal.SIGUSR1)
+        time.sleep(0.5)
     for p in procs:
         if p.is_alive():
             p.kill()
@@ -119,8 +126,10 @@ def _outcome(folder, rank):
 
 
 def _rank_main(fn, rank, world_size, backend, folder, args, timeout):
-    # A fatal signal (an abort in C++) prints every thread's Python stack.
+    # A fatal signal (an abort in C++) prints every thread's Python stack,
+    # and so does SIGUSR1, which run_on_ranks sends a rank that hangs.
     faulthandler.enable(all_threads=True)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         dist.init_process_group(
             backend,
