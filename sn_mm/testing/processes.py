@@ -55,7 +55,7 @@ def run_on_ranks(fn: Callable,
         ]
         for p in procs:
             p.start()
-        hung = _wait(procs, folder, timeout)
+        hung = _wait(procs, folder, timeout)  # rank -> stacks
         outcomes = [_outcome(folder, rank) for rank in range(world_size)]
     problems = []
     for rank, (p, outcome) in enumerate(zip(procs, outcomes)):
@@ -64,8 +64,8 @@ def run_on_ranks(fn: Callable,
                      if outcome is not None and outcome[0] == 'ok' else
                      'in the function or teardown')
             problems.append(f'rank {rank}: still running after {timeout:g} s, '
-                            f'{where} (its threads\' stacks are on stderr; '
-                            'killed)')
+                            f'{where}; killed. Its threads\' stacks:\n'
+                            f'{hung[rank]}')
         elif outcome is None:
             problems.append(f'rank {rank}: {_exit(p.exitcode)} without a '
                             'result')
@@ -80,7 +80,8 @@ def run_on_ranks(fn: Callable,
 
 def _wait(procs, folder, timeout):
     """Join the processes; after the first failure the others get
-    ``_GRACE_S``, and all get ``timeout``. Returns the ranks killed."""
+    ``_GRACE_S``, and all get ``timeout``. Returns the ranks killed, each
+    with its threads' stacks as it printed them on SIGUSR1."""
     deadline = time.monotonic() + timeout
     while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
         failed = any((not p.is_alive() and p.exitcode != 0)
@@ -89,15 +90,33 @@ def _wait(procs, folder, timeout):
         if failed:
             deadline = min(deadline, time.monotonic() + _GRACE_S)
         time.sleep(0.05)
-    hung = [rank for rank, p in enumerate(procs) if p.is_alive()]
-    for rank in hung:  # faulthandler prints every thread's stack, in turn
-        os.kill(procs[rank].pid, signal.SIGUSR1)
-        time.sleep(0.5)
+    hung = {}
+    for rank, p in enumerate(procs):
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGUSR1)
+            hung[rank] = _read_stacks(_path(folder, rank, 'stacks'))
     for p in procs:
         if p.is_alive():
             p.kill()
         p.join()
     return hung
+
+
+def _read_stacks(path, wait_s=10.) -> str:
+    """What faulthandler wrote to ``path`` once it stops growing: a
+    loaded machine may take seconds to schedule the rank."""
+    deadline = time.monotonic() + wait_s
+    size = -1
+    while time.monotonic() < deadline:
+        now = os.path.getsize(path) if os.path.exists(path) else 0
+        if now and now == size:
+            break
+        size = now
+        time.sleep(0.1)
+    if not os.path.exists(path) or not os.path.getsize(path):
+        return f'(none printed within {wait_s:g} s)'
+    with open(path, errors='replace') as f:
+        return f.read()
 
 
 def _exit(code) -> str:
@@ -126,10 +145,12 @@ def _outcome(folder, rank):
 
 
 def _rank_main(fn, rank, world_size, backend, folder, args, timeout):
-    # A fatal signal (an abort in C++) prints every thread's Python stack,
-    # and so does SIGUSR1, which run_on_ranks sends a rank that hangs.
+    # A fatal signal (an abort in C++) prints every thread's Python stack
+    # to stderr; SIGUSR1, which run_on_ranks sends a rank that hangs,
+    # prints them to a file that run_on_ranks puts in its message.
     faulthandler.enable(all_threads=True)
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    stacks = open(_path(folder, rank, 'stacks'), 'w')
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     try:
         dist.init_process_group(
             backend,
