@@ -906,8 +906,8 @@ def group_sn_section(args, shapes, report):
             }):
         rows.append(row)
         print(
-            f'| {row["shape"]} | float32 | {row["layer"]} | {row["fwd"]:.2f} '
-            f'| {row["bwd"]:.2f} | {row["both"]:.2f} | {row["eval"]:.2f} | '
+            f'| {row["shape"]} | float32 | {row["layer"]} | {_ms(row["fwd"])} '
+            f'| {_ms(row["bwd"])} | {_ms(row["both"])} | {_ms(row["eval"])} | '
             f'{row["both_vs_sn"]:.2f} | {row["eval_vs_sn"]:.2f} |',
             flush=True)
 
@@ -931,19 +931,24 @@ def sw_section(args, shapes, report):
     for row in against_sn(args, shapes, variants):
         rows.append(row)
         print(
-            f'| {row["shape"]} | {row["layer"]} | {row["both"]:.2f} | '
-            f'{row["eval"]:.2f} | {row["saved_mb"]:.1f} | '
+            f'| {row["shape"]} | {row["layer"]} | {_ms(row["both"])} | '
+            f'{_ms(row["eval"])} | {row["saved_mb"]:.1f} | '
             f'{row["both_vs_sn"]:.2f} | {row["eval_vs_sn"]:.2f} | '
             f'{row["saved_vs_sn"]:.2f} |',
             flush=True)
 
 
+def _ms(ms: float) -> str:
+    """Four significant digits: a 10 us call keeps enough for its ratio."""
+    return f'{ms:.4g}'
+
+
 def _layer_row(r, gpu):
     line = (f'| {r["shape"]} | {r["dtype"]} | {r["layer"]} | '
-            f'{r["fwd"]:.2f} | {r["bwd"]:.2f} | {r["both"]:.2f} | '
-            f'{r["eval"]:.2f} | {r["saved_mb"]:.1f} |')
+            f'{_ms(r["fwd"])} | {_ms(r["bwd"])} | {_ms(r["both"])} | '
+            f'{_ms(r["eval"])} | {r["saved_mb"]:.1f} |')
     if gpu:
-        line += (f' {r["both_x10"]:.3f} | {r["eval_x10"]:.3f} | '
+        line += (f' {_ms(r["both_x10"])} | {_ms(r["eval_x10"])} | '
                  f'{r["eval_bw_fraction"]:.2f} |')
     return line
 
