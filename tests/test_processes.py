@@ -64,12 +64,26 @@ def test_a_rank_that_hangs_is_killed_and_named_with_its_stack():
     start = time.monotonic()
     with pytest.raises(
             RanksFailed,
-            match=r'rank 1: still running after 8 s, in the '
-            'function') as failed:
+            match=r'rank 1: still running 8 s after every rank joined the '
+            'group, in the function') as failed:
         run_on_ranks(hangs_on_rank_one, 2, timeout=8.)
+    # The 8 s count from the join, however long the start took on a
+    # loaded machine (this bound allows for a start of 30 s).
     assert time.monotonic() - start < 60
     # Where it hung, as faulthandler printed it before the kill.
     assert 'in hangs_on_rank_one' in str(failed.value)
+
+
+def test_a_rank_that_has_not_joined_in_time_is_named():
+    # No interpreter starts and imports torch within 10 ms, so neither rank
+    # has joined, and neither has its fault handler in place to print.
+    with pytest.raises(RanksFailed) as failed:
+        run_on_ranks(summed, 2, args=(1., ), start_timeout=0.01)
+    message = str(failed.value)
+    for rank in (0, 1):
+        assert (f'rank {rank}: still running 0.01 s after the start, before '
+                'joining the group') in message
+    assert "had not reached run_on_ranks' code yet" in message
 
 
 def keeps_the_group(rank):

@@ -38,12 +38,17 @@ def run_on_ranks(fn: Callable,
                  world_size: int = 2,
                  args: Sequence = (),
                  backend: str = 'gloo',
-                 timeout: float = 300.) -> List[Any]:
+                 timeout: float = 300.,
+                 start_timeout: float = 300.) -> List[Any]:
     """``fn(rank, *args)`` on ``world_size`` spawned processes that form
     one ``backend`` process group; returns each rank's return value (which
     must pickle with ``torch.save``), by rank. ``fn`` must be importable
     (a module-level function). Raises :class:`RanksFailed` naming every
-    rank that raised, died or ran past ``timeout`` seconds."""
+    rank that raised, died, had not joined the group ``start_timeout``
+    seconds after the start, or ran past ``timeout`` seconds after every
+    rank had joined. The two limits are apart because starting an
+    interpreter and importing torch take seconds more on a loaded machine,
+    which a function's own limit should not have to allow for."""
     context = mp.get_context('spawn')
     with tempfile.TemporaryDirectory(prefix='sn_mm_ranks_') as folder:
         procs = [
@@ -55,16 +60,24 @@ def run_on_ranks(fn: Callable,
         ]
         for p in procs:
             p.start()
-        hung = _wait(procs, folder, timeout)  # rank -> stacks
+        hung, why = _wait(procs, folder, timeout, start_timeout)
+        joined = [
+            os.path.exists(_path(folder, rank, 'joined'))
+            for rank in range(world_size)
+        ]
         outcomes = [_outcome(folder, rank) for rank in range(world_size)]
     problems = []
     for rank, (p, outcome) in enumerate(zip(procs, outcomes)):
         if rank in hung:
-            where = ('after returning its result, so in teardown or exit'
-                     if outcome is not None and outcome[0] == 'ok' else
-                     'in the function or teardown')
-            problems.append(f'rank {rank}: still running after {timeout:g} s, '
-                            f'{where}; killed. Its threads\' stacks:\n'
+            if outcome is not None and outcome[0] == 'ok':
+                where = 'after returning its result, so in teardown or exit'
+            elif joined[rank]:
+                where = 'in the function or teardown'
+            else:
+                where = ('before joining the group: starting, importing or '
+                         'in init_process_group')
+            problems.append(f'rank {rank}: still running {why}, {where}; '
+                            'killed. Its threads\' stacks:\n'
                             f'{hung[rank]}')
         elif outcome is None:
             problems.append(f'rank {rank}: {_exit(p.exitcode)} without a '
@@ -78,42 +91,65 @@ def run_on_ranks(fn: Callable,
     return [outcome[1] for outcome in outcomes]
 
 
-def _wait(procs, folder, timeout):
-    """Join the processes; after the first failure the others get
-    ``_GRACE_S``, and all get ``timeout``. Returns the ranks killed, each
-    with its threads' stacks as it printed them on SIGUSR1."""
-    deadline = time.monotonic() + timeout
-    while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
-        failed = any((not p.is_alive() and p.exitcode != 0)
-                     or _reported_error(folder, rank)
-                     for rank, p in enumerate(procs))
-        if failed:
-            deadline = min(deadline, time.monotonic() + _GRACE_S)
+def _wait(procs, folder, timeout, start_timeout):
+    """Join the processes: every rank must join the group within
+    ``start_timeout`` of the start and finish within ``timeout`` of the
+    last one joining; after the first failure the others get ``_GRACE_S``.
+    Returns the ranks killed, each with its threads' stacks as it printed
+    them on SIGUSR1, and why they were killed."""
+    start = time.monotonic()
+    all_joined_at = None
+    failed_at = None
+    why = None
+    while any(p.is_alive() for p in procs):
+        now = time.monotonic()
+        if all_joined_at is None and all(
+                os.path.exists(_path(folder, rank, 'joined'))
+                for rank in range(len(procs))):
+            all_joined_at = now
+        if failed_at is None and any((not p.is_alive() and p.exitcode != 0)
+                                     or _reported_error(folder, rank)
+                                     for rank, p in enumerate(procs)):
+            failed_at = now
+        if failed_at is not None and now >= failed_at + _GRACE_S:
+            why = f'{_GRACE_S:g} s after another rank failed'
+            break
+        if all_joined_at is None and now >= start + start_timeout:
+            why = f'{start_timeout:g} s after the start'
+            break
+        if all_joined_at is not None and now >= all_joined_at + timeout:
+            why = f'{timeout:g} s after every rank joined the group'
+            break
         time.sleep(0.05)
     hung = {}
     for rank, p in enumerate(procs):
         if p.is_alive():
-            os.kill(p.pid, signal.SIGUSR1)
-            hung[rank] = _read_stacks(_path(folder, rank, 'stacks'))
+            hung[rank] = _stacks(p, _path(folder, rank, 'stacks'))
     for p in procs:
         if p.is_alive():
             p.kill()
         p.join()
-    return hung
+    return hung, why
 
 
-def _read_stacks(path, wait_s=10.) -> str:
-    """What faulthandler wrote to ``path`` once it stops growing: a
-    loaded machine may take seconds to schedule the rank."""
+def _stacks(p, path, wait_s=10.) -> str:
+    """A live rank's threads' stacks: SIGUSR1 makes faulthandler write them
+    to ``path``, read once it stops growing (a loaded machine may take
+    seconds to schedule the rank). ``path`` exists only once the handler
+    is in place: before that SIGUSR1 would just end the rank."""
+    if not os.path.exists(path):
+        return ('(none: it had not reached run_on_ranks\' code yet, so it '
+                'was starting the interpreter or importing)')
+    os.kill(p.pid, signal.SIGUSR1)
     deadline = time.monotonic() + wait_s
     size = -1
     while time.monotonic() < deadline:
-        now = os.path.getsize(path) if os.path.exists(path) else 0
+        now = os.path.getsize(path)
         if now and now == size:
             break
         size = now
         time.sleep(0.1)
-    if not os.path.exists(path) or not os.path.getsize(path):
+    if not os.path.getsize(path):
         return f'(none printed within {wait_s:g} s)'
     with open(path, errors='replace') as f:
         return f.read()
@@ -149,8 +185,11 @@ def _rank_main(fn, rank, world_size, backend, folder, args, timeout):
     # to stderr; SIGUSR1, which run_on_ranks sends a rank that hangs,
     # prints them to a file that run_on_ranks puts in its message.
     faulthandler.enable(all_threads=True)
-    stacks = open(_path(folder, rank, 'stacks'), 'w')
-    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    stacks = _path(folder, rank, 'stacks')
+    stacks_file = open(stacks + '.opening', 'w')
+    faulthandler.register(signal.SIGUSR1, file=stacks_file, all_threads=True)
+    # Named only now, so that run_on_ranks signals only a rank that prints.
+    os.replace(stacks + '.opening', stacks)
     try:
         dist.init_process_group(
             backend,
@@ -158,6 +197,7 @@ def _rank_main(fn, rank, world_size, backend, folder, args, timeout):
             rank=rank,
             world_size=world_size,
             timeout=timedelta(seconds=timeout))
+        open(_path(folder, rank, 'joined'), 'w').close()
         value = fn(rank, *args)
         if not end_process_group():
             raise RuntimeError(
