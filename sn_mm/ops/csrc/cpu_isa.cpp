@@ -22,7 +22,7 @@ struct Isa {
   bool (*cpu_has)();
 };
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define SN_CPU_HAS(feature) \
   (__builtin_cpu_init(), __builtin_cpu_supports(feature))
 #else

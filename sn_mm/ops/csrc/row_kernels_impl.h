@@ -106,12 +106,25 @@ constexpr int kLanes = kRegisterBytes / sizeof(T);
 template <typename T>
 constexpr int kSumLanes = kLanes<T> < 8 ? kLanes<T> : 8;
 
+// Lanes I... of a:b (b's lanes numbered after a's), one vector of a's
+// type. GCC gained __builtin_shufflevector in 12; GCC 11's __builtin_shuffle
+// takes the lane numbers as a vector of integers of the lanes' width.
+template <int... I, typename V>
+SN_INLINE V shuffle(V a, V b) {
+#if defined(__clang__) || __GNUC__ >= 12
+  return __builtin_shufflevector(a, b, I...);
+#else
+  using Lane = std::conditional_t<sizeof(a[0]) == 4, int32_t, int64_t>;
+  using Lanes = typename Vec<Lane, sizeof...(I)>::type;
+  return __builtin_shuffle(a, b, Lanes{I...});
+#endif
+}
+
 // Pairwise sums of the lanes of a and b, a's first: [a0+a1, a2+a3, ...,
 // b0+b1, ...] (the even lanes of a:b plus the odd ones).
 template <typename V, int... I>
 SN_INLINE V pair_sums(V a, V b, std::integer_sequence<int, I...>) {
-  return __builtin_shufflevector(a, b, (2 * I)...) +
-         __builtin_shufflevector(a, b, (2 * I + 1)...);
+  return shuffle<(2 * I)...>(a, b) + shuffle<(2 * I + 1)...>(a, b);
 }
 
 // The lane sums of eight W-lane vectors v[0..7] into s[0..7]: a transposing
@@ -123,20 +136,16 @@ SN_INLINE void transpose_sums(V* v, T* __restrict__ s) {
     V half[4], quarter[2];
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k)  // [a01 a23 b01 b23 | a45 a67 b45 b67]
-      half[k] = __builtin_shufflevector(v[2 * k], v[2 * k + 1], 0, 2, 8, 10, 4,
-                                        6, 12, 14) +
-                __builtin_shufflevector(v[2 * k], v[2 * k + 1], 1, 3, 9, 11, 5,
-                                        7, 13, 15);
+      half[k] = shuffle<0, 2, 8, 10, 4, 6, 12, 14>(v[2 * k], v[2 * k + 1]) +
+                shuffle<1, 3, 9, 11, 5, 7, 13, 15>(v[2 * k], v[2 * k + 1]);
 #pragma GCC unroll 2
     for (int k = 0; k < 2; ++k)  // [a0-3 b0-3 c0-3 d0-3 | a4-7 ... d4-7]
-      quarter[k] = __builtin_shufflevector(half[2 * k], half[2 * k + 1], 0, 2,
-                                           8, 10, 4, 6, 12, 14) +
-                   __builtin_shufflevector(half[2 * k], half[2 * k + 1], 1, 3,
-                                           9, 11, 5, 7, 13, 15);
-    store<8>(s, __builtin_shufflevector(quarter[0], quarter[1], 0, 1, 2, 3, 8,
-                                        9, 10, 11) +
-                    __builtin_shufflevector(quarter[0], quarter[1], 4, 5, 6, 7,
-                                            12, 13, 14, 15));
+      quarter[k] =
+          shuffle<0, 2, 8, 10, 4, 6, 12, 14>(half[2 * k], half[2 * k + 1]) +
+          shuffle<1, 3, 9, 11, 5, 7, 13, 15>(half[2 * k], half[2 * k + 1]);
+    store<8>(s,
+             shuffle<0, 1, 2, 3, 8, 9, 10, 11>(quarter[0], quarter[1]) +
+                 shuffle<4, 5, 6, 7, 12, 13, 14, 15>(quarter[0], quarter[1]));
   } else {
     int m = 8;
 #pragma GCC unroll 2
