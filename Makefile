@@ -16,7 +16,9 @@
 #    setuptools~=60.2 and requests~=2.28, which would undo step 4;
 #    mmaction2's opencv-contrib-python would write a second cv2 over the
 #    opencv-python that mmcv brings;
-# 6. sn_mm itself, editable, compiling its native CPU kernels (about 30 s).
+# 6. sn_mm itself, editable (pure Python), then its C++ CPU kernels, built
+#    against that torch into torch's extensions cache (about a minute; what
+#    a user's first SN call on a CPU does, sn_mm/ops/native.py).
 PY        ?= python3
 VENV      := .venv
 VPY       := $(VENV)/bin/python
@@ -27,7 +29,7 @@ TORCHVISION_VERSION ?= 0.29.1
 STAMP     := $(VENV)/.sn_mm-installed
 
 .PHONY: venv test demo demo-seg demo-pretrain demo-video clean-venv gpu-wheels gpu-check \
-	venv-oldest test-oldest
+	venv-oldest test-oldest wheel-check wheel-check-oldest
 
 DEMO_CONFIG := configs/toy/mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py
 TOY_COCO    := data/toy_coco/annotations/instances_val.json
@@ -37,7 +39,7 @@ TOY_SEG     := data/toy_seg/annotations/validation
 venv: $(STAMP)
 
 $(STAMP): requirements/build.txt requirements/runtime.txt requirements/tests.txt setup.py \
-		$(wildcard sn_mm/ops/csrc/*.cpp sn_mm/ops/csrc/*.h)
+		pyproject.toml requirements/install.txt
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install torch==$(TORCH_VERSION) torchvision==$(TORCHVISION_VERSION)
@@ -49,6 +51,7 @@ $(STAMP): requirements/build.txt requirements/runtime.txt requirements/tests.txt
 		torch==$(TORCH_VERSION) torchvision==$(TORCHVISION_VERSION)
 	$(PIP) install --no-deps openmim==0.3.9 mmaction2==1.2.0
 	$(PIP) install --no-build-isolation --no-deps -e .
+	$(VPY) -c "from sn_mm.ops import native_status; print(native_status())"
 	touch $(STAMP)
 
 # Two workers (pytest-xdist), each test file on one: on a 2-core machine
@@ -74,7 +77,7 @@ venv-oldest: $(OLDEST_STAMP)
 
 $(OLDEST_STAMP): requirements/oldest.txt requirements/tests-oldest.txt \
 		requirements/build.txt requirements/runtime.txt setup.py \
-		$(wildcard sn_mm/ops/csrc/*.cpp sn_mm/ops/csrc/*.h)
+		pyproject.toml requirements/install.txt
 	@test -n "$(OLDEST_PY)" || { echo "no Python 3.8: set OLDEST_PY"; exit 1; }
 	test -x $(OLDEST_VPY) || $(OLDEST_PY) -m venv $(OLDEST_VENV)
 	$(OLDEST_VPY) -m pip install -q --upgrade 'pip<25'
@@ -86,12 +89,26 @@ $(OLDEST_STAMP): requirements/oldest.txt requirements/tests-oldest.txt \
 	$(OLDEST_VPY) -m pip install -r requirements/tests-oldest.txt -r requirements/oldest.txt
 	$(OLDEST_VPY) -m pip install --no-deps openmim==0.3.9 mmaction2==1.2.0
 	$(OLDEST_VPY) -m pip install --no-build-isolation --no-deps -e .
+	$(OLDEST_VPY) -c "from sn_mm.ops import native_status; print(native_status())"
 	touch $(OLDEST_STAMP)
 
 # The second CI leg: the whole suite on the oldest supported stack; tests
 # that need a newer torch skip, naming it (-rs lists them).
 test-oldest: venv-oldest
 	$(OLDEST_VPY) -m pytest tests -n 2 --dist loadfile --durations=20 -rfEs
+
+# sn_mm as a user installs it into an existing environment: a wheel built
+# under pip's build isolation, installed into a fresh venv that sees the
+# leg's torch and OpenMMLab but not its sn_mm, its kernels built into an
+# empty cache and the agreement tests run on it, with every compiler given
+# in WHEEL_COMPILERS as well (tools/misc/wheel_check.py; .ci/run installs
+# g++-11 and clang++-16 and names them).
+WHEEL_COMPILERS ?=
+wheel-check: venv
+	$(VPY) tools/misc/wheel_check.py --env $(VPY) --compilers $(WHEEL_COMPILERS)
+
+wheel-check-oldest: venv-oldest
+	$(OLDEST_VPY) tools/misc/wheel_check.py --env $(OLDEST_VPY)
 
 # The main job: train Mask R-CNN with SN everywhere on the toy data, print
 # COCO bbox/segm AP, then draw the learned ratios of every SN layer.

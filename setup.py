@@ -15,45 +15,38 @@ def read_version():
     return scope['__version__']
 
 
+def read_requirements(name):
+    with open(os.path.join('requirements', name)) as f:
+        return [
+            line.split('#')[0].strip() for line in f
+            if line.split('#')[0].strip()
+        ]
+
+
 def extensions():
-    """The native CPU kernels of SN (sn_mm._ext). SN_MM_NO_EXT=1 skips them;
-    sn_mm then runs the same computation in plain PyTorch."""
-    if os.environ.get('SN_MM_NO_EXT') == '1':
+    """The C++ CPU kernels built at install, only when SN_MM_BUILD_EXT=1
+    asks (against the installed torch, so with --no-build-isolation).
+    Otherwise the wheel is pure Python and sn_mm builds them against the
+    running torch when first needed (sn_mm/ops/native.py)."""
+    if os.environ.get('SN_MM_BUILD_EXT') != '1':
         return [], {}
-    from torch.utils.cpp_extension import BuildExtension, CppExtension
+    try:
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
+    except ImportError:
+        sys.exit('SN_MM_BUILD_EXT=1 builds the kernels against the '
+                 'installed torch, which this build environment lacks: '
+                 'install with pip install --no-build-isolation')
+    sys.path.insert(0, os.path.join('sn_mm', 'ops'))
+    # native.py's flags and sources, so that both builds compile the same
+    from native_flags import CFLAGS, LDFLAGS, sources
     ext = CppExtension(
-        'sn_mm._ext',
-        [
-            f'sn_mm/ops/csrc/{name}.cpp'
-            for name in ('sn_operator', 'sn_host', 'sn_forward', 'sn_backward',
-                         'cpu_isa')
-        ] + [
-            f'sn_mm/ops/csrc/row_kernels_{isa}.cpp'
-            for isa in ('avx512', 'avx2', 'baseline')
+        'sn_mm._ext', [
+            os.path.relpath(path)
+            for path in sources(os.path.join('sn_mm', 'ops', 'csrc'))
         ],
-        # -fno-math-errno: sqrt sets no errno, so loops with it vectorise;
-        # -Wno-psabi: vectors pass by value only between inlined functions.
-        extra_compile_args=[
-            '-O3', '-fopenmp', '-fno-math-errno', '-Wno-psabi'
-        ],
-        extra_link_args=['-fopenmp'])
-
-    class OptionalBuildExtension(BuildExtension):
-        """A compiler that cannot build the kernels (an unusual platform)
-        leaves sn_mm installable: SN then runs on the reference on CPUs,
-        as with SN_MM_NO_EXT=1."""
-
-        def run(self):
-            try:
-                super().run()
-            except Exception as err:  # any compiler or linker failure
-                print(
-                    f'WARNING: sn_mm: the C++ kernels did not build '
-                    f'({type(err).__name__}: {err}); SN runs on PyTorch '
-                    'ops on CPUs (tests/test_native_kernels.py says so)',
-                    file=sys.stderr)
-
-    return [ext], {'build_ext': OptionalBuildExtension}
+        extra_compile_args=list(CFLAGS),
+        extra_link_args=list(LDFLAGS))
+    return [ext], {'build_ext': BuildExtension}
 
 
 def add_mim_extension():
@@ -97,6 +90,11 @@ setup(
     },
     ext_modules=ext_modules,
     cmdclass=cmdclass,
+    # What `import sn_mm` needs. The OpenMMLab packages are installed as
+    # mmdet's guide installs them (mim: mmcv's prebuilt wheels), so they are
+    # the `mim` extra, and sn_mm checks their versions at import.
+    install_requires=read_requirements('install.txt'),
+    extras_require={'mim': read_requirements('mminstall.txt')},
     # Tested on Python 3.8 (torch 2.1.2) and 3.11 (torch 2.14.1); torch
     # 2.1 to 2.14 (docs/get_started.md#supported-versions).
     python_requires='>=3.8',

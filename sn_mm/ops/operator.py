@@ -6,8 +6,9 @@ The operator, registered with ``torch.library``:
 =================  ==========================================================
 dispatch key       implementation
 =================  ==========================================================
-CPU, AutogradCPU   the C++ kernels (``csrc/sn_operator.cpp``, built as
-                   ``sn_mm._ext``), forward and backward in one call each
+CPU, AutogradCPU   the C++ kernels (``csrc/sn_operator.cpp``, loaded or
+                   built on first use by :mod:`sn_mm.ops.native`), forward
+                   and backward in one call each
 CUDA, AutogradCUDA the fused Triton kernels (:mod:`sn_mm.ops.triton_fused`)
 Meta (fake)        the output's shape, for tracers and ``meta`` tensors
 =================  ==========================================================
@@ -25,7 +26,7 @@ Which implementation computes a call, and how it is called, is decided in
 one place, :func:`route`, from the layer's ``kernels`` setting:
 
 * ``'auto'`` (default): the operator where its device kernel takes the
-  input (float32/float64 CPU tensors with the C++ extension built;
+  input (float32/float64 CPU tensors where the C++ kernels run;
   float32/bfloat16/float16 GPU tensors where Triton works), else the
   reference;
 * ``'native'``: the C++ kernels; an error where they cannot run (SyncSN
@@ -54,6 +55,7 @@ import torch
 from torch import Tensor
 
 from . import _compat
+from .native import native_available, native_status
 from .ratios import RATIO_FNS, sparsest_ratios
 from .reference import graph_grads, switchable_norm_reference
 
@@ -113,14 +115,8 @@ def _switchable_norm_fake(x, weight, bias, mean_logits, var_logits,
     return torch.empty_like(x)
 
 
-try:  # registers the CPU and AutogradCPU kernels and the settings below
-    from .. import _ext  # noqa: F401
-    NATIVE = True
-except ImportError:  # not built (SN_MM_NO_EXT=1): the reference on CPUs
-    NATIVE = False
-if NATIVE:
-    # a bad $SN_MM_CPU_ISA fails here, naming itself
-    torch.ops.sn_mm.cpu_isa()
+# The CPU and AutogradCPU kernels and the settings below register when the
+# C++ library loads: on the first call that needs them (native.py).
 
 
 def cpu_path_counts() -> dict:
@@ -128,7 +124,7 @@ def cpu_path_counts() -> dict:
     ('short_rows', 'by_sample'; see
     docs/performance.md#special-paths-on-the-cpu) since the process began;
     empty without the extension."""
-    if not NATIVE:
+    if not native_available():
         return {}
     return dict(zip(*torch.ops.sn_mm.cpu_path_counts()))
 
@@ -137,9 +133,9 @@ def set_cpu_path(name: str, enabled: bool) -> bool:
     """Let calls take special path ``name`` where it applies, or never (the
     general way, which computes the same): for A/B timings and tests.
     Returns whether it was on. Every path is on by default."""
-    if not NATIVE:
-        raise RuntimeError('set_cpu_path: the native extension was not '
-                           'built')
+    if not native_available():
+        raise RuntimeError(f'set_cpu_path: the C++ kernels do not run '
+                           f'here: {native_status().reason}')
     return torch.ops.sn_mm.set_cpu_path(name, enabled)
 
 
@@ -147,20 +143,21 @@ def cpu_isa() -> Optional[str]:
     """The instruction set the C++ kernels run with ('avx512', 'avx2' or
     'baseline'): the best this CPU has unless ``$SN_MM_CPU_ISA`` or
     :func:`set_cpu_isa` chose another; None without the extension."""
-    return torch.ops.sn_mm.cpu_isa() if NATIVE else None
+    return torch.ops.sn_mm.cpu_isa() if native_available() else None
 
 
 def cpu_isas() -> List[str]:
     """The instruction sets the C++ kernels are built for and this CPU
     runs, best first (empty without the extension)."""
-    return torch.ops.sn_mm.cpu_isas() if NATIVE else []
+    return torch.ops.sn_mm.cpu_isas() if native_available() else []
 
 
 def set_cpu_isa(name: str) -> None:
     """Run the C++ kernels with instruction set ``name`` (one of
     :func:`cpu_isas`), e.g. to test or time AVX2 on a CPU with AVX-512."""
-    if not NATIVE:
-        raise RuntimeError('set_cpu_isa: the native extension was not built')
+    if not native_available():
+        raise RuntimeError(f'set_cpu_isa: the C++ kernels do not run here: '
+                           f'{native_status().reason}')
     torch.ops.sn_mm.set_cpu_isa(name)
 
 
@@ -265,11 +262,6 @@ _default: Optional[str] = None
 _INTERPRET = _compat.getenv('TRITON_INTERPRET') == '1'
 
 
-def native_available() -> bool:
-    """Whether the C++ extension was built."""
-    return NATIVE
-
-
 def check_kernels(choice, what: str = 'kernels') -> str:
     """``choice`` if it is one of :data:`KERNEL_CHOICES`, else a
     ValueError naming ``what``."""
@@ -352,15 +344,16 @@ def _kind(kernels, x, weight, running_mean) -> str:
     choice = kernels or default_kernels()
     if choice == 'torch':
         return 'torch'
-    if (choice == 'auto' or choice == 'native') and x.is_cpu and NATIVE \
-            and x.dtype is weight.dtype and x.dtype in _NATIVE_DTYPES:
+    if (choice == 'auto' or choice == 'native') and x.is_cpu \
+            and x.dtype is weight.dtype and x.dtype in _NATIVE_DTYPES \
+            and native_available():
         return 'native'
     if choice == 'triton' or (x.is_cuda and choice == 'auto'):
         return _triton_implementation(choice, x, weight, running_mean)
     if check_kernels(choice) == 'native':
-        if not NATIVE:
-            raise RuntimeError('kernels=\'native\': the native extension '
-                               'was not built (SN_MM_NO_EXT=1?)')
+        if not native_available():
+            raise RuntimeError(f'kernels=\'native\': the C++ kernels do '
+                               f'not run here: {native_status().reason}')
         raise ValueError(f'kernels=\'native\' runs on float32/float64 CPU '
                          f'tensors with parameters of the same dtype, got '
                          f'{x.dtype} on {x.device} (parameters '

@@ -1,0 +1,192 @@
+"""How SN finds its C++ CPU kernels (sn_mm/ops/native.py), each cause that
+stops them forced in a fresh process: one warning that names the cause and
+the fix, then SN on PyTorch ops, computing the same; never silence.
+
+The kernels' own build (into an empty cache, with GCC 11 and 12 and clang)
+is tools/misc/wheel_check.py's, which CI runs on both legs: a build takes a
+minute, too long for the suite.
+"""
+import importlib.machinery
+import os
+import os.path as osp
+import shutil
+import stat
+
+import pytest
+from tool_runner import ROOT, run_python_together
+
+from sn_mm.ops import native_status
+from sn_mm.ops.native import build_key
+
+# Runs SN in a fresh process; prints the status, the warnings and whether
+# the output matches the reference.
+PROBE = '''
+import warnings
+warnings.simplefilter('always')
+with warnings.catch_warnings(record=True) as caught:
+    import torch
+    from sn_mm import SwitchableNorm
+    from sn_mm.ops import implementation, native_available, native_status
+    x = torch.randn(2, 4, 5, 5)
+    layer = SwitchableNorm(4)
+    y = layer(x)
+    y = layer(x)  # a second call: no second warning
+    native_available()
+    same = torch.allclose(y, SwitchableNorm(4, kernels='torch')(x),
+                          atol=1e-5)
+    kind = implementation(None, x, layer.weight, None)
+status = native_status()
+ours = [str(w.message) for w in caught if 'sn_mm' in str(w.message)]
+print('STATUS', status.available, status.origin, kind, same)
+print('WARNINGS', len(ours))
+for message in ours:
+    print(message)
+'''
+
+NOT_BUILT_HERE = native_status().origin == 'prebuilt'
+
+
+def probe(tmp_path, env, cwd=ROOT):
+    env = dict({'TORCH_EXTENSIONS_DIR': str(tmp_path / 'cache')}, **env)
+    run, = run_python_together([['-c', PROBE]], cwd, env=env, timeout=600)
+    lines = run.stdout.splitlines()
+    status = next(line for line in lines if line.startswith('STATUS'))
+    count = next(line for line in lines if line.startswith('WARNINGS'))
+    return status.split()[1:], int(count.split()[1]), run.stdout
+
+
+def fake_compiler(tmp_path, version='fakecc 1.0', fails=True):
+    path = tmp_path / 'fakecc'
+    path.write_text('#!/bin/sh\n'
+                    f'if [ "$1" = "--version" ]; then echo "{version}"; '
+                    'exit 0; fi\n'
+                    'echo "fake.cpp:1:1: error: this compiler builds '
+                    'nothing" >&2\n'
+                    f'exit {1 if fails else 0}\n')
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_this_process_runs_the_kernels():
+    # Built by make venv's first use, or by the first test that needed
+    # them; SN_MM_NO_EXT=1 is the only way to go without.
+    status = native_status()
+    if os.environ.get('SN_MM_NO_EXT') == '1':
+        assert status.origin == 'disabled' and not status.available
+        return
+    assert status.available, status.reason
+    assert status.origin in ('prebuilt', 'built', 'cached')
+    assert osp.isfile(status.path)
+
+
+@pytest.mark.skipif(
+    NOT_BUILT_HERE,
+    reason='a prebuilt sn_mm._ext loads '
+    'before any build is tried (SN_MM_BUILD_EXT=1)')
+def test_no_compiler_is_named_once_then_pytorch_ops(tmp_path):
+    (ok, origin, kind, same), warnings, out = probe(tmp_path,
+                                                    {'CXX': '/nowhere/g++'})
+    assert (ok, origin, kind, same) == ('False', 'failed', 'torch', 'True')
+    assert warnings == 1, out
+    assert "'/nowhere/g++' (CXX) is not found" in out
+    assert 'apt install g++' in out
+    assert 'SN runs on PyTorch ops on CPUs' in out
+
+
+@pytest.mark.skipif(
+    NOT_BUILT_HERE,
+    reason='a prebuilt sn_mm._ext loads '
+    'before any build is tried (SN_MM_BUILD_EXT=1)')
+def test_a_failed_build_is_named_with_the_compilers_error(tmp_path):
+    (ok, origin, kind,
+     same), warnings, out = probe(tmp_path, {'CXX': fake_compiler(tmp_path)})
+    assert (ok, origin, kind, same) == ('False', 'failed', 'torch', 'True')
+    assert warnings == 1, out
+    assert 'did not build with fakecc 1.0' in out
+    assert 'error: this compiler builds nothing' in out
+    assert 'SN_MM_VERBOSE_BUILD=1' in out
+
+
+@pytest.mark.skipif(
+    NOT_BUILT_HERE,
+    reason='a prebuilt sn_mm._ext loads '
+    'before any build is tried (SN_MM_BUILD_EXT=1)')
+def test_no_ninja_is_named(tmp_path):
+    # PATH: the compiler alone (the interpreter runs by its path).
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    (bin_dir / 'c++').symlink_to(shutil.which('c++'))
+    (ok, origin, _, same), warnings, out = probe(tmp_path,
+                                                 {'PATH': str(bin_dir)})
+    assert (ok, origin, same) == ('False', 'failed', 'True')
+    assert warnings == 1, out
+    assert 'ninja' in out and 'pip install ninja' in out
+
+
+def test_switched_off_says_so_without_a_warning(tmp_path):
+    (ok, origin, kind, same), warnings, out = probe(tmp_path,
+                                                    {'SN_MM_NO_EXT': '1'})
+    assert (ok, origin, kind, same) == ('False', 'disabled', 'torch', 'True')
+    assert warnings == 0, out
+
+
+@pytest.fixture
+def package_with_a_stale_prebuilt(tmp_path):
+    """A copy of the sn_mm package whose prebuilt sn_mm._ext does not load
+    (as after a torch upgrade), first on PYTHONPATH."""
+    site = tmp_path / 'site'
+    shutil.copytree(
+        osp.join(ROOT, 'sn_mm'),
+        site / 'sn_mm',
+        ignore=shutil.ignore_patterns('__pycache__', '*.so', '.mim'))
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    (site / 'sn_mm' / f'_ext{suffix}').write_bytes(b'not a shared library')
+    return site
+
+
+def test_a_prebuilt_that_does_not_load_is_named(tmp_path,
+                                                package_with_a_stale_prebuilt):
+    (ok, origin, kind, same), warnings, out = probe(
+        tmp_path, {
+            'CXX': '/nowhere/g++',
+            'PYTHONPATH': str(package_with_a_stale_prebuilt)
+        },
+        cwd=tmp_path)
+    assert (ok, origin, kind, same) == ('False', 'failed', 'torch', 'True')
+    assert warnings == 1, out
+    assert 'the prebuilt sn_mm._ext does not load' in out
+    assert "'/nowhere/g++' (CXX) is not found" in out
+
+
+@pytest.mark.skipif(
+    NOT_BUILT_HERE,
+    reason='a prebuilt sn_mm._ext loads '
+    'before any build is tried (SN_MM_BUILD_EXT=1)')
+def test_a_stale_prebuilt_gives_way_to_the_cached_build(
+        tmp_path, package_with_a_stale_prebuilt):
+    # The cache this process loaded from: the copy's sources are the same,
+    # so its key is too.
+    cache = osp.dirname(osp.dirname(native_status().path))
+    (ok, origin, kind, same), warnings, out = probe(
+        tmp_path, {
+            'TORCH_EXTENSIONS_DIR': cache,
+            'PYTHONPATH': str(package_with_a_stale_prebuilt)
+        },
+        cwd=tmp_path)
+    assert (ok, origin, kind, same) == ('True', 'cached', 'native', 'True')
+    assert warnings == 0, out
+
+
+def test_the_key_changes_with_the_compiler_and_the_sources(
+        tmp_path, monkeypatch):
+    from sn_mm.ops import native
+    key = build_key('g++ 12.2.0')
+    assert build_key('g++ 12.2.0') == key
+    assert build_key('g++ 11.3.0') != key
+    csrc = tmp_path / 'csrc'
+    shutil.copytree(native.CSRC, csrc)
+    monkeypatch.setattr(native, 'CSRC', str(csrc))
+    assert build_key('g++ 12.2.0') == key
+    with open(csrc / 'sn_host.h', 'a') as f:
+        f.write('// edited\n')
+    assert build_key('g++ 12.2.0') != key
