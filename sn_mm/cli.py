@@ -9,6 +9,7 @@ from mmengine.config import Config, DictAction
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
+from .dependencies import check_scope
 from .engine import SNRunner
 from .models.sync_switchable_norm import end_process_group
 
@@ -28,6 +29,9 @@ def load_config(config: str,
     elif cfg.get('work_dir') is None:
         cfg.work_dir = osp.join('work_dirs',
                                 osp.splitext(osp.basename(config))[0])
+    # The package sn_mm's parts run in: a version outside sn_mm's range
+    # stops here, naming the fix, not deep inside a model's build.
+    check_scope(cfg.get('default_scope'))
     # Configs that forget it still get SN registered in every process.
     imports = cfg.get('custom_imports', {}).get('imports', [])
     if 'sn_mm' not in imports:

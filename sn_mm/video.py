@@ -16,6 +16,7 @@ from typing import Dict, Optional
 import torch
 from mmengine.logging import print_log
 
+from .dependencies import check_version
 from .engine.pretrained import SNPretrainedInit, sn_state_from
 
 
@@ -47,6 +48,7 @@ def _stand_in_for_missing_drn() -> None:
 
 
 _stand_in_for_missing_drn()
+check_version('mmaction')
 
 from mmaction.models.backbones.resnet3d import ResNet3d  # noqa: E402
 from mmaction.registry import MODELS  # noqa: E402
