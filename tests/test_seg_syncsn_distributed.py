@@ -10,6 +10,7 @@ from tool_runner import ROOT, run_python, tool
 TESTS = osp.join(ROOT, 'tests')
 SYNC_CONFIG = osp.join(ROOT, 'configs', 'toy',
                        'deeplabv3_r18-syncsn-d8_toy-seg.py')
+SN_CONFIG = osp.join(ROOT, 'configs', 'toy', 'deeplabv3_r18-sn-d8_toy-seg.py')
 SHORT = [
     'train_cfg.max_iters=3', 'train_dataloader.batch_size=2',
     'default_hooks.logger.interval=1'
@@ -31,22 +32,32 @@ def workspace(toy_seg_workspace):
         f"_base_ = '{SYNC_CONFIG}'\n"
         "custom_imports = dict(imports=['sn_mm', 'sn_state_dump_hook'])\n"
         "custom_hooks = [dict(type='SNStateDumpHook')]\n")
+    # An SN config with mmengine's switch for synchronised BN.
+    (cwd / 'sync_bn_config.py').write_text(
+        f"_base_ = '{SN_CONFIG}'\n"
+        "custom_imports = dict(imports=['sn_mm', 'sn_state_dump_hook'])\n"
+        "custom_hooks = [dict(type='SNStateDumpHook')]\n"
+        "sync_bn = 'torch'\n")
     return cwd
 
 
-def test_two_process_syncsn_training_agrees_on_every_rank(workspace):
+@pytest.mark.parametrize('config', ['dump_config.py', 'sync_bn_config.py'])
+def test_two_process_syncsn_training_agrees_on_every_rank(workspace, config):
     cwd = workspace
     log = run([
         '-m', 'torch.distributed.run', '--nproc_per_node', '2',
         '--master_port',
         str(free_port()),
-        tool('train.py'), 'dump_config.py', '--launcher', 'pytorch',
-        '--work-dir', 'wd', '--cfg-options', *SHORT
+        tool('train.py'), config, '--launcher', 'pytorch', '--work-dir',
+        f'wd_{config}', '--cfg-options', *SHORT
     ],
               cwd=cwd)
     assert 'Iter(train) [3/3]' in log
+    if config == 'sync_bn_config.py':
+        assert "sync_bn='torch': turned " in log
     ranks = [
-        torch.load(cwd / 'wd' / f'sn_state_rank{r}.pth') for r in range(2)
+        torch.load(cwd / f'wd_{config}' / f'sn_state_rank{r}.pth')
+        for r in range(2)
     ]
     assert set(ranks[0]['types'].values()) == {'SyncSwitchableNorm'}
     state0, state1 = ranks[0]['state'], ranks[1]['state']

@@ -9,8 +9,8 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-from ..models import (SyncSwitchableNorm, SyncSwitchableWhitening,
-                      revert_sync_sn)
+from ..models import (SwitchableNorm, SwitchableWhitening, SyncSwitchableNorm,
+                      SyncSwitchableWhitening, convert_sync_sn, revert_sync_sn)
 
 
 @contextlib.contextmanager
@@ -114,6 +114,9 @@ class SNRunner(Runner):
       SyncSW layers SW layers, as
       mmengine's own ``wrap_model`` turns SyncBN into BN: there is nothing to
       synchronise with, and SN computes the same thing.
+    - Distributed, with the config's ``sync_bn`` set (mmengine's switch:
+      ``'torch'`` or ``'mmcv'``), SN and SW layers become SyncSN and SyncSW
+      layers, as mmengine turns BN into SyncBN.
     - ``compile=True`` compiles the model's forward and loss; the data
       preprocessing and the optimizer's update run eagerly.
     - With a launcher but no CUDA (e.g. ``torchrun --nproc_per_node 2
@@ -151,6 +154,9 @@ class SNRunner(Runner):
                 self.logger.info(f'Not distributed: turned {sn} SyncSN layers '
                                  f'into SN layers and {sw} SyncSW layers into '
                                  'SW layers')
+        if self.distributed and self.cfg.get('sync_bn') in ('torch', 'mmcv') \
+                and not is_model_wrapper(model):
+            model = self._sync_sn(model)
         if self._cpu_distributed():
             model_wrapper_cfg = dict(
                 dict(
@@ -162,6 +168,17 @@ class SNRunner(Runner):
             # An explicit None beats the LOCAL_RANK device id mmengine adds.
             model_wrapper_cfg['device_ids'] = None
         return super().wrap_model(model_wrapper_cfg, model)
+
+    def _sync_sn(self, model):
+        # Exact types: a SyncSN is an SN too, and stays as it is.
+        sn = sum(type(m) is SwitchableNorm for m in model.modules())
+        sw = sum(type(m) is SwitchableWhitening for m in model.modules())
+        if sn or sw:
+            model = convert_sync_sn(model)
+            self.logger.info(f'sync_bn={self.cfg.sync_bn!r}: turned {sn} SN '
+                             f'layers into SyncSN layers and {sw} SW layers '
+                             'into SyncSW layers')
+        return model
 
     def _maybe_compile(self, target: str) -> None:
         # mmengine compiles the whole train_step, optimizer step included;
