@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 from sn_mm import SwitchableNorm
-from sn_mm.engine import sn_batch_average
+from sn_mm.engine import BatchAverageProgress, sn_batch_average
 from sn_mm.testing import reference_sn
 from sn_mm.testing.processes import run_on_ranks
 
@@ -129,3 +129,16 @@ def test_ranks_average_together():
                                        mean.float())
             torch.testing.assert_close(state[f'{name}.running_var'],
                                        var.float())
+
+
+def test_progress_is_reported_per_rank_as_batches_are_done():
+    lines = []
+    progress = BatchAverageProgress(5, interval=2, log=lines.append)
+    model = make_model()
+    assert sn_batch_average(
+        model, iter(make_batches(5, seed=4)), model, 5, progress=progress) == 5
+    done = [line.split(': ')[1].split(' batches')[0] for line in lines]
+    assert done == ['2/5', '4/5', '5/5'], lines
+    assert all(line.startswith('SN batch average, rank 0: ') for line in lines)
+    assert lines[-1].split('batches (')[1].startswith('100%')
+    assert 'batches/s' in lines[0] and 's left' in lines[0]

@@ -3,6 +3,7 @@ docs/performance.md's tables: every command the document gives is in its
 list, and each listed command's options are its tool's."""
 import os.path as osp
 import re
+import sys
 
 import pytest
 from helpers import load_tool
@@ -39,3 +40,25 @@ def test_list_names_each_command(capsys):
     out = capsys.readouterr().out.splitlines()
     assert [line.split(':')[0]
             for line in out] == [name for name, *_ in tables.COMMANDS]
+
+
+def test_a_commands_output_is_printed_as_it_comes_and_kept(tmp_path, capsys):
+    path = tmp_path / 'out.txt'
+    # The second line waits for the first to be read back from the file,
+    # which only a streamed run has written by then.
+    code = ('import os, sys, time\n'
+            'print("first")\n'
+            f'path = {str(path)!r}\n'
+            'for _ in range(300):\n'
+            '    if "first" in open(path).read():\n'
+            '        break\n'
+            '    time.sleep(0.1)\n'
+            'else:\n'
+            '    sys.exit("the first line was not streamed")\n'
+            'print("second")\n')
+    returncode, _ = tables.run_streamed([sys.executable, '-c', code],
+                                        str(path), 'header\n', 'probe')
+    assert returncode == 0
+    assert capsys.readouterr().out == 'probe| first\nprobe| second\n'
+    text = path.read_text()
+    assert text.startswith('header\nfirst\nsecond\n') and 'exit: 0' in text

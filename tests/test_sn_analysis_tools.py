@@ -61,6 +61,10 @@ def test_batch_average_hook_runs_before_the_final_checkpoint(trained):
                      're-estimated from 2 batches') == 1
     assert log.index('SN batch average') < log.index(
         'Saving checkpoint at 4 iterations')
+    # Its progress, per rank, as the batches are done.
+    assert log.count('SN batch average, rank 0: 1/2 batches (50%)') == 1
+    assert log.index('SN batch average, rank 0: 2/2 batches (100%)') < \
+        log.index('re-estimated from 2 batches')
 
 
 def test_batch_average_tool(trained):
@@ -71,6 +75,7 @@ def test_batch_average_tool(trained):
         cwd / 'hooks_config.py', src, '--num-batches', '3', '--out', out
     ], cwd)
     assert 'over 3 training batches' in result.stdout
+    assert 'SN batch average, rank 0: 3/3 batches (100%)' in result.stdout
     before = torch.load(src, weights_only=False)
     after = torch.load(out, weights_only=False)
     assert after['meta']['sn_batch_average']['num_batches'] == 3

@@ -1,6 +1,7 @@
 """The paper's inference statistics: BN terms from a batch average."""
 import itertools
-from typing import Callable, Iterable
+import time
+from typing import Callable, Iterable, Optional
 
 import torch
 import torch.distributed as dist
@@ -10,8 +11,12 @@ from ..models import SwitchableNorm
 
 
 @torch.no_grad()
-def sn_batch_average(model: nn.Module, batches: Iterable, forward: Callable,
-                     num_batches: int) -> int:
+def sn_batch_average(
+        model: nn.Module,
+        batches: Iterable,
+        forward: Callable,
+        num_batches: int,
+        progress: Optional[Callable[[int, int], None]] = None) -> int:
     """Set every SN layer's running mean and variance to the average of the
     BN statistics over ``num_batches`` batches (Sec. 3, "Inference").
 
@@ -26,7 +31,8 @@ def sn_batch_average(model: nn.Module, batches: Iterable, forward: Callable,
     batches each counted, so every rank ends with the average over all
     ranks' batches (each rank feeds its own ``num_batches``). A layer that
     saw no sample anywhere keeps its running statistics. Returns the number
-    of batches fed on this rank.
+    of batches fed on this rank. ``progress(done, num_batches)``, if given,
+    is called after each batch (e.g. a :class:`BatchAverageProgress`).
     """
     layers = [
         m for m in model.modules()
@@ -51,6 +57,8 @@ def sn_batch_average(model: nn.Module, batches: Iterable, forward: Callable,
         for batch in itertools.islice(batches, num_batches):
             forward(batch)
             seen += 1
+            if progress is not None:
+                progress(seen, num_batches)
     finally:
         for m, training in modes.items():
             m.training = training
@@ -79,3 +87,36 @@ def sn_batch_average(model: nn.Module, batches: Iterable, forward: Callable,
         m.running_var.copy_(var)
         m.num_batches_tracked.copy_(count)
     return seen
+
+
+class BatchAverageProgress:
+    """Logs a batch average's progress on this rank: batches done of the
+    total, the rate and the time left, every ``interval`` batches (default:
+    every 5%) and at the end, through ``log`` (default: mmengine's current
+    logger)."""
+
+    def __init__(self,
+                 total: int,
+                 interval: Optional[int] = None,
+                 log: Optional[Callable[[str], None]] = None) -> None:
+        self.interval = interval or max(1, total // 20)
+        if log is None:
+            from mmengine.logging import print_log
+
+            def log(message):
+                print_log(message, logger='current')
+
+        self.log = log
+        self.start = time.perf_counter()
+        self.rank = dist.get_rank() if dist.is_available() and \
+            dist.is_initialized() else 0
+
+    def __call__(self, done: int, total: int) -> None:
+        if done % self.interval and done != total:
+            return
+        seconds = time.perf_counter() - self.start
+        rate = done / seconds if seconds > 0 else float('inf')
+        left = (total - done) / rate if rate > 0 else 0.
+        self.log(f'SN batch average, rank {self.rank}: {done}/{total} '
+                 f'batches ({100 * done / total:.0f}%), {rate:.2f} '
+                 f'batches/s, {left:.0f} s left')

@@ -9,7 +9,7 @@ from mmengine.runner import IterBasedTrainLoop
 from ..analysis import SW_TERMS, average_ratios, sn_ratios, sw_weights
 from ..models import SwitchableNorm, SwitchableWhitening, fuse_conv_sn
 from ..ops.ratios import TERMS
-from .batch_average import sn_batch_average
+from .batch_average import BatchAverageProgress, sn_batch_average
 
 
 def _unwrap(model):
@@ -34,6 +34,8 @@ class SNBatchAverageHook(Hook):
         dataloader (dict, optional): Where the batches come from. Default:
             the config's ``train_dataloader`` (a separate loader, so training
             iteration is not disturbed).
+        progress_interval (int, optional): Log the batches done on each rank
+            every this many batches. Default: every 5% of ``num_batches``.
     """
 
     priority = 'NORMAL'  # before CheckpointHook (VERY_LOW) saves the model
@@ -42,9 +44,14 @@ class SNBatchAverageHook(Hook):
                  num_batches: int = 100,
                  before_val: bool = True,
                  after_train: bool = True,
-                 dataloader: Optional[dict] = None) -> None:
+                 dataloader: Optional[dict] = None,
+                 progress_interval: Optional[int] = None) -> None:
         if num_batches < 1:
             raise ValueError(f'num_batches must be >= 1, got {num_batches}')
+        if progress_interval is not None and progress_interval < 1:
+            raise ValueError(f'progress_interval must be >= 1, got '
+                             f'{progress_interval}')
+        self.progress_interval = progress_interval
         self.num_batches = num_batches
         # Not self.before_val/after_train: those are Hook methods.
         self.at_val = before_val
@@ -63,8 +70,15 @@ class SNBatchAverageHook(Hook):
             cfg = self.dataloader_cfg or runner.cfg.train_dataloader
             self._loader = runner.build_dataloader(cfg, seed=runner.seed)
         model = runner.model
+        progress = BatchAverageProgress(self.num_batches,
+                                        self.progress_interval,
+                                        runner.logger.info)
         seen = sn_batch_average(
-            _unwrap(model), self._loader, model.test_step, self.num_batches)
+            _unwrap(model),
+            self._loader,
+            model.test_step,
+            self.num_batches,
+            progress=progress)
         self._done_at = done_iters
         runner.logger.info(f'SN batch average: BN statistics of every SN '
                            f'layer re-estimated from {seen} batches')

@@ -25,7 +25,7 @@ from mmengine.runner import Runner
 import sn_mm  # noqa: F401
 from sn_mm import SwitchableNorm, revert_sync_sn
 from sn_mm.cli import load_config
-from sn_mm.engine import sn_batch_average
+from sn_mm.engine import BatchAverageProgress, sn_batch_average
 
 
 def parse_args(argv=None):
@@ -72,7 +72,13 @@ def main(argv=None):
                  'nothing to average')
 
     loader = Runner.build_dataloader(cfg.train_dataloader)
-    seen = sn_batch_average(model, loader, model.test_step, args.num_batches)
+    seen = sn_batch_average(
+        model,
+        loader,
+        model.test_step,
+        args.num_batches,
+        progress=BatchAverageProgress(
+            args.num_batches, log=lambda line: print(line, flush=True)))
     checkpoint = dict(checkpoint) if 'state_dict' in checkpoint else {}
     checkpoint['state_dict'] = model.state_dict()
     meta = dict(checkpoint.get('meta') or {})

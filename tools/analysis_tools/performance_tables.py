@@ -145,6 +145,31 @@ def available_isas():
     return list(cpu_isas())
 
 
+def run_streamed(line, path, header, name):
+    """Run ``line``, printing each output line as it comes (prefixed with
+    ``name``) and writing it after ``header`` to ``path``; the exit code and
+    the seconds it took."""
+    start = time.monotonic()
+    with open(path, 'w') as f:
+        f.write(header)
+        process = subprocess.Popen(
+            line,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            env=dict(os.environ, PYTHONUNBUFFERED='1'))
+        for text in process.stdout:
+            f.write(text)
+            f.flush()
+            print(f'{name}| {text}', end='', flush=True)
+        returncode = process.wait()
+        took = time.monotonic() - start
+        f.write(f'\nexit: {returncode}, {took:.0f} s\n')
+    return returncode, took
+
+
 def command_line(venv, args):
     return [PYTHONS[venv], *args]
 
@@ -169,21 +194,12 @@ def main(argv=None):
             print(f'{name}: skipped, no {PYTHONS[venv]}')
             continue
         line = command_line(venv, cmd)
-        start = time.monotonic()
-        result = subprocess.run(
-            line,
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True)
-        took = time.monotonic() - start
         path = osp.join(out, f'{name}.txt')
-        with open(path, 'w') as f:
-            f.write(header + f'command: python {shlex.join(cmd)}\n'
-                    f'venv: {venv}\nexit: {result.returncode}, '
-                    f'{took:.0f} s\n\n' + result.stdout)
-        print(f'{name}: exit {result.returncode}, {took:.0f} s -> {path}')
-        if result.returncode:
+        returncode, took = run_streamed(
+            line, path, header + f'command: python {shlex.join(cmd)}\n'
+            f'venv: {venv}\n\n', name)
+        print(f'{name}: exit {returncode}, {took:.0f} s -> {path}', flush=True)
+        if returncode:
             sys.exit(f'performance_tables: {name} failed (see {path})')
 
 
