@@ -79,48 +79,47 @@ def test_this_process_runs_the_kernels():
     assert osp.isfile(status.path)
 
 
-@pytest.mark.skipif(
-    NOT_BUILT_HERE,
-    reason='a prebuilt sn_mm._ext loads '
-    'before any build is tried (SN_MM_BUILD_EXT=1)')
-def test_no_compiler_is_named_once_then_pytorch_ops(tmp_path):
-    (ok, origin, kind, same), warnings, out = probe(tmp_path,
-                                                    {'CXX': '/nowhere/g++'})
-    assert (ok, origin, kind, same) == ('False', 'failed', 'torch', 'True')
-    assert warnings == 1, out
-    assert "'/nowhere/g++' (CXX) is not found" in out
-    assert 'apt install g++' in out
-    assert 'SN runs on PyTorch ops on CPUs' in out
-
-
-@pytest.mark.skipif(
-    NOT_BUILT_HERE,
-    reason='a prebuilt sn_mm._ext loads '
-    'before any build is tried (SN_MM_BUILD_EXT=1)')
-def test_a_failed_build_is_named_with_the_compilers_error(tmp_path):
-    (ok, origin, kind,
-     same), warnings, out = probe(tmp_path, {'CXX': fake_compiler(tmp_path)})
-    assert (ok, origin, kind, same) == ('False', 'failed', 'torch', 'True')
-    assert warnings == 1, out
-    assert 'did not build with fakecc 1.0' in out
-    assert 'error: this compiler builds nothing' in out
-    assert 'SN_MM_VERBOSE_BUILD=1' in out
-
-
-@pytest.mark.skipif(
-    NOT_BUILT_HERE,
-    reason='a prebuilt sn_mm._ext loads '
-    'before any build is tried (SN_MM_BUILD_EXT=1)')
-def test_no_ninja_is_named(tmp_path):
-    # PATH: the compiler alone (the interpreter runs by its path).
+def no_ninja_path(tmp_path):
+    """A PATH with the compiler alone (the interpreter runs by its path)."""
     bin_dir = tmp_path / 'bin'
     bin_dir.mkdir()
     (bin_dir / 'c++').symlink_to(shutil.which('c++'))
-    (ok, origin, _, same), warnings, out = probe(tmp_path,
-                                                 {'PATH': str(bin_dir)})
-    assert (ok, origin, same) == ('False', 'failed', 'True')
+    return str(bin_dir)
+
+
+# Each cause that stops the build: the environment that forces it, and what
+# the one warning says.
+CAUSES = {
+    'no_compiler': (lambda tmp: {
+        'CXX': '/nowhere/g++'
+    }, ["'/nowhere/g++' (CXX) is not found", 'apt install g++']),
+    'failed_build': (lambda tmp: {
+        'CXX': fake_compiler(tmp)
+    }, [
+        'did not build with fakecc 1.0', 'error: this compiler builds nothing',
+        'SN_MM_VERBOSE_BUILD=1'
+    ]),
+    'no_ninja': (lambda tmp: {
+        'PATH': no_ninja_path(tmp)
+    }, ['ninja, which torch builds extensions with', 'pip install ninja']),
+}
+needs_a_build = pytest.mark.skipif(
+    NOT_BUILT_HERE,
+    reason='a prebuilt sn_mm._ext loads before any build is tried '
+    '(SN_MM_BUILD_EXT=1)')
+
+
+@needs_a_build
+@pytest.mark.parametrize('cause', CAUSES)
+def test_a_cause_is_named_once_then_pytorch_ops(tmp_path, cause):
+    make_env, said = CAUSES[cause]
+    (ok, origin, kind, same), warnings, out = probe(tmp_path,
+                                                    make_env(tmp_path))
+    assert (ok, origin, kind, same) == ('False', 'failed', 'torch', 'True')
     assert warnings == 1, out
-    assert 'ninja' in out and 'pip install ninja' in out
+    assert 'SN runs on PyTorch ops on CPUs' in out
+    for words in said:
+        assert words in out, out
 
 
 def test_switched_off_says_so_without_a_warning(tmp_path):
@@ -158,10 +157,7 @@ def test_a_prebuilt_that_does_not_load_is_named(tmp_path,
     assert "'/nowhere/g++' (CXX) is not found" in out
 
 
-@pytest.mark.skipif(
-    NOT_BUILT_HERE,
-    reason='a prebuilt sn_mm._ext loads '
-    'before any build is tried (SN_MM_BUILD_EXT=1)')
+@needs_a_build
 def test_a_stale_prebuilt_gives_way_to_the_cached_build(
         tmp_path, package_with_a_stale_prebuilt):
     # The cache this process loaded from: the copy's sources are the same,

@@ -159,8 +159,9 @@ def agreement_tests(python, work, env, cxx, tests, rows):
         print(err.stdout, err.stderr)
         rows.append((f'kernels with {name}', '-', 'FAILED to build'))
         return False
+    # Two workers, as make test runs (pytest-xdist): half the time here.
     result = subprocess.run([
-        python, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
+        python, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-n', '2',
         *[osp.join(ROOT, t) for t in tests.split()]
     ],
                             cwd=work,
