@@ -55,14 +55,16 @@ def probe(tmp_path, env, cwd=ROOT):
     return status.split()[1:], int(count.split()[1]), run.stdout
 
 
-def fake_compiler(tmp_path, version='fakecc 1.0', fails=True):
+def fake_compiler(tmp_path, version='fakecc 1.0'):
     path = tmp_path / 'fakecc'
+    # Answers the version queries (torch 2.1 asks with -v too), fails to
+    # compile.
     path.write_text('#!/bin/sh\n'
-                    f'if [ "$1" = "--version" ]; then echo "{version}"; '
-                    'exit 0; fi\n'
+                    'if [ "$1" = "--version" ] || [ "$1" = "-v" ]; then '
+                    f'echo "{version}"; exit 0; fi\n'
                     'echo "fake.cpp:1:1: error: this compiler builds '
                     'nothing" >&2\n'
-                    f'exit {1 if fails else 0}\n')
+                    'exit 1\n')
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
     return str(path)
 
