@@ -95,7 +95,8 @@ setup(
     # the `mim` extra, and sn_mm checks their versions at import.
     install_requires=read_requirements('install.txt'),
     extras_require={'mim': read_requirements('mminstall.txt')},
-    # Tested on Python 3.8 (torch 2.1.2) and 3.11 (torch 2.14.1); torch
+    # Tested on Python 3.8 (torch 2.1.2) and 3.11 (torch 2.14.1) in CI, 3.12
+    # (torch 2.14.1) by hand (docs/get_started.md#supported-versions); torch
     # 2.1 to 2.14 (docs/get_started.md#supported-versions).
     python_requires='>=3.8',
     classifiers=[
@@ -103,6 +104,7 @@ setup(
         'Programming Language :: Python :: 3.9',
         'Programming Language :: Python :: 3.10',
         'Programming Language :: Python :: 3.11',
+        'Programming Language :: Python :: 3.12',
     ],
     license='Apache-2.0',
 )

@@ -75,10 +75,24 @@ def fresh_venv(env_python, where):
     own = {name.split('-')[0].split('.')[0].lower() for name in mine}
     for name in sorted(os.listdir(theirs)):
         project = name.split('-')[0].split('.')[0].lower()
-        if project in own or 'sn_mm' in name:
+        if project in own or 'sn_mm' in name.lower().replace('-', '_'):
             continue
-        os.symlink(osp.join(theirs, name), osp.join(ours, name))
+        if name.endswith('.pth'):
+            copy_pth(osp.join(theirs, name), osp.join(ours, name))
+        else:
+            os.symlink(osp.join(theirs, name), osp.join(ours, name))
     return python
+
+
+def copy_pth(source, target):
+    """A .pth file without the lines that put a checkout of sn_mm on the
+    path (a legacy editable install's easy-install.pth)."""
+    with open(source) as f:
+        lines = f.readlines()
+    with open(target, 'w') as f:
+        f.writelines(
+            line for line in lines
+            if not osp.isfile(osp.join(line.strip(), 'sn_mm', '__init__.py')))
 
 
 def time_first_output(python, env, cwd):
