@@ -83,8 +83,8 @@ def native_status() -> NativeStatus:
 def native_available() -> bool:
     """Whether SN's C++ CPU kernels run in this process (loading or building
     them on the first call)."""
-    status = _status if _status is not None else native_status()
-    return status.available
+    # (SN's route asks on every CPU call: the cached status, no more.)
+    return (_status or native_status()).available
 
 
 def _load() -> NativeStatus:
@@ -101,10 +101,8 @@ def _load() -> NativeStatus:
             # e.g. torch upgraded after the build: compile for this one.
             stale = f'the prebuilt sn_mm._ext does not load ({err})'
     status = _build()
-    if stale is not None and status.available:
+    if stale is not None:
         status = status._replace(reason=f'{status.reason}; {stale}')
-    elif stale is not None:
-        status = status._replace(reason=f'{stale}; {status.reason}')
     return status
 
 
