@@ -52,3 +52,28 @@ def test_checkpoints_by_file_and_by_hub_name(tmp_path):
     assert 'found   torchvision://resnet50' in found.stdout
     assert 'MISSING mine.pth  (model.backbone.init_cfg.checkpoint)' in (
         mine.stdout), mine.stdout
+
+
+RETINANET = f'{ROOT}/configs/toy/retinanet_r18-sn_fpn_sn-head_toy-coco.py'
+
+
+def test_shared_heads_named_and_warned(tmp_path):
+    """RetinaNet's head runs its SN layers on all 5 FPN levels: the config
+    keeps each level's statistics, SNRunner would, another runner would
+    blend them (a warning); Mask R-CNN's heads run once per RoI batch."""
+    one_set = 'model.bbox_head.norm_cfg.num_levels=1'
+    own, runner, other, mask_rcnn = run_python_together(
+        [[tool('misc', 'check_config.py'), RETINANET, *options]
+         for options in ([], ['--cfg-options', one_set],
+                         ['--cfg-options', one_set, 'runner_type=Runner'])] +
+        [[tool('misc', 'check_config.py'), TOY]],
+        tmp_path,
+        ok=False)
+    what = ('bbox_head (RetinaHead) runs 4 SN layers with a BN term on each '
+            'of 5 FPN levels')
+    assert f'  {what}: num_levels=5 keeps each level\'s BN' in own.stdout
+    assert f'  {what}: SNRunner keeps each level\'s' in runner.stdout
+    assert f'WARNING {what}: runner_type=\'Runner\' blends' in other.stdout
+    assert 'WARNING' not in own.stdout + runner.stdout
+    assert 'heads shared across FPN levels:\n  none with SN\'s BN term' in (
+        mask_rcnn.stdout), mask_rcnn.stdout

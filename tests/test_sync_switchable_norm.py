@@ -191,3 +191,49 @@ def test_group_names_and_sizes_are_kept_through_conversion():
         torch.testing.assert_close(
             SyncSwitchableNorm(4, group=group)(x),
             SwitchableNorm(4)(x))
+
+
+def unequal_calls_worker(rank, skip):
+    """Two SyncSN layers of one size (so that their all-gathers would pair
+    silently): one step on which both ranks call both, then one on which
+    ``skip`` decides which calls rank 1 leaves out or repeats. Returns what
+    each rank raised and whether the running statistics moved."""
+    torch.manual_seed(rank)
+    model = convert_sync_sn(
+        torch.nn.ModuleDict(dict(a=SwitchableNorm(4), b=SwitchableNorm(4))))
+    x = torch.randn(2, 4, 3, 3) + rank
+    model['b'](model['a'](x))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    calls = {'skip a': 'b', 'repeat a': 'aab'}[skip] if rank else 'ab'
+    try:
+        for name in calls:
+            model[name](x)
+    except RuntimeError as error:
+        moved = [
+            k for k, v in model.state_dict().items()
+            if 'running' in k and not torch.equal(v, before[k])
+        ]
+        return str(error), moved
+    return None, None
+
+
+# What each rank raises, and the statistics that moved before: where
+# rank 1 skips a, rank 0's a pairs with its b; where it repeats a, the
+# first repeat pairs with rank 0's a (a true pair), the second with b.
+UNEQUAL = {
+    'skip a': ("rank 0: 'a' call 2; rank 1: 'b' call 2", []),
+    'repeat a': ("rank 0: 'b' call 2; rank 1: 'a' call 3",
+                 ['a.running_mean', 'a.running_var']),
+}
+
+
+@pytest.mark.parametrize('skip', list(UNEQUAL))
+def test_unequal_calls_raise_naming_layers_and_ranks(skip):
+    results = run_on_ranks(unequal_calls_worker, WORLD, (skip, ), timeout=60)
+    pairs, moved_before = UNEQUAL[skip]
+    for error, moved in results:
+        assert error is not None, 'a rank went on past the unequal calls'
+        assert 'called SyncSN layers unequally' in error
+        assert f'({pairs})' in error, error
+        assert 'statistics were not combined' in error
+        assert moved == moved_before, moved

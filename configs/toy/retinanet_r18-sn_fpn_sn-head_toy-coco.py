@@ -37,7 +37,11 @@ model = dict(
         in_channels=128,
         stacked_convs=2,
         feat_channels=128,
-        norm_cfg=norm_cfg,
+        # One stack of convs runs on all 5 FPN levels: each level keeps its
+        # own BN statistics (SNRunner would set it; stated here, so that
+        # every runner and mmdeploy build the same head), as its own batch
+        # statistics normalise it in training.
+        norm_cfg=dict(type='SN', num_levels=5, requires_grad=True),
         # Toy objects are 17-60 px: anchors from 16 px at stride 8 up.
         anchor_generator=dict(
             type='AnchorGenerator',

@@ -30,7 +30,9 @@ def sn_batch_average(
     process group the ranks' averages are then combined, weighted by the
     batches each counted, so every rank ends with the average over all
     ranks' batches (each rank feeds its own ``num_batches``). A layer that
-    saw no sample anywhere keeps its running statistics. Returns the number
+    saw no sample anywhere keeps its running statistics. A layer that
+    keeps each FPN level's statistics (``num_levels > 1``) averages each
+    level's over that level's calls. Returns the number
     of batches fed on this rank. ``progress(done, num_batches)``, if given,
     is called after each batch (e.g. a :class:`BatchAverageProgress`).
     """
@@ -65,28 +67,43 @@ def sn_batch_average(
         for m in layers:
             m.momentum = saved[m][0]
 
-    # Per layer: count * average of the mean and of the variance, count.
+    _combine(layers, saved)
+    return seen
+
+
+def _combine(layers, saved) -> None:
+    """Each layer's (and level's) averages over every rank's batches,
+    weighted by the batches each counted; ``saved`` statistics where no
+    rank counted one."""
+    # Per layer and level: count * average of the mean and of the
+    # variance, count.
     packed = torch.cat([
         torch.cat([
-            m.running_mean.double(),
-            m.running_var.double(),
-            torch.ones(1, dtype=torch.float64, device=m.running_mean.device)
-        ]) * m.num_batches_tracked.double() for m in layers
+            m.running_mean.double().view(-1, m.num_features),
+            m.running_var.double().view(-1, m.num_features),
+            m.running_mean.new_ones(m.num_levels, 1, dtype=torch.float64)
+        ], 1).mul(m.num_batches_tracked.double().view(-1, 1)).flatten()
+        for m in layers
     ])
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(packed)
     offset = 0
     for m in layers:
         c = m.num_features
-        chunk = packed[offset:offset + 2 * c + 1]
-        offset += 2 * c + 1
+        size = m.num_levels * (2 * c + 1)
+        rows = packed[offset:offset + size].view(m.num_levels, 2 * c + 1)
+        offset += size
         _, mean, var, count = saved[m]
-        if chunk[-1] > 0:
-            mean, var = chunk[:c] / chunk[-1], chunk[c:2 * c] / chunk[-1]
-        m.running_mean.copy_(mean)
-        m.running_var.copy_(var)
+        mean, var = mean.view(-1, c), var.view(-1, c)
+        counted = rows[:, -1:] > 0
+        mean = torch.where(counted, rows[:, :c] / rows[:, -1:].clamp_min(1),
+                           mean.double())
+        var = torch.where(counted,
+                          rows[:, c:2 * c] / rows[:, -1:].clamp_min(1),
+                          var.double())
+        m.running_mean.copy_(mean.view_as(m.running_mean))
+        m.running_var.copy_(var.view_as(m.running_var))
         m.num_batches_tracked.copy_(count)
-    return seen
 
 
 class BatchAverageProgress:

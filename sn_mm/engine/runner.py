@@ -10,7 +10,9 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 from ..models import (SwitchableNorm, SwitchableWhitening, SyncSwitchableNorm,
-                      SyncSwitchableWhitening, convert_sync_sn, revert_sync_sn)
+                      SyncSwitchableWhitening, convert_sync_sn,
+                      keep_level_statistics, revert_sync_sn)
+from ..models.sync_switchable_norm import name_sync_layers
 
 
 @contextlib.contextmanager
@@ -117,6 +119,10 @@ class SNRunner(Runner):
     - Distributed, with the config's ``sync_bn`` set (mmengine's switch:
       ``'torch'`` or ``'mmcv'``), SN and SW layers become SyncSN and SyncSW
       layers, as mmengine turns BN into SyncBN.
+    - SN layers with a BN term in a detection head that runs once per FPN
+      level (RetinaNet's, FCOS's, ...) keep each level's BN statistics
+      (:func:`sn_mm.models.keep_level_statistics`), as a level's own batch
+      statistics normalise it in training.
     - ``compile=True`` compiles the model's forward and loss; the data
       preprocessing and the optimizer's update run eagerly.
     - With a launcher but no CUDA (e.g. ``torchrun --nproc_per_node 2
@@ -132,6 +138,15 @@ class SNRunner(Runner):
         # Before the datasets are built: init_weights would fail later.
         check_checkpoints(self.cfg.get('model', {}))
         return super().train()
+
+    def build_model(self, model):
+        model = super().build_model(model)
+        for name, (levels, layers) in keep_level_statistics(model).items():
+            self.logger.info(
+                f'{name} runs on {levels} FPN levels: its {layers} SN layers '
+                'keep each level\'s BN statistics')
+        name_sync_layers(model)
+        return model
 
     def _cpu_distributed(self) -> bool:
         return self.distributed and not torch.cuda.is_available()

@@ -13,7 +13,7 @@ import torch.nn as nn
 from .fuse import hard_ratio_terms
 from .switchable_norm import SwitchableNorm
 from .switchable_whitening import SwitchableWhitening, SyncSwitchableWhitening
-from .sync_switchable_norm import SyncSwitchableNorm
+from .sync_switchable_norm import SyncSwitchableNorm, name_sync_layers
 
 RATIO_CHOICES = ('uniform', 'source', 'fixed')
 # With ratios='source': the source's term's ratio (softmax logits cannot
@@ -221,7 +221,8 @@ def _sn_args(m: SwitchableNorm) -> dict:
         unbiased=m.unbiased,
         kernels=m.kernels,
         ratio_fn=m.ratio_fn,
-        ratio_groups=m.ratio_groups)
+        ratio_groups=m.ratio_groups,
+        num_levels=m.num_levels)
 
 
 def _sw_args(m: SwitchableWhitening) -> dict:
@@ -241,15 +242,19 @@ def convert_sync_sn(module: nn.Module, group=None) -> nn.Module:
     :class:`SyncSwitchableNorm`, and every :class:`SwitchableWhitening`
     into a :class:`SyncSwitchableWhitening`, sharing batch statistics over
     ``group`` and keeping the layer's parameters and buffers, like
-    ``nn.SyncBatchNorm.convert_sync_batchnorm``. Returns the converted
-    module (a new object only where ``module`` itself is such a layer)."""
-    return _swap(
+    ``nn.SyncBatchNorm.convert_sync_batchnorm``; SyncSN layers are named
+    after their place in ``module`` (:func:`name_sync_layers`). Returns the
+    converted module (a new object only where ``module`` itself is such a
+    layer)."""
+    module = _swap(
         module, {
             SwitchableNorm:
             lambda m: SyncSwitchableNorm(**_sn_args(m), group=group),
             SwitchableWhitening:
             lambda m: SyncSwitchableWhitening(**_sw_args(m), group=group),
         })
+    name_sync_layers(module)
+    return module
 
 
 def revert_sync_sn(module: nn.Module) -> nn.Module:

@@ -102,14 +102,15 @@ def fuse_conv_sn(module: nn.Module) -> nn.Module:
       :class:`SelectedNorm`, computing only the statistics it selected;
     - group SN layers are treated so when every group selected the same
       normalisers;
-    - layers with learned (or soft fixed) ratios stay as they are.
+    - layers with learned (or soft fixed) ratios, and layers keeping each
+      FPN level's statistics (``num_levels > 1``), stay as they are.
 
     Returns ``module``, changed in place. Use the result in eval mode only.
     """
     last_conv = None
     for name, child in list(module.named_children()):
         if isinstance(child, SwitchableNorm):
-            terms = hard_ratio_terms(child)
+            terms = hard_ratio_terms(child) if child.num_levels == 1 else None
             if terms == ('bn', 'bn'):
                 scale = child.weight * torch.rsqrt(child.running_var +
                                                    child.eps)

@@ -8,7 +8,8 @@ from mmengine.registry import MODELS
 from torch import Tensor
 
 from ..ops import check_kernels, switchable_norm
-from ..ops._compat import own_tensors
+from ..ops._compat import in_backward, own_tensors
+from ..ops.operator import is_tracing
 from ..ops.ratios import RATIO_FNS, TERMS, group_ratios, layer_ratios
 from .norm_eval import keep_norm_eval_everywhere
 
@@ -37,6 +38,20 @@ def check_arguments(num_features, eps, momentum, ratio_groups=1) -> None:
     if count % groups:
         raise ValueError(f'ratio_groups={ratio_groups} must divide '
                          f'num_features={num_features}')
+
+
+def check_levels(num_levels, using_bn) -> None:
+    """A ValueError naming a ``num_levels`` that cannot work."""
+    try:
+        count = operator.index(num_levels)
+    except TypeError:
+        count = 0
+    if isinstance(num_levels, bool) or count < 1:
+        raise ValueError(f'num_levels must be a positive integer, got '
+                         f'{num_levels!r}')
+    if count > 1 and not using_bn:
+        raise ValueError('num_levels > 1 keeps BN running statistics per '
+                         'level; this layer has no BN term (using_bn=False)')
 
 
 # The ratio entries of an SN layer and the dimension a group SN layer adds
@@ -112,6 +127,14 @@ class SwitchableNorm(nn.Module):
             ratios. A checkpoint with one ratio vector per statistic
             (SN's, e.g. the released backbones) starts every group from
             it. Default: 1.
+        num_levels (int): BN running statistics kept for each of L levels
+            of a head that mmdet runs once per FPN level (RetinaNet's,
+            FCOS's, ATSS's, GFL's): the layer's k-th call in a forward of
+            the head normalises level k with level k's statistics, in
+            training as at test time, instead of one blend of all levels'.
+            :class:`sn_mm.engine.SNRunner` sets it on such heads
+            (:func:`sn_mm.models.keep_level_statistics`); the statistics are
+            then (L, C) and ``num_batches_tracked`` (L,). Default: 1.
 
     Non-finite batches: a training batch whose BN statistics are not all
     finite (a NaN or an overflow in the input, e.g. the step that
@@ -142,12 +165,14 @@ class SwitchableNorm(nn.Module):
                  unbiased: bool = True,
                  kernels: Optional[str] = None,
                  ratio_fn: str = 'softmax',
-                 ratio_groups: int = 1) -> None:
+                 ratio_groups: int = 1,
+                 num_levels: int = 1) -> None:
         super().__init__()
         if ratio_fn not in RATIO_FNS:
             raise ValueError(f'unknown ratio_fn {ratio_fn!r} (choose from '
                              f'{", ".join(map(repr, RATIO_FNS))})')
         check_arguments(num_features, eps, momentum, ratio_groups)
+        check_levels(num_levels, using_bn)
         # The backbone building this layer freezes it under norm_eval=True.
         keep_norm_eval_everywhere(SwitchableNorm)
         self.ratio_groups = int(ratio_groups)
@@ -165,11 +190,16 @@ class SwitchableNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(num_features))
         self.mean_weight = nn.Parameter(torch.ones(*groups, num_terms))
         self.var_weight = nn.Parameter(torch.ones(*groups, num_terms))
+        self.num_levels = int(num_levels)
+        self.level = 0  # the level the next call normalises
         if using_bn:
-            self.register_buffer('running_mean', torch.zeros(num_features))
-            self.register_buffer('running_var', torch.ones(num_features))
+            levels = () if self.num_levels == 1 else (self.num_levels, )
+            self.register_buffer('running_mean',
+                                 torch.zeros(*levels, num_features))
+            self.register_buffer('running_var',
+                                 torch.ones(*levels, num_features))
             self.register_buffer('num_batches_tracked',
-                                 torch.tensor(0, dtype=torch.long))
+                                 torch.zeros(levels, dtype=torch.long))
             self.register_buffer('nonfinite_batches',
                                  torch.tensor(0, dtype=torch.long))
         else:
@@ -194,7 +224,9 @@ class SwitchableNorm(nn.Module):
         # start them at 0.
         for name in ('num_batches_tracked', 'nonfinite_batches'):
             if self.using_bn and prefix + name not in state_dict:
-                state_dict[prefix + name] = torch.tensor(0, dtype=torch.long)
+                state_dict[prefix + name] = torch.zeros_like(
+                    getattr(self, name))
+        self._match_levels(state_dict, prefix)
         self._expand_to_groups(state_dict, prefix)
         # Nor do they have fixed ratios: none fixed.
         if prefix + 'ratio_fixed' not in state_dict:
@@ -213,6 +245,48 @@ class SwitchableNorm(nn.Module):
                                       strict, missing_keys, unexpected_keys,
                                       error_msgs)
 
+    def _match_levels(self, state_dict, prefix) -> None:
+        """Per-level running statistics (L, C) in the checkpoint make this
+        layer keep L levels; one set (C,) starts each of this layer's
+        levels."""
+        mean = state_dict.get(prefix + 'running_mean')
+        if not self.using_bn or mean is None:
+            return
+        if mean.dim() == 2 and self.running_mean.dim() == 1:
+            self.set_levels(mean.shape[0])
+        elif mean.dim() == 1 and self.num_levels > 1:
+            for name in ('running_mean', 'running_var', 'num_batches_tracked'):
+                own = getattr(self, name)
+                state_dict[prefix + name] = state_dict[prefix + name].expand(
+                    own.shape).clone()
+
+    @torch.no_grad()
+    def set_levels(self, num_levels: int) -> None:
+        """Keep BN running statistics for each of ``num_levels`` levels
+        of a head shared across FPN levels: the k-th call after
+        :meth:`start_levels` (or k modulo ``num_levels``) uses and updates
+        level k's. Each level starts from the layer's current statistics
+        (an L-level layer keeps their average). 1: one set again."""
+        check_levels(num_levels, self.using_bn)
+        num_levels = int(num_levels)
+        if num_levels == self.num_levels:
+            return
+        if self.num_levels > 1:
+            self.running_mean = self.running_mean.mean(0)
+            self.running_var = self.running_var.mean(0)
+            self.num_batches_tracked = self.num_batches_tracked.max()
+        if num_levels > 1:
+            for name in ('running_mean', 'running_var', 'num_batches_tracked'):
+                own = getattr(self, name)
+                setattr(self, name, own.expand(num_levels, *own.shape).clone())
+        self.num_levels = num_levels
+        self.level = 0
+
+    def start_levels(self) -> None:
+        """The next call normalises the first level (a shared head's
+        forward begins)."""
+        self.level = 0
+
     def _expand_to_groups(self, state_dict, prefix) -> None:
         """An SN checkpoint's single ratio vector per statistic (and its
         fixed ratios) into every group of a group SN layer."""
@@ -230,12 +304,22 @@ class SwitchableNorm(nn.Module):
         # The dicts, not attribute lookups through nn.Module.__getattr__: at
         # small shapes Python's cost per call is what SN pays over GN.
         params, buffers = own_tensors(self)
+        running_mean = buffers['running_mean']
+        running_var = buffers['running_var']
+        num_batches_tracked = buffers['num_batches_tracked']
+        if self.num_levels > 1:
+            level = self.level
+            # Activation checkpointing's recomputation is the same call.
+            if is_tracing() or not in_backward():
+                self.level = (level + 1) % self.num_levels
+            running_mean, running_var, num_batches_tracked = (
+                running_mean[level], running_var[level],
+                num_batches_tracked[level])
         return switchable_norm(x, params['weight'], params['bias'],
                                params['mean_weight'], params['var_weight'],
-                               buffers['running_mean'], buffers['running_var'],
-                               buffers['num_batches_tracked'], self.training,
-                               self.momentum, self.eps, self.unbiased,
-                               self.kernels,
+                               running_mean, running_var, num_batches_tracked,
+                               self.training, self.momentum, self.eps,
+                               self.unbiased, self.kernels,
                                self._sync_group() if self.training else None,
                                type(self).__name__, buffers['ratio_fixed'],
                                buffers['fixed_ratios'], self.ratio_fn,
@@ -324,8 +408,9 @@ class SwitchableNorm(nn.Module):
                 f'unbiased={self.unbiased}, ' +
                 (f'kernels={self.kernels!r}, ' if self.kernels else '') +
                 (f'ratio_groups={self.ratio_groups}, ' if self.ratio_groups > 1
-                 else '') + (f'ratio_fn={self.ratio_fn!r}, radius='
-                             f'{float(self.radius):.3f}, '
-                             if self.radius is not None else '') +
-                f'mean_ratios=({fmt(ratios["mean"])}), '
+                 else '') + (f'num_levels={self.num_levels}, '
+                             if self.num_levels > 1 else '') +
+                (f'ratio_fn={self.ratio_fn!r}, radius='
+                 f'{float(self.radius):.3f}, ' if self.radius is not None else
+                 '') + f'mean_ratios=({fmt(ratios["mean"])}), '
                 f'var_ratios=({fmt(ratios["var"])})')

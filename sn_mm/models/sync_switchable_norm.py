@@ -5,11 +5,13 @@ import os
 import socket
 import time
 import weakref
+import zlib
 from typing import Optional
 
 import torch.distributed as dist
 from mmengine.registry import MODELS
 
+from ..ops.reference import sync_call, sync_layer_names
 from .switchable_norm import SwitchableNorm
 
 GROUP_NAMES = ('world', 'node')
@@ -135,6 +137,17 @@ class SyncSwitchableNorm(SwitchableNorm):
     initialised process group, or with a group of one rank, it computes
     exactly what :class:`SwitchableNorm` does.
 
+    Every rank must call each SyncSN layer equally often in training: the
+    all-gathers pair by order. Each carries the layer and its call number;
+    where they differ across ranks (a branch one rank skipped), every rank
+    raises a RuntimeError naming the ranks' layers and calls before any
+    statistics are combined. Layers are named by
+    :func:`name_sync_layers` (:class:`sn_mm.engine.SNRunner` and
+    :func:`sn_mm.models.convert_sync_sn` do it). On CPUs (gloo) the check
+    always runs; on GPUs it reads the tags on the host, a synchronisation
+    per layer, so it runs under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, PyTorch's
+    switch for its own collective checks.
+
     Args:
         group (str, int or ProcessGroup, optional): Ranks that share
             statistics. None or ``'world'``: every rank. ``'node'``: the
@@ -157,10 +170,34 @@ class SyncSwitchableNorm(SwitchableNorm):
                  group: Optional[object] = None,
                  kernels: Optional[str] = None,
                  ratio_fn: str = 'softmax',
-                 ratio_groups: int = 1) -> None:
+                 ratio_groups: int = 1,
+                 num_levels: int = 1) -> None:
         super().__init__(num_features, eps, momentum, using_bn, unbiased,
-                         kernels, ratio_fn, ratio_groups)
+                         kernels, ratio_fn, ratio_groups, num_levels)
         self.group = check_group(group)
+        self.sync_name = type(self).__name__
+        self.sync_key = 0  # unnamed: only the call numbers are compared
+        self.sync_calls = 0
 
     def _sync_group(self):
         return sharing_group(self.group)
+
+    def forward(self, x):
+        if not self.training:
+            return super().forward(x)
+        self.sync_calls += 1
+        with sync_call(self.sync_key, self.sync_calls, self.sync_name):
+            return super().forward(x)
+
+
+def name_sync_layers(model) -> None:
+    """Name every SyncSN layer in ``model`` after its place in it, so that
+    ranks that call them unequally (a layer one rank skips) are stopped at
+    the first all-gather that pairs two layers, with an error naming both
+    (:class:`SyncSwitchableNorm`). Unnamed layers are told apart by their
+    call numbers only."""
+    for name, m in model.named_modules():
+        if isinstance(m, SyncSwitchableNorm):
+            m.sync_name = name or type(m).__name__
+            m.sync_key = zlib.crc32(m.sync_name.encode()) % (1 << 24) or 1
+            sync_layer_names[m.sync_key] = m.sync_name

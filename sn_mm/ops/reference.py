@@ -14,9 +14,11 @@ numbers when an input is far from zero (|mean| >> std) is computed centred:
 variances of means about their own mean (Chan et al.'s parallel formula),
 the output as ``(x - mu) * scale``.
 """
+import contextlib
 import math
+import os
 import weakref
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -51,21 +53,78 @@ def held_group(ref, who: str = 'SyncSN'):
     return group
 
 
+# The SyncSN call whose statistics the next all-gather carries: (layer key,
+# call number, layer name), set by SyncSwitchableNorm's forward.
+_sync_call: Optional[Tuple[int, int, str]] = None
+# {layer key: name}, the same on every rank (the same model), for messages.
+sync_layer_names = {}
+# Tags are float32-exact integers.
+_TAG_RANGE = 1 << 24
+
+
+@contextlib.contextmanager
+def sync_call(key: int, count: int, name: str):
+    """Tag the all-gathers inside the block with the SyncSN layer ``key``
+    and its call number ``count``."""
+    global _sync_call
+    outer, _sync_call = _sync_call, (key, count % _TAG_RANGE, name)
+    try:
+        yield
+    finally:
+        _sync_call = outer
+
+
+def _check_calls(device) -> bool:
+    """Whether to compare the ranks' call tags: on the host always; on a
+    GPU, where reading them waits for the all-gather (a synchronisation per
+    layer), under PyTorch's own collective checks
+    (TORCH_DISTRIBUTED_DEBUG=DETAIL)."""
+    return device.type == 'cpu' or os.environ.get('TORCH_DISTRIBUTED_DEBUG',
+                                                  '').upper() == 'DETAIL'
+
+
+def _unequal_calls(tags: Tensor, name: str) -> RuntimeError:
+    per_rank = []
+    for rank, (key, count) in enumerate(tags.long().tolist()):
+        layer = sync_layer_names.get(key, f'an unnamed SyncSN layer ({key})')
+        per_rank.append(f'rank {rank}: {layer!r} call {count}')
+    return RuntimeError(
+        f'SyncSN {name!r}: the ranks called SyncSN layers unequally, and '
+        f'this all-gather paired different calls ({"; ".join(per_rank)}); '
+        'their statistics were not combined. In training every rank must '
+        'call each SyncSN layer as often as the others (a branch that one '
+        'rank skips must run on every rank, or use SN there)')
+
+
 class _SyncStatistics(torch.autograd.Function):
     """SyncSN's collectives: in forward one all-gather of every rank's
-    (count, channel means, centred second moments), combined by Chan et
-    al.'s parallel formula; in backward one all-reduce of the gradients of
+    (count, channel means, centred second moments, and the layer and call
+    they belong to, which must agree), combined by Chan et al.'s parallel
+    formula; in backward one all-reduce of the gradients of
     the shared BN mean and variance (2C values, as the Triton kernels'), from
     which each rank takes its own statistics' part."""
 
     @staticmethod
     def forward(ctx, mean_c: Tensor, m2_c: Tensor, n: int, group):
-        local = torch.cat([mean_c.new_full((1, ), n), mean_c, m2_c])
+        call = _sync_call
+        key, count = (0, 0) if call is None else call[:2]
+        dtype = torch.promote_types(mean_c.dtype, torch.float32)
+        local = torch.cat([
+            mean_c.new_full((1, ), n, dtype=dtype),
+            mean_c.to(dtype),
+            m2_c.to(dtype),
+            mean_c.new_tensor((key, count), dtype=dtype)
+        ])
         gathered = [
             torch.empty_like(local) for _ in range(dist.get_world_size(group))
         ]
         dist.all_gather(gathered, local, group=group)
         stats = torch.stack(gathered)
+        tags = stats[:, -2:]
+        checked = call is not None and _check_calls(tags.device)
+        if checked and not bool((tags == tags[:1]).all()):
+            raise _unequal_calls(tags, call[2])
+        stats = stats[:, :-2].to(mean_c.dtype)
         c = mean_c.numel()
         counts, means, m2s = stats[:, :1], stats[:, 1:c + 1], stats[:, c + 1:]
         total = counts.sum()

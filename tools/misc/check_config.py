@@ -4,8 +4,11 @@
 Lists the dataset files and folders the config's dataloaders read (their
 ``data_root``, ``ann_file`` and ``data_prefix``, as mmengine's datasets join
 them) and the pretrained checkpoints its ``init_cfg`` entries load, marks
-each as found or missing, and exits 1 if anything is missing. Nothing is
-built or loaded. Example::
+each as found or missing, and exits 1 if anything is missing. It also
+builds the model's dense heads alone (nothing is loaded) and names the SN
+layers with a BN term that such a head runs on every FPN level: SNRunner
+keeps each level's BN statistics there; another runner would blend them
+(a warning). Example::
 
     python tools/misc/check_config.py \\
         configs/mask_rcnn/mask-rcnn_r50-sn_fpn_sn-head_2x_coco.py
@@ -24,6 +27,7 @@ from mmengine.runner.checkpoint import (get_deprecated_model_names,
 import sn_mm  # noqa: F401  (registers SN, for configs' custom_imports)
 from sn_mm.cli import load_config
 from sn_mm.engine.runner import CHECKPOINT_DOC, pretrained_checkpoints
+from sn_mm.models.shared_heads import head_levels, shared_sn_layers
 
 LOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
 
@@ -87,6 +91,7 @@ def main(argv=None):
         missing += not found
         where = f' = {path}' if path != name else ''
         print(f'  {"found  " if found else "MISSING"} {name}{where}  ({key})')
+    check_shared_heads(cfg)
     if missing:
         print(f'{missing} missing. The data go where mmdet and mmseg '
               'expect them (docs/get_started.md#before-a-training-run); '
@@ -96,6 +101,51 @@ def main(argv=None):
         return 1
     print('everything the config reads is here')
     return 0
+
+
+def check_shared_heads(cfg):
+    """Print each dense head of the model that runs SN layers with a BN
+    term on every FPN level, and warn where the config's runner would blend
+    the levels' BN statistics."""
+    from mmengine.registry import MODELS, init_default_scope
+    model = cfg.get('model') or {}
+    heads = {
+        key: value
+        for key, value in model.items()
+        if key.endswith('head') and isinstance(value, dict) and 'type' in value
+    }
+    if not heads:
+        return
+    init_default_scope(cfg.get('default_scope') or 'mmdet')
+    runner = cfg.get('runner_type', 'SNRunner')
+    print('heads shared across FPN levels:')
+    found = False
+    for key, head_cfg in heads.items():
+        try:
+            head = MODELS.build(head_cfg)
+        except Exception as error:  # e.g. a head that needs its detector
+            print(f'  {key}: not checked (building it alone failed: '
+                  f'{type(error).__name__}: {error})')
+            continue
+        levels = head_levels(head)
+        shared = shared_sn_layers(head, levels) if levels > 1 else []
+        if not shared:
+            continue
+        found = True
+        what = (f'  {key} ({type(head).__name__}) runs {len(shared)} SN '
+                f'layers with a BN term on each of {levels} FPN levels')
+        if all(m.num_levels == levels for _, m in shared):
+            print(f'{what}: num_levels={levels} keeps each level\'s BN '
+                  'statistics')
+        elif runner == 'SNRunner':
+            print(f'{what}: SNRunner keeps each level\'s BN statistics')
+        else:
+            print(f'WARNING {what[2:]}: runner_type={runner!r} blends the '
+                  'levels\' BN statistics at test time; use SNRunner (drop '
+                  'runner_type) or norm_cfg=dict(type=\'SN\', '
+                  f'num_levels={levels}) in the head')
+    if not found:
+        print('  none with SN\'s BN term')
 
 
 def hub_file(name):
