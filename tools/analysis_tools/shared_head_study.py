@@ -18,7 +18,7 @@ the same seeded start and prints the toy val split's bbox AP:
   has no running statistics;
 - ``gn``: GroupNorm (32 groups), the head's usual norm.
 
-Example (about 2 minutes a run on 2 CPU cores, after `make demo` made the
+Example (about 1 minute a run on 2 idle CPU cores, after `make demo` made the
 data)::
 
     python tools/analysis_tools/shared_head_study.py --seeds 0 1 2
