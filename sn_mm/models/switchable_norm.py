@@ -14,42 +14,34 @@ from ..ops.ratios import RATIO_FNS, TERMS, group_ratios, layer_ratios
 from .norm_eval import keep_norm_eval_everywhere
 
 
-def check_arguments(num_features, eps, momentum, ratio_groups=1) -> None:
-    """ValueErrors naming an argument that cannot work."""
+def positive_int(value, name: str) -> int:
+    """``value`` as an int (numpy's too), or a ValueError naming ``name``
+    where it is not a positive integer."""
     try:
-        count = operator.index(num_features)  # ints, numpy's too
+        count = operator.index(value)
     except TypeError:
         count = 0
-    if isinstance(num_features, bool) or count < 1:
-        raise ValueError(f'num_features must be a positive integer, got '
-                         f'{num_features!r}')
+    if isinstance(value, bool) or count < 1:
+        raise ValueError(f'{name} must be a positive integer, got {value!r}')
+    return count
+
+
+def check_arguments(num_features, eps, momentum, ratio_groups=1) -> None:
+    """ValueErrors naming an argument that cannot work."""
+    count = positive_int(num_features, 'num_features')
     if not eps > 0:  # (NaN too)
         raise ValueError(f'eps must be > 0, got {eps!r}')
     if momentum is not None and not 0 <= momentum <= 1:
         raise ValueError(f'momentum must be in [0, 1] (or None for a '
                          f'cumulative average), got {momentum!r}')
-    try:
-        groups = operator.index(ratio_groups)
-    except TypeError:
-        groups = 0
-    if isinstance(ratio_groups, bool) or groups < 1:
-        raise ValueError(f'ratio_groups must be a positive integer, got '
-                         f'{ratio_groups!r}')
-    if count % groups:
+    if count % positive_int(ratio_groups, 'ratio_groups'):
         raise ValueError(f'ratio_groups={ratio_groups} must divide '
                          f'num_features={num_features}')
 
 
 def check_levels(num_levels, using_bn) -> None:
     """A ValueError naming a ``num_levels`` that cannot work."""
-    try:
-        count = operator.index(num_levels)
-    except TypeError:
-        count = 0
-    if isinstance(num_levels, bool) or count < 1:
-        raise ValueError(f'num_levels must be a positive integer, got '
-                         f'{num_levels!r}')
-    if count > 1 and not using_bn:
+    if positive_int(num_levels, 'num_levels') > 1 and not using_bn:
         raise ValueError('num_levels > 1 keeps BN running statistics per '
                          'level; this layer has no BN term (using_bn=False)')
 

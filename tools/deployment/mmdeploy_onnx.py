@@ -1,11 +1,15 @@
 #!/usr/bin/env python
-"""Deploy an mmdet detector with SN (or SW) layers as OpenMMLab users
-deploy: mmdeploy's ``torch2onnx`` to an end-to-end ONNX file, then its ONNX
-Runtime backend, checked against PyTorch on the given images.
+"""Deploy an mmdet detector or an mmseg segmentor with SN (or SW) layers as
+OpenMMLab users deploy: mmdeploy's ``torch2onnx`` to an end-to-end ONNX
+file, then its ONNX Runtime backend, checked against PyTorch on the given
+images (of one size for a static deploy config, of any for a dynamic one).
 
-Prints the exported file's operators (SN and SW layers export as standard
-ONNX operators; where mmdeploy needs its own custom ops, the custom-op
-library of its wheel runs them), then compares, for each image:
+Identity nodes that copy an initializer (the exporter's for bit-identical
+parameters, e.g. untrained SN weights) are folded away, as ONNX Runtime
+1.16 refuses them. Prints the exported file's operators (SN and SW layers
+export as standard ONNX operators; where mmdeploy needs its own custom ops,
+the custom-op library of its wheel runs them), then compares a detector's
+outputs, for each image:
 
 1. the exported graph in ONNX Runtime against the PyTorch model it was
    traced from (mmdeploy's rewrites applied), output by output: the same
@@ -16,6 +20,11 @@ library of its wheel runs them), then compares, for each image:
    where rounding decides the side);
 2. ONNX Runtime's detections (mmdeploy's backend model) against mmdet's own
    PyTorch ``predict``, matched one to one by label, box and mask.
+
+A segmentor (a deploy config of mmdeploy's mmseg codebase, with
+``with_argmax=False``) is compared by its logits against mmseg's own
+``predict``: within ``--logit-rtol`` of their largest magnitude, and class
+maps equal on at least ``--pixels`` of the pixels.
 
 Only detections that rank clear (by ``--score-margin``) of the score
 threshold, and of the last kept score where ``keep_top_k`` detections fill
@@ -54,12 +63,12 @@ import sn_mm  # noqa: F401  (registers SN, SW and SWResNet)
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        description='Convert an mmdet detector with SN/SW layers to ONNX '
-        'with mmdeploy and check its ONNX Runtime detections against '
-        'PyTorch\'s.')
+        description='Convert an mmdet detector or mmseg segmentor with SN/SW '
+        'layers to ONNX with mmdeploy and check its ONNX Runtime outputs '
+        'against PyTorch\'s.')
     parser.add_argument('deploy_cfg', help='mmdeploy deploy config')
-    parser.add_argument('model_cfg', help='the detector\'s config')
-    parser.add_argument('checkpoint', help='the detector\'s checkpoint')
+    parser.add_argument('model_cfg', help='the model\'s config')
+    parser.add_argument('checkpoint', help='the model\'s checkpoint')
     parser.add_argument(
         'images', nargs='+', help='images to convert with and compare on')
     parser.add_argument(
@@ -92,6 +101,18 @@ def parse_args(argv=None):
         'train.py does), e.g. model.test_cfg.rcnn.score_thr=0.01 to compare '
         'more detections of a briefly trained model')
     parser.add_argument(
+        '--logit-rtol',
+        type=float,
+        default=1e-3,
+        help='segmentors: most that logits may differ by, as a fraction of '
+        'their largest magnitude (at least 1) (default: 1e-3)')
+    parser.add_argument(
+        '--pixels',
+        type=float,
+        default=0.999,
+        help='segmentors: least fraction of pixels whose classes agree '
+        '(default: 0.999)')
+    parser.add_argument(
         '--score-margin',
         type=float,
         default=1e-3,
@@ -110,6 +131,38 @@ def standard_onnx(path):
     foreign = [(d, op) for d, op in ops
                if d not in ('ai.onnx', 'mmdeploy') or 'Python' in op]
     return ops, foreign
+
+
+def fold_identity_initializers(path) -> int:
+    """Rewrite the ONNX file at ``path`` without Identity nodes that copy an
+    initializer (each consumer reads the initializer itself); returns how
+    many were removed.
+
+    PyTorch's exporter keeps one initializer of several bit-identical ones
+    (two SN layers' untrained weights, all 1.0) and feeds the others'
+    consumers through such an Identity. The file is valid ONNX, but ONNX
+    Runtime 1.16's graph optimiser loses those Identities' outputs and
+    refuses the model ("Node input ... is not a graph input, initializer, or
+    output of a previous node")."""
+    import onnx
+    model = onnx.load(path)
+    graph = model.graph
+    initializers = {i.name for i in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    renamed, kept = {}, []
+    for node in graph.node:  # in topological order: chains fold too
+        for i, name in enumerate(node.input):
+            node.input[i] = renamed.get(name, name)
+        if (node.op_type == 'Identity' and node.input[0] in initializers
+                and node.output[0] not in outputs):
+            renamed[node.output[0]] = node.input[0]
+        else:
+            kept.append(node)
+    if renamed:
+        del graph.node[:]
+        graph.node.extend(kept)
+        onnx.save(model, path)
+    return len(renamed)
 
 
 def detections(sample):
@@ -238,29 +291,11 @@ def report(name, problems, matched, want, got, required=True):
     return required and (bool(problems) or not matched)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    try:
-        from mmdeploy.apis import build_task_processor, torch2onnx
-        from mmdeploy.utils import get_input_shape, load_config
-    except ImportError as err:
-        sys.exit(f'mmdeploy_onnx: {err}: needs mmdeploy 1.3.1 and '
-                 'onnxruntime 1.16 (make venv-oldest; docs/deployment.md)')
-    deploy_cfg, model_cfg = load_config(args.deploy_cfg, args.model_cfg)
-    model_cfg.merge_from_dict(args.cfg_options)
-    save_file = deploy_cfg.onnx_config.save_file
-    onnx_path = osp.join(args.work_dir, save_file)
-    torch2onnx(args.images[0], args.work_dir, save_file, deploy_cfg, model_cfg,
-               args.checkpoint, args.device)
-    ops, foreign = standard_onnx(onnx_path)
-    print(f'Exported {args.model_cfg} to {onnx_path}: ' +
-          ', '.join(op if d == 'ai.onnx' else f'{d}::{op}' for d, op in ops))
-    if foreign:
-        sys.exit(f'mmdeploy_onnx: operators outside ONNX and mmdeploy: '
-                 f'{foreign}')
-    processor = build_task_processor(model_cfg, deploy_cfg, args.device)
-    backend = processor.build_backend_model([onnx_path])
-    pytorch = processor.build_pytorch_model(args.checkpoint)
+def check_detections(processor, backend, pytorch, deploy_cfg, model_cfg,
+                     args) -> bool:
+    """The two comparisons of the module docstring on every image; True
+    where a required one disagrees."""
+    from mmdeploy.utils import get_input_shape
     shape = get_input_shape(deploy_cfg)
     keep_top_k = deploy_cfg.codebase_config.post_processing.keep_top_k
     score_thr = score_threshold(model_cfg, deploy_cfg)
@@ -268,9 +303,9 @@ def main(argv=None):
     two_stage = has_rpn(model_cfg)
     failed = False
     for image in args.images:
-        print(osp.basename(image))
         x, traced = traced_outputs(processor, deploy_cfg, args.checkpoint,
                                    image, shape)
+        print(f'{osp.basename(image)} {tuple(x.shape[2:])}')
         with torch.no_grad():
             run = backend.wrapper({'input': x})
         want = raw_detections(*traced)
@@ -289,6 +324,76 @@ def main(argv=None):
             want,
             got,
             required=not two_stage)
+    return failed
+
+
+def check_segmentation(processor, backend, pytorch, deploy_cfg, args) -> bool:
+    """A segmentor's logits (the deploy config's ``with_argmax=False``)
+    from ONNX Runtime against mmseg's own predict on every image: within
+    ``--logit-rtol`` of the logits' largest magnitude (at least 1), and the
+    class maps equal on at least ``--pixels`` of the pixels; True where one
+    disagrees."""
+    from mmdeploy.utils import get_input_shape
+    if deploy_cfg.codebase_config.get('with_argmax', True):
+        sys.exit('mmdeploy_onnx: a segmentation deploy config needs '
+                 'codebase_config.with_argmax=False, so that the logits '
+                 'are compared')
+    shape = get_input_shape(deploy_cfg)
+    failed = False
+    for image in args.images:
+        _, x = processor.create_input(
+            image, shape, data_preprocessor=pytorch.data_preprocessor)
+        inputs, _ = processor.create_input(image, shape)  # not preprocessed
+        with torch.no_grad():
+            got = backend.wrapper({'input': x})['output'][0]
+            want = pytorch.test_step(inputs)[0].seg_logits.data
+        # mmseg's predict leaves out the padding at the bottom and right.
+        got = got[:, :want.shape[1], :want.shape[2]]
+        scale = max(float(want.abs().max()), 1.)
+        worst = float((got - want).abs().max()) / scale
+        same = float((got.argmax(0) == want.argmax(0)).float().mean())
+        bad = worst > args.logit_rtol or same < args.pixels
+        failed |= bad
+        print(f'{osp.basename(image)} {tuple(x.shape[2:])}: logits differ '
+              f'by {worst:.2e} of their scale {scale:.3g}, class maps equal '
+              f'on {same:.4%} of {want.shape[1] * want.shape[2]} pixels' +
+              (' DISAGREE' if bad else ', agree'))
+    return failed
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        from mmdeploy.apis import build_task_processor, torch2onnx
+        from mmdeploy.utils import load_config
+    except ImportError as err:
+        sys.exit(f'mmdeploy_onnx: {err}: needs mmdeploy 1.3.1 and '
+                 'onnxruntime 1.16 (make venv-oldest; docs/deployment.md)')
+    deploy_cfg, model_cfg = load_config(args.deploy_cfg, args.model_cfg)
+    model_cfg.merge_from_dict(args.cfg_options)
+    save_file = deploy_cfg.onnx_config.save_file
+    onnx_path = osp.join(args.work_dir, save_file)
+    torch2onnx(args.images[0], args.work_dir, save_file, deploy_cfg, model_cfg,
+               args.checkpoint, args.device)
+    folded = fold_identity_initializers(onnx_path)
+    if folded:
+        print(f'Folded {folded} Identity nodes of bit-identical parameters '
+              'into their initializers (ONNX Runtime 1.16 refuses them)')
+    ops, foreign = standard_onnx(onnx_path)
+    print(f'Exported {args.model_cfg} to {onnx_path}: ' +
+          ', '.join(op if d == 'ai.onnx' else f'{d}::{op}' for d, op in ops))
+    if foreign:
+        sys.exit(f'mmdeploy_onnx: operators outside ONNX and mmdeploy: '
+                 f'{foreign}')
+    processor = build_task_processor(model_cfg, deploy_cfg, args.device)
+    backend = processor.build_backend_model([onnx_path])
+    pytorch = processor.build_pytorch_model(args.checkpoint)
+    if deploy_cfg.codebase_config.type == 'mmseg':
+        failed = check_segmentation(processor, backend, pytorch, deploy_cfg,
+                                    args)
+    else:
+        failed = check_detections(processor, backend, pytorch, deploy_cfg,
+                                  model_cfg, args)
     if failed:
         sys.exit('mmdeploy_onnx: ONNX Runtime disagrees with PyTorch '
                  '(above), or nothing was compared')
