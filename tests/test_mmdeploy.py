@@ -1,21 +1,20 @@
 """Detectors with SN (RetinaNet and Mask R-CNN: backbone, neck and heads;
 the RetinaNet also with every SN layer's affine parameters at their initial
 values, bit-identical across layers, and at any input size) and with SW
-(Mask R-CNN on SWResNet), and segmentors with SN (DeepLabV3 and PSPNet, at
-a fixed and at any input size), deployed as OpenMMLab users deploy them:
-briefly trained on the toy data, converted by mmdeploy's ``torch2onnx``
+(Mask R-CNN on SWResNet) deployed as OpenMMLab users deploy them: briefly
+trained on the toy data, converted end to end by mmdeploy's ``torch2onnx``
 with the deploy configs of configs/deploy/, run by its ONNX Runtime backend
 and compared with PyTorch (tools/deployment/mmdeploy_onnx.py). mmdeploy
 1.3.1 supports torch up to 2.x's early releases: these run on the oldest
-leg (make test-oldest)."""
+leg (make test-oldest); test_mmdeploy_segmentors.py deploys segmentors."""
 import os.path as osp
 
 import pytest
 import torch
 from PIL import Image
-from tool_runner import ROOT, run_python, tool
+from tool_runner import ROOT, run_python, tool, train_toy
 
-from sn_mm.testing import make_toy_coco, make_toy_seg
+from sn_mm.testing import make_toy_coco
 
 pytest.importorskip(
     'mmdeploy',
@@ -48,24 +47,12 @@ CFG_OPTIONS = {
     'mask-rcnn-sw': ['model.test_cfg.rcnn.score_thr=0.005'],
 }
 
-# Segmentors, whose logits are compared: (deploy config, model config).
-SEG_CASES = {
-    'deeplabv3-sn':
-    ('segmentation_onnxruntime_static-96x96', 'deeplabv3_r18-sn-d8_toy-seg'),
-    'pspnet-sn':
-    ('segmentation_onnxruntime_static-96x96', 'pspnet_r18-sn-d8_toy-seg'),
-    # A 96 x 96 image and an 80 x 64 one.
-    'deeplabv3-sn-dynamic':
-    ('segmentation_onnxruntime_dynamic', 'deeplabv3_r18-sn-d8_toy-seg'),
-}
-
 
 @pytest.fixture(scope='module')
 def workspace(tmp_path_factory):
     cwd = tmp_path_factory.mktemp('deploy')
     make_toy_coco(
         str(cwd / 'data' / 'toy_coco'), num_train=24, num_val=4, size=128)
-    make_toy_seg(str(cwd / 'data' / 'toy_seg'), num_train=24, num_val=4)
     return cwd
 
 
@@ -73,20 +60,6 @@ def crop(image, size, path):
     """The top left ``size`` (width, height) of ``image``, saved."""
     Image.open(image).crop((0, 0, *size)).save(path)
     return path
-
-
-def trained(workspace, model):
-    """The toy config ``model`` trained STEPS steps (once per module)."""
-    checkpoint = workspace / model / f'iter_{STEPS}.pth'
-    if not checkpoint.exists():
-        config = osp.join(ROOT, 'configs', 'toy', f'{model}.py')
-        # Seeded, so that a failure reproduces on the same CPU.
-        run_python([
-            tool('train.py'), config, '--work-dir', model, '--cfg-options',
-            f'train_cfg.max_iters={STEPS}', f'train_cfg.val_interval={STEPS}',
-            f'default_hooks.checkpoint.interval={STEPS}', 'randomness.seed=0'
-        ], workspace)
-    return checkpoint
 
 
 def initial_affine(checkpoint, path):
@@ -105,7 +78,7 @@ def initial_affine(checkpoint, path):
 def test_onnx_runtime_gives_pytorchs_detections(workspace, case):
     deploy, model = CASES[case]
     config = osp.join(ROOT, 'configs', 'toy', f'{model}.py')
-    checkpoint = trained(workspace, model)
+    checkpoint = train_toy(workspace, model, STEPS)
     if case.endswith('initial-affine'):
         checkpoint = initial_affine(checkpoint, workspace / f'{case}.pth')
     images = [
@@ -141,32 +114,3 @@ def test_onnx_runtime_gives_pytorchs_detections(workspace, case):
     if case.startswith('retinanet'):
         own = [line for line in out.splitlines() if 'mmdet\'s predict' in line]
         assert all(line.endswith('all agree') for line in own), own
-
-
-@pytest.mark.parametrize('case', list(SEG_CASES))
-def test_onnx_runtime_gives_mmsegs_logits(workspace, case):
-    deploy, model = SEG_CASES[case]
-    checkpoint = trained(workspace, model)
-    images = [
-        workspace / 'data' / 'toy_seg' / 'images' / 'validation' /
-        f'{i:05d}.png' for i in range(2)
-    ]
-    if case.endswith('dynamic'):
-        images[1] = crop(images[1], (80, 64), workspace / f'{case}.png')
-    result = run_python([
-        tool('deployment', 'mmdeploy_onnx.py'),
-        osp.join(ROOT, 'configs', 'deploy', f'{deploy}.py'),
-        osp.join(ROOT, 'configs', 'toy', f'{model}.py'), checkpoint, *images,
-        '--work-dir', workspace / case / 'onnx'
-    ], workspace)
-    out = result.stdout
-    assert 'ONNX Runtime agrees with PyTorch' in out, out[-3000:]
-    exported = next(line for line in out.splitlines()
-                    if line.startswith('Exported'))
-    assert 'ReduceMean' in exported and 'sn_mm' not in exported
-    sizes = [
-        '(96, 96)', '(64, 80)' if case.endswith('dynamic') else '(96, 96)'
-    ]
-    compared = [line for line in out.splitlines() if 'logits differ' in line]
-    assert [line.split(': ')[0].split(' ', 1)[1]
-            for line in compared] == sizes, compared

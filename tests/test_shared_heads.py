@@ -22,9 +22,13 @@ SIZES = (16, 8, 4, 2, 1)
 
 
 def build_detector():
+    """The toy RetinaNet with one set of statistics in its head's SN
+    layers (the config states num_levels=5), as mmdet would build it."""
     register_all_modules()
     torch.manual_seed(0)
-    return MODELS.build(load_config(CONFIG).model)
+    cfg = load_config(CONFIG)
+    cfg.model.bbox_head.norm_cfg = dict(type='SN', requires_grad=True)
+    return MODELS.build(cfg.model)
 
 
 def level_features(seed):
@@ -148,6 +152,7 @@ def test_batch_average_per_level(heads):
 
 def test_snrunner_keeps_levels(tmp_path):
     cfg = load_config(CONFIG, work_dir=str(tmp_path))
+    cfg.model.bbox_head.norm_cfg = dict(type='SN', requires_grad=True)
     runner = build_runner(cfg)
     layers = head_sn(runner.model.bbox_head)
     assert [m.num_levels for m in layers] == [5] * 4

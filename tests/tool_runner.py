@@ -58,3 +58,20 @@ def run_python_together(arg_lists,
 
 def tool(*parts):
     return osp.join(ROOT, 'tools', *parts)
+
+
+def train_toy(cwd, model, steps, *options):
+    """configs/toy/``model``.py trained ``steps`` steps by tools/train.py in
+    ``cwd`` (seeded, so that a failure reproduces on the same CPU), once:
+    its checkpoint ``cwd/model/iter_<steps>.pth``."""
+    checkpoint = osp.join(cwd, model, f'iter_{steps}.pth')
+    if not osp.exists(checkpoint):
+        run_python([
+            tool('train.py'),
+            osp.join(ROOT, 'configs', 'toy',
+                     f'{model}.py'), '--work-dir', model, '--cfg-options',
+            f'train_cfg.max_iters={steps}', f'train_cfg.val_interval={steps}',
+            f'default_hooks.checkpoint.interval={steps}', 'randomness.seed=0',
+            *options
+        ], cwd)
+    return checkpoint

@@ -79,6 +79,10 @@ COMMANDS = [
      ['tools/analysis_tools/benchmark_fuse.py', '--repeats', '9']),
     ('compile', 'main', None,
      ['tools/analysis_tools/benchmark_compile.py', '--repeats', '7']),
+    ('shared-heads', 'main', None, [
+        'tools/analysis_tools/shared_head_study.py', '--seeds', '0', '1', '2',
+        '3', '4'
+    ]),
     ('group-sn', 'main', None,
      [NORM, '--group-sn', '--repeats', '7', '--threads', '2']),
     ('sw-avx512', 'main', 'avx512',
