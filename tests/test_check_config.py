@@ -1,7 +1,11 @@
 """tools/misc/check_config.py: what a config reads, found or missing, in a
 real process, before and after the files are there."""
+import importlib.util
+
 import torch
 from tool_runner import ROOT, run_python, run_python_together, tool
+
+from sn_mm.cli import load_config
 
 TOY = f'{ROOT}/configs/toy/mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py'
 FROM_BN = (f'{ROOT}/configs/mask_rcnn/'
@@ -57,23 +61,35 @@ def test_checkpoints_by_file_and_by_hub_name(tmp_path):
 RETINANET = f'{ROOT}/configs/toy/retinanet_r18-sn_fpn_sn-head_toy-coco.py'
 
 
-def test_shared_heads_named_and_warned(tmp_path):
+def shared_heads_report(config, capsys, **changes):
+    """What check_config.py prints of ``config``'s shared heads (in this
+    process: the function the tool runs), after ``changes`` to the
+    config."""
+    spec = importlib.util.spec_from_file_location(
+        'check_config', tool('misc', 'check_config.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cfg = load_config(config)
+    cfg.merge_from_dict(changes)
+    capsys.readouterr()
+    module.check_shared_heads(cfg)
+    return capsys.readouterr().out
+
+
+def test_shared_heads_named_and_warned(capsys):
     """RetinaNet's head runs its SN layers on all 5 FPN levels: the config
     keeps each level's statistics, SNRunner would, another runner would
     blend them (a warning); Mask R-CNN's heads run once per RoI batch."""
-    one_set = 'model.bbox_head.norm_cfg.num_levels=1'
-    own, runner, other, mask_rcnn = run_python_together(
-        [[tool('misc', 'check_config.py'), RETINANET, *options]
-         for options in ([], ['--cfg-options', one_set],
-                         ['--cfg-options', one_set, 'runner_type=Runner'])] +
-        [[tool('misc', 'check_config.py'), TOY]],
-        tmp_path,
-        ok=False)
+    one_set = {'model.bbox_head.norm_cfg.num_levels': 1}
+    own = shared_heads_report(RETINANET, capsys)
+    runner = shared_heads_report(RETINANET, capsys, **one_set)
+    other = shared_heads_report(
+        RETINANET, capsys, runner_type='Runner', **one_set)
     what = ('bbox_head (RetinaHead) runs 4 SN layers with a BN term on each '
             'of 5 FPN levels')
-    assert f'  {what}: num_levels=5 keeps each level\'s BN' in own.stdout
-    assert f'  {what}: SNRunner keeps each level\'s' in runner.stdout
-    assert f'WARNING {what}: runner_type=\'Runner\' blends' in other.stdout
-    assert 'WARNING' not in own.stdout + runner.stdout
-    assert 'heads shared across FPN levels:\n  none with SN\'s BN term' in (
-        mask_rcnn.stdout), mask_rcnn.stdout
+    assert f'  {what}: num_levels=5 keeps each level\'s BN' in own, own
+    assert f'  {what}: SNRunner keeps each level\'s' in runner, runner
+    assert f'WARNING {what}: runner_type=\'Runner\' blends' in other, other
+    assert 'WARNING' not in own + runner
+    assert shared_heads_report(TOY, capsys) == (
+        'heads shared across FPN levels:\n  none with SN\'s BN term\n')
