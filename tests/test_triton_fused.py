@@ -208,6 +208,19 @@ def test_fused_kernels_compile_for_nvidia_gpus():
     assert len(lines) == 72, result.stdout
     assert sum('grouped=True' in line for line in lines) == 24
     assert all(int(line.rsplit('=', 1)[1]) > 0 for line in lines)
+    # Every architecture from V100's to RTX 50's compiles each of the 9
+    # kernel cases of a shape once, in both dtypes over them.
+    per_arch = {}
+    for line in lines:
+        name, _, dtype, grouped, arch = line.split()[:5]
+        per_arch.setdefault(arch, []).append((name, grouped, dtype))
+    assert sorted(per_arch) == sorted(f'sm_{a}'
+                                      for a in (70, 75, 80, 86, 89, 90, 100,
+                                                120)), per_arch
+    for arch, compiled in per_arch.items():
+        assert len({(name, grouped) for name, grouped, _ in compiled}) == 9
+        assert len(compiled) == 9
+        assert {dtype for *_, dtype in compiled} == {'fp32', 'bf16'}, arch
 
 
 @needs_interpreter_or_gpu

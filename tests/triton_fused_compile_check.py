@@ -4,11 +4,13 @@ cubin, so type and lowering errors that the interpreter lets through show
 up here. Run as a script without TRITON_INTERPRET set (the tests do);
 prints one line per kernel and case.
 
-Without arguments, a cross-section for sm_90 (the suite's check). With
-``--all``, every combination of compile-time flags the host code
-(triton_fused.py) can produce, on an H100's or H200's plans (528 programs),
-for sm_90 and, where this Triton targets it, sm_100, each named in the
-output; ``--jobs`` compiles in that many processes."""
+Without arguments, a cross-section (the suite's check): 72 compiles, each
+of its 9 kernel cases for every architecture from sm_70 (V100) to sm_120
+(RTX 50), in fp32 or bf16 (:func:`rotated_arch`). With ``--all``, every
+combination of compile-time flags the host code (triton_fused.py) can
+produce, on an H100's or H200's plans (528 programs), for sm_80, sm_90 and,
+where this Triton targets it, sm_100, each named in the output; ``--jobs``
+compiles in that many processes."""
 import argparse
 import itertools
 import sys
@@ -66,7 +68,8 @@ def sample():
     shapes = [(2, 256, 60800, 60800, 1), (16, 256, 49, 49, 1),
               (8, 256, 3136, 1, 256), (4, 64, 1, 1, 1)]
     # Group SN: two groups, or one per channel (a group's tile of 1).
-    for (n, c, length, sc, sl), groups in zip(shapes, (2, 2, 32, 64)):
+    for shape_index, ((n, c, length, sc, sl),
+                      groups) in enumerate(zip(shapes, (2, 2, 32, 64))):
         # (The CPU's plan: fewer chunks per row than a GPU's, the same code.)
         plan = tf._plan(n, c, length, sc, sl, tf.torch.device('cpu'))
         tiles = dict(
@@ -117,16 +120,30 @@ def sample():
             ('input_grad_kernel',
              dict(tiles, SYNC=False, **grouped, **blocks(c, groups))),
         ]
-        for name, constexprs in cases:
-            for data_type in ('fp32', 'bf16'):
+        for k, (name, constexprs) in enumerate(cases):
+            for d, data_type in enumerate(('fp32', 'bf16')):
+                arch = rotated_arch(k, shape_index, d)
                 compiled = compile_kernel(
-                    getattr(tk, name), constexprs, data_type, 90)
+                    getattr(tk, name), constexprs, data_type, arch)
                 print(
                     f'{name} {n}x{c}x{length} {data_type} '
-                    f'grouped={constexprs.get("GROUPED", False)} sm_90 '
+                    f'grouped={constexprs.get("GROUPED", False)} sm_{arch} '
                     f'cubin={len(compiled.asm["cubin"])}',
                     flush=True)
     return 0
+
+
+# The NVIDIA architectures users train on: V100, T4, A100, A10/RTX 30,
+# RTX 40/L4, H100/H200, B200, RTX 50.
+ARCHS = (70, 75, 80, 86, 89, 90, 100, 120)
+
+
+def rotated_arch(kernel_case, shape_index, dtype_index):
+    """The architecture one case of the cross-section compiles for: over
+    the 4 shapes and 2 dtypes (8 combinations) each of the 9 kernel cases
+    meets every architecture once, so that every architecture compiles
+    every kernel case, in both dtypes across them, at one compile a case."""
+    return ARCHS[(kernel_case + 2 * shape_index + dtype_index) % len(ARCHS)]
 
 
 # -- every combination ---------------------------------------------------
@@ -230,14 +247,14 @@ def compile_case(args):
 
 
 def targets():
-    """sm_90, and sm_100 where this Triton compiles for it."""
+    """sm_80 and sm_90, and sm_100 where this Triton compiles for it."""
     try:
         compile_kernel(tk.grad_sums_kernel, dict(SPLIT=1, ROWS=2, BLOCK=16),
                        'fp32', 100)
-        return (90, 100)
+        return (80, 90, 100)
     except Exception as err:  # this Triton does not target Blackwell
         print(f'(no sm_100: {type(err).__name__}: {err})')
-        return (90, )
+        return (80, 90)
 
 
 def every_combination(jobs):
@@ -254,7 +271,8 @@ def main(argv=None):
     parser.add_argument(
         '--all',
         action='store_true',
-        help='every flag combination the host can produce, sm_90 and sm_100')
+        help='every flag combination the host can produce, sm_80, sm_90 and '
+        'sm_100')
     parser.add_argument('--jobs', type=int, default=1)
     args = parser.parse_args(argv)
     return every_combination(args.jobs) if args.all else sample()
