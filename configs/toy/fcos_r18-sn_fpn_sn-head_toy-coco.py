@@ -1,0 +1,39 @@
+# FCOS with SN in backbone, FPN and head (FCOS's own head norm is GN) on the
+# bundled toy COCO data, with the Mask R-CNN demo's data, schedule and hooks
+# (the RetinaNet toy config's, which this one inherits). The head runs one
+# stack of convs on all 5 FPN levels: each level keeps its own BN
+# statistics (num_levels=5; SNRunner would set it).
+_base_ = ['./retinanet_r18-sn_fpn_sn-head_toy-coco.py']
+model = dict(
+    neck=dict(add_extra_convs='on_output', relu_before_extra_convs=True),
+    bbox_head=dict(
+        _delete_=True,
+        type='FCOSHead',
+        num_classes=4,
+        in_channels=128,
+        stacked_convs=2,
+        feat_channels=128,
+        strides=[8, 16, 32, 64, 128],
+        # Toy objects are 17-60 px: every level's range scaled down.
+        regress_ranges=((-1, 32), (32, 64), (64, 128), (128, 256), (256, 1e8)),
+        norm_cfg=dict(type='SN', num_levels=5, requires_grad=True),
+        loss_cls=dict(
+            type='FocalLoss',
+            use_sigmoid=True,
+            gamma=2.0,
+            alpha=0.25,
+            loss_weight=1.0),
+        loss_bbox=dict(type='IoULoss', loss_weight=1.0),
+        loss_centerness=dict(
+            type='CrossEntropyLoss', use_sigmoid=True, loss_weight=1.0)),
+    train_cfg=dict(
+        _delete_=True,
+        assigner=dict(
+            type='MaxIoUAssigner',
+            pos_iou_thr=0.5,
+            neg_iou_thr=0.4,
+            min_pos_iou=0,
+            ignore_iof_thr=-1),
+        allowed_border=-1,
+        pos_weight=-1,
+        debug=False))
