@@ -291,6 +291,23 @@ def report(name, problems, matched, want, got, required=True):
     return required and (bool(problems) or not matched)
 
 
+def repeats(backend, x, first) -> bool:
+    """Whether ONNX Runtime gives ``first`` (its outputs for ``x``) again:
+    ONNX Runtime 1.16 plans its memory on a session's first run
+    (``enable_mem_pattern``), and on some graphs (a toy FCOS with SN) that
+    plan overlaps two buffers, so that every later run differs. Says so
+    where it does not."""
+    with torch.no_grad():
+        again = backend.wrapper({'input': x})
+    same = all(torch.equal(first[name], again[name]) for name in first)
+    if not same:
+        print('  ONNX Runtime gave other outputs on a second run of the same '
+              'input (its memory pattern, planned on the first run; a '
+              'session with SessionOptions.enable_mem_pattern = False '
+              'repeats itself): DISAGREE')
+    return same
+
+
 def check_detections(processor, backend, pytorch, deploy_cfg, model_cfg,
                      args) -> bool:
     """The two comparisons of the module docstring on every image; True
@@ -308,6 +325,7 @@ def check_detections(processor, backend, pytorch, deploy_cfg, model_cfg,
         print(f'{osp.basename(image)} {tuple(x.shape[2:])}')
         with torch.no_grad():
             run = backend.wrapper({'input': x})
+        failed |= not repeats(backend, x, run)
         want = raw_detections(*traced)
         got = raw_detections(*(run[name] for name in names))
         failed |= report(
@@ -345,7 +363,10 @@ def check_segmentation(processor, backend, pytorch, deploy_cfg, args) -> bool:
             image, shape, data_preprocessor=pytorch.data_preprocessor)
         inputs, _ = processor.create_input(image, shape)  # not preprocessed
         with torch.no_grad():
-            got = backend.wrapper({'input': x})['output'][0]
+            run = backend.wrapper({'input': x})
+        failed |= not repeats(backend, x, run)
+        got = run['output'][0]
+        with torch.no_grad():
             want = pytorch.test_step(inputs)[0].seg_logits.data
         # mmseg's predict leaves out the padding at the bottom and right.
         got = got[:, :want.shape[1], :want.shape[2]]
