@@ -16,24 +16,6 @@ model = dict(
         strides=[8, 16, 32, 64, 128],
         # Toy objects are 17-60 px: every level's range scaled down.
         regress_ranges=((-1, 32), (32, 64), (64, 128), (128, 256), (256, 1e8)),
-        norm_cfg=dict(type='SN', num_levels=5, requires_grad=True),
-        loss_cls=dict(
-            type='FocalLoss',
-            use_sigmoid=True,
-            gamma=2.0,
-            alpha=0.25,
-            loss_weight=1.0),
-        loss_bbox=dict(type='IoULoss', loss_weight=1.0),
-        loss_centerness=dict(
-            type='CrossEntropyLoss', use_sigmoid=True, loss_weight=1.0)),
-    train_cfg=dict(
-        _delete_=True,
-        assigner=dict(
-            type='MaxIoUAssigner',
-            pos_iou_thr=0.5,
-            neg_iou_thr=0.4,
-            min_pos_iou=0,
-            ignore_iof_thr=-1),
-        allowed_border=-1,
-        pos_weight=-1,
-        debug=False))
+        # FCOSHead's own losses (focal, IoU, centerness); its train_cfg
+        # is the RetinaNet's, which FCOS's targets do not read.
+        norm_cfg=dict(type='SN', num_levels=5, requires_grad=True)))
