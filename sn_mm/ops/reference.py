@@ -98,8 +98,9 @@ def _unequal_calls(tags: Tensor, name: str) -> RuntimeError:
 
 class _SyncStatistics(torch.autograd.Function):
     """SyncSN's collectives: in forward one all-gather of every rank's
-    (count, channel means, centred second moments, and the layer and call
-    they belong to, which must agree), combined by Chan et al.'s parallel
+    (count, channel means, centred second moments, and, where
+    :func:`_check_calls` says, the layer and call they belong to, which must
+    agree), combined by Chan et al.'s parallel
     formula; in backward one all-reduce of the gradients of
     the shared BN mean and variance (2C values, as the Triton kernels'), from
     which each rank takes its own statistics' part."""
@@ -107,24 +108,23 @@ class _SyncStatistics(torch.autograd.Function):
     @staticmethod
     def forward(ctx, mean_c: Tensor, m2_c: Tensor, n: int, group):
         call = _sync_call
-        key, count = (0, 0) if call is None else call[:2]
-        dtype = torch.promote_types(mean_c.dtype, torch.float32)
-        local = torch.cat([
-            mean_c.new_full((1, ), n, dtype=dtype),
-            mean_c.to(dtype),
-            m2_c.to(dtype),
-            mean_c.new_tensor((key, count), dtype=dtype)
-        ])
+        # Tags only where they are compared: on a GPU they would cost a
+        # host-to-device copy per call for nothing.
+        tagged = call is not None and _check_calls(mean_c.device)
+        local = torch.cat([mean_c.new_full((1, ), n), mean_c, m2_c])
+        if tagged:  # (float32 or wider holds them exactly)
+            wide = local.to(torch.promote_types(local.dtype, torch.float32))
+            local = torch.cat([wide, wide.new_tensor(call[:2])])
         gathered = [
             torch.empty_like(local) for _ in range(dist.get_world_size(group))
         ]
         dist.all_gather(gathered, local, group=group)
         stats = torch.stack(gathered)
-        tags = stats[:, -2:]
-        checked = call is not None and _check_calls(tags.device)
-        if checked and not bool((tags == tags[:1]).all()):
-            raise _unequal_calls(tags, call[2])
-        stats = stats[:, :-2].to(mean_c.dtype)
+        if tagged:
+            tags = stats[:, -2:]
+            if not bool((tags == tags[:1]).all()):
+                raise _unequal_calls(tags, call[2])
+            stats = stats[:, :-2].to(mean_c.dtype)
         c = mean_c.numel()
         counts, means, m2s = stats[:, :1], stats[:, 1:c + 1], stats[:, c + 1:]
         total = counts.sum()
