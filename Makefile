@@ -29,7 +29,8 @@ TORCHVISION_VERSION ?= 0.29.1
 STAMP     := $(VENV)/.sn_mm-installed
 
 .PHONY: venv test demo demo-seg demo-pretrain demo-video clean-venv gpu-wheels gpu-check \
-	venv-oldest test-oldest wheel-check wheel-check-oldest
+	venv-oldest test-oldest wheel-check wheel-check-oldest venv-triton-oldest \
+	test-triton-oldest
 
 DEMO_CONFIG := configs/toy/mask-rcnn_r18-sn_fpn_sn-head_toy-coco.py
 TOY_COCO    := data/toy_coco/annotations/instances_val.json
@@ -96,6 +97,31 @@ $(OLDEST_STAMP): requirements/oldest.txt requirements/tests-oldest.txt \
 # that need a newer torch skip, naming it (-rs lists them).
 test-oldest: venv-oldest
 	$(OLDEST_VPY) -m pytest tests -n 2 --dist loadfile --durations=20 -rfEs
+
+# The third CI leg: what differs with Triton, on the oldest Triton the fused
+# kernels support (3.0, torch 2.4.1) in .venv-triton-oldest/: the fused
+# kernels and SyncSN's in Triton's interpreter, the compile check's
+# cross-section (every architecture this Triton targets) and the
+# self-check of GPUs whose architecture or dtype it refuses. The rest of
+# the suite does not change with Triton: the main leg runs it.
+TRITON_OLDEST_PY    ?= $(PY)
+TRITON_OLDEST_VENV  := .venv-triton-oldest
+TRITON_OLDEST_VPY   := $(TRITON_OLDEST_VENV)/bin/python
+TRITON_OLDEST_STAMP := $(TRITON_OLDEST_VENV)/.sn_mm-installed
+TRITON_TESTS        := tests/test_triton_fused.py tests/test_sync_sn_triton.py
+
+venv-triton-oldest: $(TRITON_OLDEST_STAMP)
+
+$(TRITON_OLDEST_STAMP): requirements/triton-oldest.txt setup.py pyproject.toml \
+		requirements/install.txt
+	test -x $(TRITON_OLDEST_VPY) || $(TRITON_OLDEST_PY) -m venv $(TRITON_OLDEST_VENV)
+	$(TRITON_OLDEST_VPY) -m pip install -q --upgrade pip
+	$(TRITON_OLDEST_VPY) -m pip install -r requirements/triton-oldest.txt
+	$(TRITON_OLDEST_VPY) -m pip install --no-build-isolation --no-deps -e .
+	touch $(TRITON_OLDEST_STAMP)
+
+test-triton-oldest: venv-triton-oldest
+	$(TRITON_OLDEST_VPY) -m pytest $(TRITON_TESTS) -n 2 --dist loadfile -rfEs
 
 # sn_mm as a user installs it into an existing environment: a wheel built
 # under pip's build isolation, installed into a fresh venv that sees the

@@ -5,7 +5,6 @@ without a float32 copy, give an exact double backward, and lower to GPU
 code. Without a GPU they run in Triton's interpreter (tests/conftest.py);
 ``make gpu-check`` runs every case of sn_mm.testing.kernel_agreement on a
 GPU."""
-import math
 import os
 import os.path as osp
 
@@ -13,10 +12,13 @@ import pytest
 import torch
 from helpers import require_kernels
 from tool_runner import ROOT, run_python
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from sn_mm import SwitchableNorm
 
 require_kernels('triton', allow_module_level=True)
+from sn_mm.ops import _compat  # noqa: E402
+from sn_mm.ops import triton_targets  # noqa: E402
 from sn_mm.ops import triton_fused, triton_kernels  # noqa: E402
 from sn_mm.testing import kernel_agreement as agreement  # noqa: E402
 
@@ -163,18 +165,31 @@ def test_bfloat16_in_bfloat16_out_without_a_float32_copy():
     x = torch.randn(2, 4, 6, 6, device=DEVICE).bfloat16().requires_grad_()
     grad = torch.randn(2, 4, 6, 6, device=DEVICE).bfloat16()
     layer = SwitchableNorm(4, kernels='triton').to(DEVICE)
-    with torch.profiler.profile(record_shapes=True) as prof:
+    with FloatCopies(x.numel()) as copies:
         y = layer(x)
         y.backward(grad)
     assert y.dtype == x.grad.dtype == torch.bfloat16
     # (The PyTorch kernels make 4 such copies here: float32 in, bf16 out,
     # in forward and in backward.)
-    copies = [
-        e.name for e in prof.events()
-        if e.name in ('aten::_to_copy', 'aten::copy_') and any(
-            s and math.prod(s) == x.numel() for s in e.input_shapes)
-    ]
-    assert not copies, copies
+    assert not copies.made, copies.made
+
+
+class FloatCopies(TorchDispatchMode):
+    """Records each operator that makes a float32 tensor of ``numel``
+    elements. (Triton's interpreter copies each argument in and out in
+    its own dtype: not a float32 copy.)"""
+
+    def __init__(self, numel):
+        super().__init__()
+        self.numel, self.made = numel, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else (out, )):
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float32 \
+                    and t.numel() == self.numel:
+                self.made.append(str(func))
+        return out
 
 
 @needs_interpreter_or_gpu
@@ -195,6 +210,15 @@ def test_double_backward_equals_pytorch_kernels(training, groups):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+# Which cases of the compile check's cross-section each Triton CI runs
+# refuses (architecture, data type): Triton 3.0 targets nothing newer than
+# sm_90 and has no bf16 below sm_80.
+REFUSED_BY_TRITON = {
+    (3, 0): lambda arch, dtype: arch >= 100 or (arch < 80 and dtype == 'bf16'),
+    (3, 8): lambda arch, dtype: False,
+}
+
+
 def test_fused_kernels_compile_for_nvidia_gpus():
     env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
     result = run_python(
@@ -203,17 +227,25 @@ def test_fused_kernels_compile_for_nvidia_gpus():
         ok=False,
         timeout=600,
         base_env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = [line for line in result.stdout.splitlines() if 'cubin=' in line]
+    # (Exit status 1: a refusal SN's self-check does not foresee.)
+    assert result.returncode == 0, result.stdout[-3000:] + \
+        result.stderr[-3000:]
+    lines = [
+        line for line in result.stdout.splitlines()
+        if 'cubin=' in line or ' refused: ' in line
+    ]
     assert len(lines) == 72, result.stdout
     assert sum('grouped=True' in line for line in lines) == 24
-    assert all(int(line.rsplit('=', 1)[1]) > 0 for line in lines)
     # Every architecture from V100's to RTX 50's compiles each of the 9
     # kernel cases of a shape once, in both dtypes over them.
-    per_arch = {}
+    per_arch, refused = {}, set()
     for line in lines:
         name, _, dtype, grouped, arch = line.split()[:5]
         per_arch.setdefault(arch, []).append((name, grouped, dtype))
+        if ' refused: ' in line:
+            refused.add((int(arch[3:]), dtype))
+        else:
+            assert int(line.rsplit('=', 1)[1]) > 0, line
     assert sorted(per_arch) == sorted(f'sm_{a}'
                                       for a in (70, 75, 80, 86, 89, 90, 100,
                                                 120)), per_arch
@@ -221,24 +253,31 @@ def test_fused_kernels_compile_for_nvidia_gpus():
         assert len({(name, grouped) for name, grouped, _ in compiled}) == 9
         assert len(compiled) == 9
         assert {dtype for *_, dtype in compiled} == {'fp32', 'bf16'}, arch
+    refuses = REFUSED_BY_TRITON.get(_compat.triton_version())
+    if refuses is not None:
+        expected = {(int(arch[3:]), dtype)
+                    for arch, compiled in per_arch.items()
+                    for *_, dtype in compiled if refuses(int(arch[3:]), dtype)}
+        assert refused == expected, result.stdout
 
 
 @needs_interpreter_or_gpu
-def test_the_probe_accepts_working_kernels():
-    x = torch.randn(2, 3, device=DEVICE)
-    assert triton_fused._probe(x.device)
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+def test_the_probe_accepts_working_kernels(dtype):
+    assert triton_targets._probe(torch.device(DEVICE), dtype) is None
 
 
 @needs_interpreter_or_gpu
-def test_the_probe_refuses_failing_kernels_with_a_warning(monkeypatch):
+def test_the_self_check_refuses_failing_kernels_with_a_warning(monkeypatch):
     # 'auto' then runs on PyTorch ops: a Triton the kernels do not compile
     # with must not stop a training run that PyTorch's ops can do.
     def broken(*args, **kwargs):
         raise RuntimeError('no such instruction')
 
+    device = torch.device(DEVICE)
     monkeypatch.setattr(triton_fused, '_launch', broken)
     with pytest.warns(UserWarning, match='no such instruction'):
-        assert not triton_fused._probe(torch.device(DEVICE))
+        assert not triton_targets.self_check(device, None, torch.float32)
     wrong = []
     real = triton_fused._forward
 
@@ -250,8 +289,65 @@ def test_the_probe_refuses_failing_kernels_with_a_warning(monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(triton_fused, '_forward', off_by_one)
     with pytest.warns(UserWarning, match='output differs by'):
-        assert not triton_fused._probe(torch.device(DEVICE))
+        assert not triton_targets.self_check(device, None, torch.float32)
     assert wrong
+
+
+# (capability, dtype, whether the kernels compile) by Triton version, for
+# the Tritons CI runs: 3.0 (torch 2.4) cannot compile bf16 below sm_80 (its
+# PTX converts with cvt.f32.bf16, which ptxas takes from sm_80 on); no
+# Triton from 3.0 on targets sm_35 (Kepler; CUDA 12's ptxas dropped it).
+TARGETS = [(35, 'float32', False), (90, 'float32', True),
+           (80, 'bfloat16', True)]
+TARGETS_BY_TRITON = {
+    (3, 0): [(75, 'bfloat16', False), (75, 'float32', True)],
+    (3, 8): [(75, 'bfloat16', True), (70, 'float16', True)],
+}
+# In a process without Triton's interpreter (which cannot compile): each
+# target's compile, then the self-check of a GPU of a refused one.
+FORCED_CAPABILITY = """
+import sys, warnings, torch
+from sn_mm.ops import triton_targets
+for arg in sys.argv[1:]:
+    capability, name = arg.split(':')
+    dtype = getattr(torch, name)
+    problem = triton_targets.target_problem(int(capability), dtype)
+    print(arg, 'compiles' if problem is None else 'refused')
+    if problem is not None:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter('always')
+            works = triton_targets.self_check(
+                torch.device('cuda', 0), int(capability), dtype)
+        print(arg, works, len(caught), caught[0].message if caught else '')
+"""
+
+
+def test_sn_runs_pytorch_ops_where_triton_cannot_compile_for_the_gpu():
+    """The self-check of a GPU of a forced compute capability compiles the
+    kernels for it ahead of time; where Triton refuses the architecture or
+    the dtype, it says so once, naming both, and SN's default runs on
+    PyTorch ops there (for that dtype). (Where they compile, the same check
+    then runs them: test_the_probe_accepts_working_kernels.)"""
+    targets = TARGETS + TARGETS_BY_TRITON.get(_compat.triton_version(), [])
+    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
+    result = run_python(
+        ['-c', FORCED_CAPABILITY] +
+        [f'{capability}:{dtype}' for capability, dtype, _ in targets],
+        cwd=ROOT,
+        base_env=env)
+    lines = result.stdout.splitlines()
+    for capability, dtype, compiles in targets:
+        arg = f'{capability}:{dtype}'
+        assert f'{arg} {"compiles" if compiles else "refused"}' in lines
+        if not compiles:
+            (checked, ) = [
+                line for line in lines if line.startswith(f'{arg} False ')
+            ]
+            assert checked.startswith(f'{arg} False 1 '), checked
+            assert f'cuda:0 (sm_{capability}) for torch.{dtype} inputs' in \
+                checked
+            assert f'cannot compile moments_kernel for sm_{capability}' in \
+                checked
 
 
 def test_host_caches_keep_the_most_recently_used(monkeypatch):

@@ -6,7 +6,12 @@ prints one line per kernel and case.
 
 Without arguments, a cross-section (the suite's check): 72 compiles, each
 of its 9 kernel cases for every architecture from sm_70 (V100) to sm_120
-(RTX 50), in fp32 or bf16 (:func:`rotated_arch`). With ``--all``, every
+(RTX 50), in fp32 or bf16 (:func:`rotated_arch`). A case this Triton
+refuses (an architecture newer than it targets is not tried: its LLVM
+would abort) is printed as refused, with the reason; the exit status is 1
+where SN's self-check on such a GPU would not refuse it too
+(:func:`sn_mm.ops.triton_targets.target_problem`), so that its first
+training step would fail. With ``--all``, every
 combination of compile-time flags the host code (triton_fused.py) can
 produce, on an H100's or H200's plans (528 programs), for sm_80, sm_90 and,
 where this Triton targets it, sm_100, each named in the output; ``--jobs``
@@ -16,45 +21,14 @@ import itertools
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-
+from sn_mm.ops import _compat
 from sn_mm.ops import triton_fused as tf
 from sn_mm.ops import triton_kernels as tk
-
-FLOATS = ('divisor', 'eps', 'momentum', 'two_over_divisor')
-DATA = ('x_ptr', 'y_ptr', 'g_ptr', 'dx_ptr')
-
-
-def signature_of(kernel, constexprs, floats, pointer_types):
-    """Triton's signature for ``kernel``: constexprs as given, pointers
-    float32 unless ``pointer_types`` names them, ``floats`` as fp32 scalars,
-    other arguments int32."""
-    signature = {}
-    for name in kernel.arg_names:
-        if name in constexprs:
-            signature[name] = 'constexpr'
-        elif name.endswith('_ptr'):
-            signature[name] = pointer_types.get(name, '*fp32')
-        elif name in floats:
-            signature[name] = 'fp32'
-        else:
-            signature[name] = 'i32'
-    return signature
-
-
-def compile_source(kernel, signature, constexprs, arch):
-    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    return triton.compile(src, target=GPUTarget('cuda', arch, 32))
+from sn_mm.ops import triton_targets
 
 
 def compile_kernel(kernel, constexprs, data_type, arch):
-    pointers = {name: '*' + data_type for name in DATA}
-    pointers.update(fixed_ptr='*i1', nbt_ptr='*i64', bad_ptr='*i64')
-    return compile_source(kernel,
-                          signature_of(kernel, constexprs, FLOATS, pointers),
-                          constexprs, arch)
+    return triton_targets.compile_kernel(kernel, constexprs, data_type, arch)
 
 
 def blocks(c, groups):
@@ -64,73 +38,69 @@ def blocks(c, groups):
 
 def sample():
     # (N, C, L, stride_c, stride_l): contiguous long rows (split), RoI
-    # rows, channels_last, one position.
+    # rows, channels_last, one position; group SN with two groups, or one
+    # per channel (a group's tile of 1).
     shapes = [(2, 256, 60800, 60800, 1), (16, 256, 49, 49, 1),
               (8, 256, 3136, 1, 256), (4, 64, 1, 1, 1)]
-    # Group SN: two groups, or one per channel (a group's tile of 1).
-    for shape_index, ((n, c, length, sc, sl),
-                      groups) in enumerate(zip(shapes, (2, 2, 32, 64))):
-        # (The CPU's plan: fewer chunks per row than a GPU's, the same code.)
-        plan = tf._plan(n, c, length, sc, sl, tf.torch.device('cpu'))
-        tiles = dict(
-            SPLIT=plan['split'], ROWS=plan['rows'], BLOCK=plan['block'])
-        flags = dict(
-            K=3,
-            HAS_IN=length > 1,
-            RATIOS_GIVEN=False,
-            HAS_FIXED=True,
-            BN_BATCH=True,
-            GROUPED=False)
-        # Group SN: the kernels that take each row's ratios from its group.
-        grouped = dict(flags, GROUPED=True)
-        cases = [
-            ('moments_kernel',
-             dict(tiles, ONE_STEP=plan['chunk'] == plan['block'])),
-            ('stats_kernel',
-             dict(
-                 SPLIT=plan['split'],
-                 CB=plan['cb'],
-                 NB=plan['nb'],
-                 LOCAL=False)),
-            ('normalize_kernel',
-             dict(
-                 tiles,
-                 UPDATE=True,
-                 CB=plan['cb'],
-                 CUMULATIVE=length == 1,
-                 COUNT_BAD=True,
-                 **flags)),
-            ('grad_sums_kernel', tiles),
-            ('grad_stats_kernel',
-             dict(SPLIT=plan['split'], CB=plan['cb'], NB=plan['nb'], **flags)),
-            ('input_grad_kernel',
-             dict(tiles, SYNC=True, **flags, **blocks(c, 1))),
-            ('normalize_kernel',
-             dict(
-                 tiles,
-                 UPDATE=True,
-                 CB=plan['cb'],
-                 CUMULATIVE=False,
-                 COUNT_BAD=True,
-                 **grouped)),
-            ('grad_stats_kernel',
-             dict(
-                 SPLIT=plan['split'], CB=plan['cb'], NB=plan['nb'],
-                 **grouped)),
-            ('input_grad_kernel',
-             dict(tiles, SYNC=False, **grouped, **blocks(c, groups))),
+    compiled, refused = 0, []
+    for shape_index, (shape, groups) in enumerate(zip(shapes, (2, 2, 32, 64))):
+        n, c, length = shape[:3]
+        # SN's kernels, then the three that group SN runs differently.
+        cases = triton_targets.call_cases(shape) + [
+            case for case in triton_targets.call_cases(shape, groups)
+            if case[1].get('GROUPED')
         ]
         for k, (name, constexprs) in enumerate(cases):
             for d, data_type in enumerate(('fp32', 'bf16')):
                 arch = rotated_arch(k, shape_index, d)
-                compiled = compile_kernel(
-                    getattr(tk, name), constexprs, data_type, arch)
-                print(
-                    f'{name} {n}x{c}x{length} {data_type} '
-                    f'grouped={constexprs.get("GROUPED", False)} sm_{arch} '
-                    f'cubin={len(compiled.asm["cubin"])}',
-                    flush=True)
-    return 0
+                what = (f'{name} {n}x{c}x{length} {data_type} '
+                        f'grouped={constexprs.get("GROUPED", False)} '
+                        f'sm_{arch}')
+                untargeted = _compat.untargeted_capability(arch)
+                if untargeted is not None:
+                    refused.append((what, arch, data_type))
+                    print(f'{what} refused: {untargeted}', flush=True)
+                    continue
+                try:
+                    kernel = compile_kernel(
+                        getattr(tk, name), constexprs, data_type, arch)
+                except Exception as err:  # named below, never skipped
+                    refused.append((what, arch, data_type))
+                    print(
+                        f'{what} refused: {type(err).__name__}: '
+                        f'{triton_targets._first_error(err)}',
+                        flush=True)
+                    continue
+                compiled += 1
+                print(f'{what} cubin={len(kernel.asm["cubin"])}', flush=True)
+    return report_refusals(compiled, refused)
+
+
+DTYPES_BY_NAME = {
+    name: dtype
+    for dtype, name in triton_targets.TRITON_DTYPES.items()
+}
+
+
+def report_refusals(compiled, refused):
+    """Exit status 0 where every refused (architecture, dtype) is one that
+    SN's self-check refuses too (SN then runs on PyTorch ops there); 1
+    where one is not: that GPU's first training step would fail."""
+    unforeseen = [
+        what
+        for what, arch, data_type in refused if triton_targets.target_problem(
+            arch, DTYPES_BY_NAME[data_type]) is None
+    ]
+    version = '.'.join(map(str, _compat.triton_version()))
+    print(f'Triton {version}: {compiled} compiled, {len(refused)} refused; '
+          f'{len(refused) - len(unforeseen)} of the refused where SN\'s '
+          'self-check (triton_targets.target_problem) runs SN on PyTorch '
+          'ops')
+    for what in unforeseen:
+        print(
+            f'NOT FORESEEN: {what} fails, but the self-check compiles',
+            flush=True)
+    return 1 if unforeseen else 0
 
 
 # The NVIDIA architectures users train on: V100, T4, A100, A10/RTX 30,
@@ -247,14 +217,10 @@ def compile_case(args):
 
 
 def targets():
-    """sm_80 and sm_90, and sm_100 where this Triton compiles for it."""
-    try:
-        compile_kernel(tk.grad_sums_kernel, dict(SPLIT=1, ROWS=2, BLOCK=16),
-                       'fp32', 100)
-        return (80, 90, 100)
-    except Exception as err:  # this Triton does not target Blackwell
-        print(f'(no sm_100: {type(err).__name__}: {err})')
-        return (80, 90)
+    """sm_80 and sm_90, and sm_100 where this Triton targets it."""
+    return tuple(
+        arch for arch in (80, 90, 100)
+        if _compat.untargeted_capability(arch) is None)
 
 
 def every_combination(jobs):

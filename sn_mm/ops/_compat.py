@@ -8,6 +8,7 @@ shapes (batch-1 inference, RoI heads) a layer call costs a few microseconds
 of arithmetic, and the public routes below cost as much again.
 """
 import os
+from typing import Optional
 
 import torch
 
@@ -116,6 +117,30 @@ def own_tensors(module: torch.nn.Module):
             dict(module.named_buffers(recurse=False)))
 
 
+# -- autograd's version counters -------------------------------------------
+def _takes_sequences() -> bool:
+    # torch 2.4 and older take one tensor a call (a RuntimeError for a
+    # tuple); later ones a tensor or a sequence of them.
+    try:
+        torch.autograd.graph.increment_version(())
+        return True
+    except (RuntimeError, TypeError):
+        return False
+
+
+_VERSIONS_AT_ONCE = _takes_sequences()
+
+
+def increment_versions(tensors) -> None:
+    """``torch.autograd.graph.increment_version`` for each of ``tensors``
+    (written in place outside autograd's sight)."""
+    if _VERSIONS_AT_ONCE:
+        torch.autograd.graph.increment_version(tensors)
+        return
+    for tensor in tensors:
+        torch.autograd.graph.increment_version(tensor)
+
+
 # -- autograd's backward ---------------------------------------------------
 _GRAPH_TASK_ID = getattr(torch._C, '_current_graph_task_id', None)
 
@@ -212,3 +237,82 @@ def in_transform() -> bool:
     run under."""
     return (torch._C._are_functorch_transforms_active()
             or torch.autograd.forward_ad._current_level >= 0)
+
+
+# -- across Triton versions -------------------------------------------------
+# Imported only where SN's Triton kernels are (Triton is optional). The
+# kernels support Triton 3.0 (torch 2.4) to 3.8 (torch 2.14); what differs
+# between those releases, and which release it applies to, is here.
+def triton_version() -> tuple:
+    """Triton's (major, minor)."""
+    import triton
+    return tuple(int(part) for part in triton.__version__.split('.')[:2])
+
+
+# The NVIDIA architectures newer than Hopper (sm_90) and the first Triton
+# that compiles for each. An older Triton's LLVM aborts the whole process
+# on them ("'sm_100' is not a recognized processor for this target", then
+# "LLVM ERROR: Cannot select"; measured with Triton 3.0), which no
+# exception handler catches, so they are never tried with one. Blackwell
+# came with Triton 3.3 (torch 2.7, pytorch/pytorch#146518), sm_103 with
+# 3.5.1 (pytorch/pytorch#167008), sm_121 with 3.6's second ptxas
+# (triton-lang/triton#10331); sm_110 is measured from 3.8.
+FIRST_TRITON_FOR = {
+    100: (3, 3),
+    101: (3, 3),
+    120: (3, 3),
+    103: (3, 5),
+    121: (3, 6),
+    110: (3, 8),
+}
+NEWEST_BEFORE_BLACKWELL = 90
+
+
+def untargeted_capability(capability: int) -> Optional[str]:
+    """Why this Triton cannot be asked to compile for sm_``capability``
+    (one newer than it knows), or None."""
+    if capability <= NEWEST_BEFORE_BLACKWELL:
+        return None
+    have = triton_version()
+    first = FIRST_TRITON_FOR.get(capability)
+    if first is not None and have >= first:
+        return None
+    version = '.'.join(map(str, have))
+    needs = ('a Triton that knows it'
+             if first is None else f'Triton >= {".".join(map(str, first))}')
+    return (f'Triton {version} does not target sm_{capability} (compiling '
+            f'for it would abort the process); it needs {needs}')
+
+
+def _ast_source_takes_constexprs() -> bool:
+    # Triton >= 3.3: ASTSource(fn, signature, constexprs=...), the signature
+    # naming every argument ('constexpr' for compile-time ones); Triton
+    # 3.0-3.2: ASTSource(fn, signature, constants=...), the signature naming
+    # the runtime arguments only.
+    import inspect
+
+    from triton.compiler import ASTSource
+    return 'constexprs' in inspect.signature(ASTSource.__init__).parameters
+
+
+def compile_for_gpu(kernel, signature: dict, constexprs: dict,
+                    capability: int):
+    """``kernel`` (a ``triton.jit`` function) compiled ahead of time for an
+    NVIDIA GPU of compute capability ``capability`` (``90`` for sm_90),
+    no GPU needed: Triton lowers it to PTX and ptxas assembles a cubin.
+    ``signature`` maps each argument's name to its Triton type, compile-time
+    ones to ``'constexpr'``; ``constexprs`` gives their values. Raises what
+    Triton raises where it cannot compile the kernel for that target."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    if _ast_source_takes_constexprs():
+        source = ASTSource(
+            fn=kernel, signature=signature, constexprs=constexprs)
+    else:
+        runtime = {
+            name: kind
+            for name, kind in signature.items() if kind != 'constexpr'
+        }
+        source = ASTSource(fn=kernel, signature=runtime, constants=constexprs)
+    return triton.compile(source, target=GPUTarget('cuda', capability, 32))

@@ -1,6 +1,6 @@
 """Whether two runs of SN agree: one path's outputs, gradients and running
 statistics against another's. The fused kernels' self-check on a new device
-(:func:`sn_mm.ops.triton_fused.works_on`) and the agreement sweep of the
+(:func:`sn_mm.ops.triton_targets.works_on`) and the agreement sweep of the
 tests and the GPU check (:mod:`sn_mm.testing.kernel_agreement`) both judge
 by it."""
 from typing import Dict, Optional

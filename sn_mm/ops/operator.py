@@ -171,6 +171,7 @@ _OP = _compat.op_function(torch.ops.sn_mm.switchable_norm.default)
 # SN runs on PyTorch ops on CUDA.
 MIN_TRITON = (3, 0)
 _triton = None
+_triton_targets = None  # sn_mm.ops.triton_targets, imported with _triton
 _triton_problem = None
 
 
@@ -191,7 +192,7 @@ def triton_module():
     """:mod:`sn_mm.ops.triton_fused`, imported on first use; None without a
     Triton that runs it (:func:`triton_problem` says why; on a machine with
     a GPU a warning says so once)."""
-    global _triton, _triton_problem
+    global _triton, _triton_targets, _triton_problem
     if _triton is None:
         _triton = False
         try:
@@ -201,8 +202,8 @@ def triton_module():
             _triton_problem = f'Triton cannot be imported ({err})'
         if _triton_problem is None:
             try:
-                from . import triton_fused
-                _triton = triton_fused
+                from . import triton_fused, triton_targets
+                _triton, _triton_targets = triton_fused, triton_targets
             except ImportError as err:
                 _triton_problem = (f'SN\'s Triton kernels cannot be '
                                    f'imported ({err})')
@@ -375,7 +376,7 @@ def _triton_implementation(choice, x, weight, running_mean) -> str:
             else 'torch'
     works = (
         fused is not None and fused.applies(x, weight, running_mean)
-        and fused.works_on(x))
+        and _triton_targets.works_on(x))
     return 'triton' if works else 'torch'
 
 

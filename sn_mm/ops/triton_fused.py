@@ -30,10 +30,8 @@ from torch import Tensor
 
 from . import _compat
 from . import triton_kernels as kernels
-from .agreement import worst_difference
 from .reference import (combine_statistics, graph_grads, held_group,
-                        hold_group, switchable_norm_reference,
-                        update_running_stats)
+                        hold_group, update_running_stats)
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _TILE = 2048  # elements per (rows x block) tile
@@ -359,11 +357,7 @@ def _combine_over_group(ws,
 
 def _bump(*tensors):
     # Written in place by a kernel: autograd's version counters must see it.
-    try:
-        torch.autograd.graph.increment_version(tensors)
-    except TypeError:  # a torch that takes one tensor at a time
-        for t in tensors:
-            torch.autograd.graph.increment_version(t)
+    _compat.increment_versions(tensors)
 
 
 class TritonSwitchableNorm(torch.autograd.Function):
@@ -468,91 +462,6 @@ def applies(x: Tensor, weight: Tensor, running_mean: Optional[Tensor]) -> bool:
     return ((x.is_cuda or _INTERPRET) and x.dtype in FUSED_DTYPES
             and weight.dtype is torch.float32 and x.numel() > 0
             and (running_mean is None or running_mean.dtype is torch.float32))
-
-
-_WORKS = {}
-
-
-def works_on(x: Tensor) -> bool:
-    """Whether these kernels compile and agree with the reference on
-    ``x``'s device: checked once per device, on a small layer (training
-    forward and backward, then eval). Where they do not (a Triton these
-    kernels do not compile with, say), SN's default ('auto') runs on
-    PyTorch ops there, with a warning saying why; ``kernels='triton'``
-    still runs them, so that the error shows."""
-    index = x.get_device()
-    works = _WORKS.get(index)
-    if works is None:
-        works = _WORKS[index] = _probe(x.device)
-    return works
-
-
-def _reference_call(x, weight, bias, mean_logits, var_logits, running_mean,
-                    running_var, nbt, training):
-    return switchable_norm_reference(x, weight, bias, mean_logits, var_logits,
-                                     running_mean, running_var, nbt, training,
-                                     0.1, 1e-5, True)
-
-
-_PROBE_PARAMS = ('weight', 'bias', 'mean_weight', 'var_weight')
-
-
-def _probe(device: torch.device) -> bool:
-    gen = torch.Generator().manual_seed(0)
-    shape = (3, 4, 3, 5)
-    x = torch.randn(shape, generator=gen) * 2 + 1
-    grad = torch.randn(shape, generator=gen)
-    params = [
-        torch.rand(4, generator=gen) + 0.5,
-        torch.randn(4, generator=gen),
-        torch.randn(3, generator=gen),
-        torch.randn(3, generator=gen)
-    ]
-    results = []
-    try:
-        with torch.inference_mode(False), torch.enable_grad(), \
-                torch.autocast(device.type, enabled=False):
-            for fn in (_fused_call, _reference_call):
-                xs = x.to(device).requires_grad_()
-                ps = [p.to(device).requires_grad_() for p in params]
-                running = [
-                    torch.zeros(4, device=device),
-                    torch.ones(4, device=device),
-                    torch.zeros((), dtype=torch.long, device=device)
-                ]
-                y = fn(xs, *ps, *running, True)
-                y.backward(grad.to(device))
-                with torch.no_grad():
-                    y_eval = fn(xs, *ps, *running, False)
-                results.append(
-                    dict(
-                        output=y,
-                        input_grad=xs.grad,
-                        **{
-                            f'{name} grad': p.grad
-                            for name, p in zip(_PROBE_PARAMS, ps)
-                        },
-                        running_mean=running[0],
-                        running_var=running[1],
-                        num_batches_tracked=running[2],
-                        eval_output=y_eval))
-        worst_difference(*results, 1e-3, 'a small layer')
-    except Exception as err:  # any failure: the reason goes to the warning
-        warnings.warn(
-            f'sn_mm: SN\'s fused Triton kernels do not work on '
-            f'{device} ({type(err).__name__}: {err}); SN runs on '
-            f'PyTorch ops there. kernels=\'triton\' runs them '
-            f'anyway.',
-            stacklevel=3)
-        return False
-    return True
-
-
-def _fused_call(x, weight, bias, mean_logits, var_logits, running_mean,
-                running_var, nbt, training):
-    return switchable_norm(x, weight, bias, mean_logits, var_logits,
-                           running_mean, running_var, nbt, None, None,
-                           training, 0.1, 1e-5, True)
 
 
 def switchable_norm(x: Tensor,

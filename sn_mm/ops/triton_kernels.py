@@ -452,7 +452,7 @@ def _update_running(ws_ptr, rmean_ptr, rvar_ptr, nbt_ptr, bad_ptr, N, C,
         v = tl.load(bn + stat_at(STAT_VAR, C) + c0 + idx, mask=ok, other=0.0)
         # NaN fails every comparison, infinities this one.
         finite = (tl.abs(m) <= _FLOAT32_MAX) & (tl.abs(v) <= _FLOAT32_MAX)
-        bad += tl.where(ok & ~finite, 1, 0)
+        bad += tl.where(ok & (finite == 0), 1, 0)
     if tl.sum(bad, 0) == 0:
         count = tl.load(nbt_ptr) + 1
         if CUMULATIVE:
