@@ -119,8 +119,9 @@ def test_onnx_runtime_gives_pytorchs_detections(workspace, case):
 def test_a_session_that_does_not_repeat_itself_is_named(workspace):
     """FCOS with SN (a one-stage detector with per-level head statistics):
     ONNX Runtime 1.16's session gives mmdet's outputs on its first run and
-    others after (its memory pattern, planned on the first run, overlaps two
-    buffers of this graph; with enable_mem_pattern off it repeats itself).
+    others after (its memory pattern, planned on the first run, corrupts a
+    buffer of this graph; with enable_mem_pattern off, or ONNX Runtime
+    1.19 and later, it repeats itself).
     The tool names that, and fails, rather than report a mismatch of
     detections without a cause; without it, the detections agree."""
     model = 'fcos_r18-sn_fpn_sn-head_toy-coco'

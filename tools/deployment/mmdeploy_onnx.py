@@ -293,18 +293,19 @@ def report(name, problems, matched, want, got, required=True):
 
 def repeats(backend, x, first) -> bool:
     """Whether ONNX Runtime gives ``first`` (its outputs for ``x``) again:
-    ONNX Runtime 1.16 plans its memory on a session's first run
-    (``enable_mem_pattern``), and on some graphs (a toy FCOS with SN) that
-    plan overlaps two buffers, so that every later run differs. Says so
-    where it does not."""
+    ONNX Runtime 1.16.3 to 1.18.0 plan their memory on a session's first
+    run (``enable_mem_pattern``), and on some graphs (a toy FCOS with SN)
+    that plan corrupts a buffer, so that later runs differ. Says so where
+    it does not."""
     with torch.no_grad():
         again = backend.wrapper({'input': x})
     same = all(torch.equal(first[name], again[name]) for name in first)
     if not same:
         print('  ONNX Runtime gave other outputs on a second run of the same '
-              'input (its memory pattern, planned on the first run; a '
-              'session with SessionOptions.enable_mem_pattern = False '
-              'repeats itself): DISAGREE')
+              'input (its memory pattern, planned on the first run, which '
+              'ONNX Runtime 1.16.3 to 1.18.0 get wrong on some graphs; '
+              'ONNX Runtime >= 1.19, or a session with SessionOptions.'
+              'enable_mem_pattern = False, repeats itself): DISAGREE')
     return same
 
 
