@@ -6,6 +6,7 @@ The kernels' own build (into an empty cache, with GCC 11 and 12 and clang)
 is tools/misc/wheel_check.py's, which CI runs on both legs: a build takes a
 minute, too long for the suite.
 """
+import glob
 import importlib.machinery
 import os
 import os.path as osp
@@ -172,16 +173,23 @@ def test_a_prebuilt_that_does_not_load_is_named(tmp_path,
 def test_a_stale_prebuilt_gives_way_to_the_cached_build(
         tmp_path, package_with_a_stale_prebuilt):
     # The cache this process loaded from: the copy's sources are the same,
-    # so its key is too.
-    cache = osp.dirname(osp.dirname(native_status().path))
+    # so its key is too. The copy, at another path, loads that build as it
+    # is: two installs sharing a cache do not rebuild it after each other.
+    folder = osp.dirname(native_status().path)
+    objects = {
+        path: os.stat(path).st_mtime_ns
+        for path in glob.glob(osp.join(folder, '*.o'))
+    }
+    assert objects
     (ok, origin, kind, same), warnings, out = probe(
         tmp_path, {
-            'TORCH_EXTENSIONS_DIR': cache,
+            'TORCH_EXTENSIONS_DIR': osp.dirname(folder),
             'PYTHONPATH': str(package_with_a_stale_prebuilt)
         },
         cwd=tmp_path)
     assert (ok, origin, kind, same) == ('True', 'cached', 'native', 'True')
     assert warnings == 0, out
+    assert {path: os.stat(path).st_mtime_ns for path in objects} == objects
 
 
 def test_the_key_changes_with_the_compiler_and_the_sources(

@@ -29,6 +29,7 @@ import os.path as osp
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from typing import NamedTuple, Optional
@@ -179,7 +180,7 @@ def _build() -> NativeStatus:
             warnings.simplefilter('ignore', UserWarning)
             cpp_extension.load(
                 name,
-                sources(),
+                _sources_in(folder),
                 extra_cflags=list(CFLAGS),
                 extra_ldflags=list(LDFLAGS),
                 build_directory=folder,
@@ -201,6 +202,25 @@ def _build() -> NativeStatus:
     _log(f'sn_mm: built SN\'s C++ CPU kernels in {seconds:.1f} s')
     return NativeStatus(True, 'built', library,
                         f'built with {identity} in {seconds:.1f} s')
+
+
+def _sources_in(folder: str) -> list:
+    """The kernels' sources, copied once into the build ``folder``, which
+    its name ties to their content. torch writes the paths it is given into
+    the folder's build.ninja, and ninja rebuilds every object whose command
+    changed: built from their own paths, two installs of one sn_mm (a
+    checkout and a wheel, or a copy) sharing a cache would each rebuild it
+    after the other."""
+    copy = osp.join(folder, 'src')
+    if not osp.isdir(copy):
+        staging = tempfile.mkdtemp(dir=folder)
+        for path in glob.glob(osp.join(CSRC, '*')):
+            shutil.copy2(path, staging)  # (mtimes kept: objects stay newer)
+        try:
+            os.rename(staging, copy)
+        except OSError:  # another process put its copy there first
+            shutil.rmtree(staging, ignore_errors=True)
+    return sources(copy)
 
 
 def _error_lines(lines, keep=12):
