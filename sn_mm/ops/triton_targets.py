@@ -180,7 +180,7 @@ def self_check(device: torch.device, capability: Optional[int],
                dtype: torch.dtype) -> bool:
     """Whether SN's default may run these kernels on ``device`` for
     ``dtype`` inputs: each kernel compiles for sm_``capability``
-    (:func:`sn_mm.ops.triton_targets.target_problem`; None: not compiled,
+    (:func:`target_problem`; None: not compiled,
     as in Triton's interpreter), and a small layer in ``dtype`` (training
     forward and backward, then eval) on ``device`` agrees with the
     reference. Where not, a warning names the device, the dtype and the
