@@ -27,10 +27,6 @@ from sn_mm.ops import triton_kernels as tk
 from sn_mm.ops import triton_targets
 
 
-def compile_kernel(kernel, constexprs, data_type, arch):
-    return triton_targets.compile_kernel(kernel, constexprs, data_type, arch)
-
-
 def blocks(c, groups):
     gb, wb = tf.logit_blocks(c, groups)
     return dict(GB=gb, WB=wb)
@@ -56,20 +52,11 @@ def sample():
                 what = (f'{name} {n}x{c}x{length} {data_type} '
                         f'grouped={constexprs.get("GROUPED", False)} '
                         f'sm_{arch}')
-                untargeted = _compat.untargeted_capability(arch)
-                if untargeted is not None:
+                kernel, refusal = triton_targets.try_compile(
+                    getattr(tk, name), constexprs, data_type, arch)
+                if refusal is not None:  # named below, never skipped
                     refused.append((what, arch, data_type))
-                    print(f'{what} refused: {untargeted}', flush=True)
-                    continue
-                try:
-                    kernel = compile_kernel(
-                        getattr(tk, name), constexprs, data_type, arch)
-                except Exception as err:  # named below, never skipped
-                    refused.append((what, arch, data_type))
-                    print(
-                        f'{what} refused: {type(err).__name__}: '
-                        f'{triton_targets._first_error(err)}',
-                        flush=True)
+                    print(f'{what} refused: {refusal}', flush=True)
                     continue
                 compiled += 1
                 print(f'{what} cubin={len(kernel.asm["cubin"])}', flush=True)
@@ -209,7 +196,8 @@ def all_cases():
 
 def compile_case(args):
     name, constexprs, dtype, arch = args
-    compiled = compile_kernel(getattr(tk, name), constexprs, dtype, arch)
+    compiled = triton_targets.compile_kernel(
+        getattr(tk, name), constexprs, dtype, arch)
     flags = ' '.join(f'{k}={int(v) if isinstance(v, bool) else v}'
                      for k, v in sorted(constexprs.items()))
     return (f'{name} sm_{arch} {dtype} {flags} '

@@ -124,17 +124,29 @@ def target_problem(capability: int, dtype: torch.dtype) -> Optional[str]:
 
 def _first_refusal(capability: int, dtype: torch.dtype) -> Optional[str]:
     for name, constexprs in call_cases(_PROBE_SHAPE):
-        try:
-            # (Triton prints a refused kernel's whole PTX.)
-            with contextlib.redirect_stdout(io.StringIO()):
-                compile_kernel(
-                    getattr(tk, name), constexprs, TRITON_DTYPES[dtype],
-                    capability)
-        except Exception as err:  # whatever Triton or ptxas refuses
+        _, refusal = try_compile(
+            getattr(tk, name), constexprs, TRITON_DTYPES[dtype], capability)
+        if refusal is not None:
             return (f'Triton {".".join(map(str, _compat.triton_version()))} '
                     f'cannot compile {name} for sm_{capability} in {dtype}: '
-                    f'{type(err).__name__}: {_first_error(err)}')
+                    f'{refusal}')
     return None
+
+
+def try_compile(kernel, constexprs: dict, data_type: str, capability: int):
+    """(``kernel`` compiled as :func:`compile_kernel` compiles it, None), or
+    (None, why this Triton refuses it). An architecture newer than this
+    Triton targets is not tried (its LLVM would abort the process)."""
+    untargeted = _compat.untargeted_capability(capability)
+    if untargeted is not None:
+        return None, untargeted
+    try:
+        # (Triton prints a refused kernel's whole PTX.)
+        with contextlib.redirect_stdout(io.StringIO()):
+            return compile_kernel(kernel, constexprs, data_type,
+                                  capability), None
+    except Exception as err:  # whatever Triton or ptxas refuses
+        return None, f'{type(err).__name__}: {_first_error(err)}'
 
 
 def _first_error(err: Exception) -> str:
