@@ -1,15 +1,13 @@
-// SN's CPU row kernels for AVX-512 (F, VL, BW, DQ) with AVX2 and FMA. The host
-// side (cpu_isa.cpp) runs them only where the CPU has these instructions.
-// Compilers other than GCC and clang, and CPUs other than x86-64, get no such
-// table (nullptr).
+// SN's CPU row kernels for AVX-512 (F, VL, BW, DQ) with AVX2 and FMA, which
+// cpu_isa.cpp runs only where the CPU has them: x86-64 GCC and clang builds
+// (nullptr elsewhere).
 #include "row_kernels.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SN_ISA avx512
 #define SN_TARGET "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"
 #define SN_REGISTER_BYTES 64
-#include "row_kernels_target.h"
-SN_DEFINE_ROW_KERNELS(avx512)
-#include "row_kernels_target_end.h"
+#include "row_kernels_isa.h"
 #else
 const sn_mm_rows::RowKernels* sn_mm_rows::row_kernels_avx512() {
   return nullptr;

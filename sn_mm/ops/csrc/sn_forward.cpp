@@ -13,43 +13,59 @@
 
 namespace sn_mm_cpu {
 
+// LN's statistics per sample (over the means about the channels' shifts
+// where given, in double), and where col is given the sums per channel of
+// those means and of var_in.
+template <typename T>
+LnStatsArgs<T> ln_args(const Stats<T>& s, int64_t channels, double* col) {
+  LnStatsArgs<T> a;
+  a.mean_in = s.mean_in;
+  a.var_in = s.var_in;
+  a.channels = channels;
+  a.ln_mean = s.ln_mean;
+  a.ln_var = s.ln_var;
+  a.col = col;
+  a.dmean = s.dmean;
+  a.shift = s.shift;
+  return a;
+}
+
 // LN and BN statistics from the IN moments (Eq. 5) in the stable form,
-// e.g. var_ln = mean_c(var_in) + mean_c((mean_in - mean_ln)^2): the released
-// mean(var_in + mean_in^2) - mean^2 without its cancellation. LN statistics
-// per sample into plm/plv, BN mean and M2 per channel into pbm/pb2 unless
-// those are null (eval, where the running statistics stand in, and one
-// sample, whose are its IN ones); BN's from the means pdm about the
-// channels' shifts pshift.
-template <typename scalar_t>
-void reductions_into(const scalar_t* pm, const scalar_t* pv, int64_t samples,
-                     int64_t channels, scalar_t* plm, scalar_t* plv,
-                     scalar_t* pbm, scalar_t* pb2, const scalar_t* pdm,
-                     const scalar_t* pshift) {
-  if (pbm == nullptr) {
-    run(LnStatsArgs<scalar_t>{pm, pv, channels, plm, plv, nullptr, pdm,
-                              pshift},
-        0, samples);
+// e.g. var_ln = mean_c(var_in) + mean_c((mean_in - mean_ln)^2): the
+// released mean(var_in + mean_in^2) - mean^2 without its cancellation. With
+// bn_sums also the BN mean and M2 per channel into s.bn_mean and s.bn_var
+// (not in eval, where the running statistics stand in, nor for one
+// sample, whose are its IN ones), from the means about the shifts.
+template <typename T>
+void reductions_into(const Stats<T>& s, int64_t samples, int64_t channels,
+                     bool bn_sums) {
+  if (!bn_sums) {
+    run(ln_args(s, channels, nullptr), 0, samples);
     return;
   }
   // Pass 1: per sample the LN statistics (its row is in cache twice);
   // per channel the sums of the means about the shifts and of var_in.
   const auto cols =
       sum_over_samples(samples, 2 * channels, [&](int64_t n, double* col) {
-        run(LnStatsArgs<scalar_t>{pm, pv, channels, plm, plv, col, pdm,
-                                  pshift},
-            n, n + 1);
+        run(ln_args(s, channels, col), n, n + 1);
       });
   std::vector<double> centre(channels, 0.0);
   if (samples > 0)
     for (int64_t c = 0; c < channels; ++c) centre[c] = cols[c] / samples;
   // Pass 2: squared deviations of those means about their channel's mean.
+  BnDevArgs<T> dev;
+  dev.mean_in = s.dmean;
+  dev.centre = centre.data();
+  dev.channels = channels;
   const auto devs =
       sum_over_samples(samples, channels, [&](int64_t n, double* col) {
-        run(BnDevArgs<scalar_t>{pdm, centre.data(), channels, col}, n, n + 1);
+        BnDevArgs<T> a = dev;
+        a.col = col;
+        run(a, n, n + 1);
       });
   for (int64_t c = 0; c < channels; ++c) {
-    pbm[c] = static_cast<scalar_t>(double(pshift[c]) + centre[c]);
-    pb2[c] = static_cast<scalar_t>(cols[channels + c] + devs[c]);
+    s.bn_mean[c] = static_cast<T>(double(s.shift[c]) + centre[c]);
+    s.bn_var[c] = static_cast<T>(cols[channels + c] + devs[c]);
   }
 }
 
@@ -175,9 +191,12 @@ std::pair<const T*, const T*> fixed_bn(const Forward& f, const Stats<T>& s,
 template <typename T>
 MomentsArgs<T> moments_args(const Forward& f, const Stats<T>& s) {
   const int64_t channels = f.x3.size(1), spatial = f.x3.size(2);
-  MomentsArgs<T> a{
-      f.x3.data_ptr<T>(), s.mean_in, s.var_in, spatial,
-      static_cast<T>(std::max<int64_t>(spatial - f.correction, 1))};
+  MomentsArgs<T> a;
+  a.x = f.x3.data_ptr<T>();
+  a.mean = s.mean_in;
+  a.var = s.var_in;
+  a.length = spatial;
+  a.divisor = static_cast<T>(std::max<int64_t>(spatial - f.correction, 1));
   for (int64_t c = 0; c < channels; ++c) s.shift[c] = a.x[c * spatial];
   a.shift = s.shift;
   a.dmean = s.dmean;
@@ -200,9 +219,7 @@ void moments_and_reductions(const Forward& f, const Stats<T>& s,
     std::fill_n(s.dmean, rows, T(0));
     std::fill_n(s.shift, channels, T(0));
   }
-  reductions_into(s.mean_in, s.var_in, samples, channels, s.ln_mean, s.ln_var,
-                  bn_sums ? s.bn_mean : nullptr, bn_sums ? s.bn_var : nullptr,
-                  s.dmean, s.shift);
+  reductions_into(s, samples, channels, bn_sums);
 }
 
 // IN's moments, then LN's and the BN statistics in use: the batch's (one
@@ -247,7 +264,7 @@ NormalizeArgs<T> normalize_args(const Forward& f, const Stats<T>& s,
   a.var_c = bn.second;
   a.weight = weight.data_ptr<T>();
   a.bias = bias.data_ptr<T>();
-  a.w = w.args();
+  a.w = w.args;
   a.eps = static_cast<T>(eps);
   a.y = y.data_ptr<T>();
   a.mu = s.mu;
@@ -259,24 +276,19 @@ NormalizeArgs<T> normalize_args(const Forward& f, const Stats<T>& s,
 
 // Without the batch's BN statistics (eval), a sample's output needs only
 // that sample: its moments, LN statistics and normalisation run one after
-// the other in blocks of about kBlockBytes while they are in L2, so that
-// the input comes from memory once, as GroupNorm's does (by_sample,
-// docs/performance.md#special-paths-on-the-cpu).
-constexpr int64_t kSampleMax = int64_t(512) << 10, kBlockBytes = int64_t(256)
-                                                                 << 10;
-
-// Samples per block of the by-sample path; 0 where it does not apply.
+// the other in blocks of about SN_BLOCK_KIB while they are in L2, so that
+// the input comes from memory once, as GroupNorm's does (by_sample). The
+// samples per block; 0 where the path does not apply.
 template <typename T>
 int64_t by_sample_block(const Forward& f, const Running& run_stats) {
   const int64_t bytes = f.x3.size(1) * f.x3.size(2) * int64_t(sizeof(T));
-  const int64_t block =
-      std::max<int64_t>(1, kBlockBytes / std::max<int64_t>(bytes, 1));
+  const int64_t block = std::max<int64_t>(
+      1, (int64_t(SN_BLOCK_KIB) << 10) / std::max<int64_t>(bytes, 1));
   const int64_t blocks = (f.x3.size(0) + block - 1) / block;
-  return take(kPathBySample, !(run_stats.using_bn && run_stats.training) &&
-                                 bytes <= kSampleMax &&
-                                 blocks >= 4 * at::get_num_threads())
-             ? block
-             : 0;
+  const bool applies = !(run_stats.using_bn && run_stats.training) &&
+                       bytes <= (int64_t(SN_SAMPLE_MAX_KIB) << 10) &&
+                       blocks >= SN_BLOCKS_PER_THREAD * at::get_num_threads();
+  return take(kPathBySample, applies) ? block : 0;
 }
 
 template <typename T>
@@ -289,8 +301,7 @@ void forward_by_sample(Forward& f, at::Tensor& y, const at::Tensor& weight,
   const GroupRatios<T> w(f.ratios, channels, run_stats.using_bn);
   const auto args = normalize_args(f, s, bn, w, weight, bias, eps, y);
   const MomentsArgs<T> moments = moments_args(f, s);
-  const LnStatsArgs<T> ln{s.mean_in, s.var_in, channels, s.ln_mean,
-                          s.ln_var,  nullptr,  s.dmean,  s.shift};
+  const LnStatsArgs<T> ln = ln_args(s, channels, nullptr);
   const int64_t blocks = (samples + block - 1) / block;
   // Each thread walks its own contiguous share of the blocks (one stream
   // of reads and writes), then takes what is left of the others', so that a

@@ -41,11 +41,6 @@ bool take(Path p, bool applies) {
   return true;
 }
 
-bool short_rows(int64_t rows, int64_t length) {
-  return take(kPathShortRows, length < sn_mm_rows::kShortRow &&
-                                  rows >= sn_mm_rows::kShortRowsMin);
-}
-
 Path path_named(const std::string& name) {
   for (int p = 0; p < kPathCount; ++p)
     if (name == kPathNames[p]) return static_cast<Path>(p);
@@ -192,10 +187,6 @@ Forward prepared(const at::Tensor& x, const at::Tensor& mean_logits,
   f.ratios = mixing_ratios(mean_logits, var_logits, read_fixed(fixed, groups),
                            fixed_ratios, spatial > 1, ratios_given);
   return f;
-}
-
-int64_t bn_offset(int64_t samples, int64_t channels) {
-  return Stats<float>::bn_offset(samples, channels);
 }
 
 }  // namespace sn_mm_cpu

@@ -1,30 +1,101 @@
-// What the CPU operator's passes share (sn_host.cpp, sn_forward.cpp,
-// sn_backward.cpp): the row kernels' dispatch and parallel loops, each
-// ratio group's ratios, the statistics buffer and the special paths. The
+// The CPU operator's host side: its forward and backward (sn_forward.cpp,
+// sn_backward.cpp) as sn_operator.cpp calls them, and what they share
+// (sn_host.cpp): the row kernels' dispatch and parallel loops, the ratios,
+// the statistics buffer, the special paths and the host's cut-offs. The
 // passes work on raw pointers: at small shapes (batch-1 inference, RoI
 // heads) each ATen call on a (C,) vector would cost as much as the data's
-// passes. Semantics: those of the reference, sn_mm/ops/reference.py, which
-// the tests hold the passes to.
+// passes. Semantics: the reference's (sn_mm/ops/reference.py), which the
+// tests hold the passes to.
 #pragma once
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "row_kernels.h"
-#include "sn_passes.h"
 
 namespace sn_mm_cpu {
 
-using sn_mm_rows::BnDevArgs;
-using sn_mm_rows::GradReduceArgs;
-using sn_mm_rows::GradSumsArgs;
-using sn_mm_rows::InputGradArgs;
-using sn_mm_rows::LnStatsArgs;
-using sn_mm_rows::MomentsArgs;
-using sn_mm_rows::NormalizeArgs;
+using namespace sn_mm_rows;
+using OptTensor = c10::optional<at::Tensor>;
+
+inline bool defined(const OptTensor& t) {
+  return t.has_value() && t->defined();
+}
+
+// The host's cut-offs, as row_kernels.h's (docs/performance.md#cut-offs).
+#ifndef SN_TASK_VALUES
+// Values per parallel task: enough work to amortise its scheduling.
+#define SN_TASK_VALUES 32768
+#endif
+#ifndef SN_PARALLEL_SUMS_MIN
+// (N, C) sums over fewer values run in one thread.
+#define SN_PARALLEL_SUMS_MIN 16384
+#endif
+#ifndef SN_SAMPLE_MAX_KIB
+// by_sample: samples of up to this size, in blocks of about SN_BLOCK_KIB
+// (in L2 from one pass to the next), SN_BLOCKS_PER_THREAD blocks or more
+// per thread (fewer would leave threads idle).
+#define SN_SAMPLE_MAX_KIB 512
+#endif
+#ifndef SN_BLOCK_KIB
+#define SN_BLOCK_KIB 256
+#endif
+#ifndef SN_BLOCKS_PER_THREAD
+#define SN_BLOCKS_PER_THREAD 4
+#endif
+
+// The ratio vectors in use: IN first where IN is defined (K entries, else
+// K - 1, LN first), and where LN sits (BN follows it). Group SN: G such
+// vectors one after the other, channel c taking group c / (C / G)'s.
+struct Ratios {
+  std::vector<double> mean, var;
+  bool has_in = true;
+  int64_t k_ln = 1;
+  int64_t groups = 1;
+  // Which vectors are given instead of learned: 2 x G flags (mean's groups,
+  // then the variance's), from ratio_fixed (2,) or, for group SN, (2, G).
+  std::vector<bool> fixed;
+  int64_t terms() const { return static_cast<int64_t>(mean.size()) / groups; }
+};
+
+// What backward needs of a forward: the (N, C, L) input, the statistics
+// buffer, the ratios mixed with.
+struct Forward {
+  at::Tensor y, x3, ws;
+  Ratios ratios;
+  int64_t correction = 0;
+  bool bn_batch = false;
+};
+
+// The forward pass; with BN in training it also updates the running
+// statistics (momentum < 0: the cumulative average) unless the batch is
+// empty. for_backward: keep what backward_impl needs in the result.
+Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
+                     const at::Tensor& bias, const at::Tensor& mean_logits,
+                     const at::Tensor& var_logits,
+                     const OptTensor& running_mean,
+                     const OptTensor& running_var,
+                     const OptTensor& num_batches_tracked,
+                     const OptTensor& nonfinite, const OptTensor& fixed,
+                     const OptTensor& fixed_ratios, bool training,
+                     double momentum, double eps, bool unbiased,
+                     bool ratios_given, bool for_backward);
+
+// The backward pass from the forward's saved tensors (x, weight, the
+// logits, the statistics buffer ws and the fixed ratios): gradients of x,
+// weight, bias and the two logit (or, with ratios_given, ratio) tensors.
+std::vector<at::Tensor> backward_impl(
+    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
+    const at::Tensor& mean_logits, const at::Tensor& var_logits,
+    const at::Tensor& ws, const OptTensor& fixed,
+    const OptTensor& fixed_ratios, bool using_bn, bool bn_batch, bool unbiased,
+    bool ratios_given);
 
 // A kernel of the instruction set in use (cpu_isa.cpp) over rows [begin,
 // end).
@@ -40,34 +111,15 @@ SN_RUN(BnDevArgs)
 SN_RUN(GradReduceArgs)
 #undef SN_RUN
 
-// Rows per task: enough work per task to amortise scheduling.
-inline int64_t grain(int64_t length) {
-  return std::max<int64_t>(1, 32768 / std::max<int64_t>(length, 1));
+inline int64_t rows_per_task(int64_t length) {
+  return std::max<int64_t>(1, SN_TASK_VALUES / std::max<int64_t>(length, 1));
 }
-
-// ------------------------------------------------------ special paths --
-// The ways a call is computed only at some sizes, each because it measured
-// faster there (docs/performance.md#special-paths-on-the-cpu has the A/B
-// figures). Each counts the calls that took it and can be switched off,
-// for the tests (which assert that theirs ran) and for the A/B tool
-// (tools/analysis_tools/benchmark_paths.py); switched off, a call takes
-// the general way, which computes the same.
-enum Path { kPathShortRows, kPathBySample, kPathCount };
-
-// Whether a call takes path p where it applies (and counts it if so).
-bool take(Path p, bool applies);
-
-// Whether a pass over `rows` rows of `length` values takes the short-row
-// sums (row_kernels.h), counted.
-bool short_rows(int64_t rows, int64_t length);
 
 template <typename Args>
 void run_rows(const Args& args, int64_t rows, int64_t length) {
-  if (rows <= grain(length)) {  // one task: no parallel region
-    run(args, 0, rows);
-    return;
-  }
-  at::parallel_for(0, rows, grain(length),
+  const int64_t grain = rows_per_task(length);
+  if (rows <= grain) return run(args, 0, rows);  // no parallel region
+  at::parallel_for(0, rows, grain,
                    [&](int64_t begin, int64_t end) { run(args, begin, end); });
 }
 
@@ -79,55 +131,62 @@ std::vector<double> sum_over_samples(int64_t samples, int64_t width,
                                      const Fn& fn) {
   const int64_t tasks =
       std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), samples));
-  if (tasks == 1 || samples * width < 16384) {
-    // Small: a parallel region would cost more than the work.
-    std::vector<double> total(width, 0.0);
+  std::vector<double> total(width, 0.0);
+  if (tasks == 1 || samples * width < SN_PARALLEL_SUMS_MIN) {
     for (int64_t n = 0; n < samples; ++n) fn(n, total.data());
     return total;
   }
   std::vector<double> partial(tasks * width, 0.0);
   const int64_t per_task = (samples + tasks - 1) / tasks;
   at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t end = std::min(samples, (t + 1) * per_task);
-      for (int64_t n = t * per_task; n < end; ++n)
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t n = t * per_task; n < std::min(samples, (t + 1) * per_task);
+           ++n)
         fn(n, partial.data() + t * width);
-    }
   });
-  std::vector<double> total(width, 0.0);
   for (int64_t t = 0; t < tasks; ++t)
     for (int64_t i = 0; i < width; ++i) total[i] += partial[t * width + i];
   return total;
 }
 
+// The special paths: ways a call is computed only at some sizes, each
+// because it measured faster there (docs/performance.md#special-paths-on-
+// the-cpu). Each counts the calls that took it and can be switched off
+// (for the tests and tools/analysis_tools/benchmark_paths.py); off, a call
+// takes the general way, which computes the same.
+enum Path { kPathShortRows, kPathBySample, kPathCount };
+bool take(Path p, bool applies);  // counted where it does
+std::vector<std::pair<std::string, int64_t>> path_counts();
+bool set_path(const std::string& name, bool on);  // returns the old state
+
+// Whether a pass over `rows` rows of `length` values takes the short-row
+// sums (kShortRow), counted.
+inline bool short_rows(int64_t rows, int64_t length) {
+  return take(kPathShortRows, length < kShortRow && rows >= kShortRowsMin);
+}
+
 // Each ratio group's six ratios in the computation's dtype, as the kernels
-// take them (sn_mm_rows::GroupRatioArgs).
+// take them (GroupRatioArgs).
 template <typename T>
 struct GroupRatios {
   std::vector<T> data;
-  int64_t group_channels;
+  GroupRatioArgs<T> args;
   GroupRatios(const Ratios& w, int64_t channels, bool using_bn)
-      : data(sn_mm_rows::kRatios * w.groups),
-        group_channels(std::max<int64_t>(channels / w.groups, 1)) {
+      : data(kRatios * w.groups) {
     const int64_t k = w.k_ln, terms = w.terms();
     for (int64_t g = 0; g < w.groups; ++g) {
       const double* m = w.mean.data() + g * terms;
       const double* v = w.var.data() + g * terms;
-      T* out = data.data() + sn_mm_rows::kRatios * g;
-      out[sn_mm_rows::kWmIn] = static_cast<T>(w.has_in ? m[0] : 0.0);
-      out[sn_mm_rows::kWvIn] = static_cast<T>(w.has_in ? v[0] : 0.0);
-      out[sn_mm_rows::kWmLn] = static_cast<T>(m[k]);
-      out[sn_mm_rows::kWvLn] = static_cast<T>(v[k]);
-      out[sn_mm_rows::kWmBn] = static_cast<T>(using_bn ? m[k + 1] : 0.0);
-      out[sn_mm_rows::kWvBn] = static_cast<T>(using_bn ? v[k + 1] : 0.0);
+      T* out = data.data() + kRatios * g;
+      out[kWmIn] = static_cast<T>(w.has_in ? m[0] : 0.0);
+      out[kWvIn] = static_cast<T>(w.has_in ? v[0] : 0.0);
+      out[kWmLn] = static_cast<T>(m[k]);
+      out[kWvLn] = static_cast<T>(v[k]);
+      out[kWmBn] = static_cast<T>(using_bn ? m[k + 1] : 0.0);
+      out[kWvBn] = static_cast<T>(using_bn ? v[k + 1] : 0.0);
     }
-  }
-  sn_mm_rows::GroupRatioArgs<T> args() const {
-    return {data.data(), group_channels};
-  }
-  // Channel c's six ratios (RatioIndex).
-  const T* of_channel(int64_t c) const {
-    return data.data() + sn_mm_rows::kRatios * (c / group_channels);
+    args.ratios = data.data();
+    args.group_channels = std::max<int64_t>(channels / w.groups, 1);
   }
 };
 
@@ -155,10 +214,12 @@ struct Stats {
   static int64_t size(int64_t samples, int64_t channels) {
     return 5 * samples * channels + 2 * samples + 3 * channels;
   }
-  static int64_t bn_offset(int64_t samples, int64_t channels) {
-    return 4 * samples * channels + 2 * samples;
-  }
 };
+
+// Where the BN mean (then the variance) sits in Forward::ws.
+inline int64_t bn_offset(int64_t samples, int64_t channels) {
+  return 4 * samples * channels + 2 * samples;
+}
 
 // weight and bias fit x (after prepared() has checked x).
 void check_params(const at::Tensor& x, const at::Tensor& weight,

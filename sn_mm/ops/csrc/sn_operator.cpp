@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "cpu_isa.h"
-#include "sn_passes.h"
+#include "sn_host.h"
 
 using namespace sn_mm_cpu;
 using torch::autograd::AutogradContext;

@@ -1,0 +1,273 @@
+#!/usr/bin/env python
+"""A/B of builds of SN's C++ CPU kernels in one process.
+
+Each candidate is SN's ``csrc/`` at a git revision (``.``: the working
+tree; a folder: the sources in it), optionally with cut-offs set by ``-D``
+(``SN_ROWS_AT_ONCE=2``: the names are in ``csrc/row_kernels.h`` and
+``csrc/sn_host.h``), compiled into
+its own operator namespace (``sn_ab_<name>``) beside the others. Every case
+(shape, dtype, mode, threads, instruction set) times the candidates in
+alternating rounds, each round starting one candidate further along, and
+prints the medians, each candidate's ratio to the first (below 1: faster)
+and the largest difference of its outputs from the first's in units in the
+last place (ulps; the gradients' for ``backward``). Two builds of the same
+revision show the noise (an A/A).
+
+Modes: ``train`` (a training forward that keeps what backward needs),
+``backward`` (autograd's backward of it), ``eval`` (a no-grad eval
+forward). Calls shorter than ``--fill`` seconds are timed over a loop that
+fills it.
+
+Example::
+
+    python tools/analysis_tools/benchmark_kernels.py \\
+        --candidate old=HEAD~1 old2=HEAD~1 new=. --rounds 9
+    python tools/analysis_tools/benchmark_kernels.py \\
+        --candidate new=. rows2=.:SN_ROWS_AT_ONCE=2 --shapes 512x256x7x7
+"""
+import argparse
+import hashlib
+import os
+import os.path as osp
+import statistics
+import subprocess
+import tempfile
+
+import torch
+
+from sn_mm.ops.native_flags import CFLAGS, LDFLAGS
+from sn_mm.ops.operator import GRAPH_GRADS_SCHEMA, SCHEMA
+from sn_mm.testing.timing import (add_allocator_option, per_call,
+                                  run_with_steady_malloc)
+
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+# Five detector shapes (FPN levels, a backbone stage, RoI features of the
+# mask head) and five small ones (RoI box head, stage 5 at batch 1, a
+# tiny map, odd sizes).
+DETECTOR_SHAPES = [
+    '2x256x200x304', '2x512x100x152', '2x1024x50x76', '8x256x56x56',
+    '1024x256x14x14'
+]
+SMALL_SHAPES = [
+    '512x256x7x7', '1x2048x7x7', '1x64x8x8', '2x16x70x70', '8x64x24x24'
+]
+MODES = ('train', 'backward', 'eval')
+CSRC = 'sn_mm/ops/csrc'
+
+
+def csrc_files(rev):
+    """{file name: text} of csrc at git revision rev ('.': the tree; a
+    folder: the sources in it)."""
+    if rev == '.' or osp.isdir(rev):
+        folder = osp.join(ROOT, CSRC) if rev == '.' else rev
+        return {
+            name: open(osp.join(folder, name)).read()
+            for name in sorted(os.listdir(folder))
+        }
+    names = subprocess.run(['git', 'ls-tree', '--name-only', f'{rev}:{CSRC}'],
+                           cwd=ROOT,
+                           capture_output=True,
+                           text=True,
+                           check=True).stdout.split()
+    return {
+        name:
+        subprocess.run(['git', 'show', f'{rev}:{CSRC}/{name}'],
+                       cwd=ROOT,
+                       capture_output=True,
+                       text=True,
+                       check=True).stdout
+        for name in names
+    }
+
+
+def build(name, spec):
+    """Compile candidate `spec` ('REV[:NAME=VALUE,...]') into namespace
+    sn_ab_<name>; returns its torch.ops namespace."""
+    from torch.utils import cpp_extension
+    rev, _, defines = spec.partition(':')
+    namespace = f'sn_ab_{name}'
+    files = {
+        file:
+        text.replace('(sn_mm,',
+                     f'({namespace},').replace('"sn_mm::', f'"{namespace}::')
+        for file, text in csrc_files(rev).items()
+    }
+    flags = list(CFLAGS) + [f'-D{d}' for d in defines.split(',') if d]
+    key = hashlib.sha1(
+        repr((sorted(files.items()), flags,
+              torch.__version__)).encode()).hexdigest()[:12]
+    folder = osp.join(tempfile.gettempdir(), 'sn_mm_kernel_ab',
+                      f'{namespace}_{key}')
+    os.makedirs(folder, exist_ok=True)
+    for file, text in files.items():
+        with open(osp.join(folder, file), 'w') as f:
+            f.write(text)
+    library = torch.library.Library(namespace, 'DEF')
+    library.define(SCHEMA)
+    library.define(GRAPH_GRADS_SCHEMA)
+    build.libraries.append(library)  # kept alive: it holds the schema
+    cpp_extension.load(
+        name=f'{namespace}_{key}',
+        sources=sorted(
+            osp.join(folder, f) for f in files if f.endswith('.cpp')),
+        extra_cflags=flags,
+        extra_ldflags=list(LDFLAGS),
+        build_directory=folder,
+        is_python_module=False,
+        verbose=False)
+    return getattr(torch.ops, namespace)
+
+
+build.libraries = []
+
+
+def make_case(op, shape, dtype, mode):
+    """A call of candidate op's kernels, and what it computes."""
+    torch.manual_seed(0)
+    n, c = shape[:2]
+    x = torch.randn(shape, dtype=dtype) * 2 + 1
+    params = [
+        torch.rand(c, dtype=dtype) + 0.5,
+        torch.randn(c, dtype=dtype) * 0.1,
+        torch.randn(3, dtype=dtype),
+        torch.randn(3, dtype=dtype)
+    ]
+    running = [torch.zeros(c, dtype=dtype), torch.ones(c, dtype=dtype)]
+    count = torch.zeros((), dtype=torch.long)
+    training = mode != 'eval'
+
+    def forward():
+        return op.switchable_norm(x, *params, *running, count, None, None,
+                                  None, training, 0.1, 1e-5, True, False)
+
+    if mode == 'eval':
+
+        def call():
+            with torch.no_grad():
+                return forward()
+
+        return call, call
+    inputs = [x] + params
+    for t in inputs:
+        t.requires_grad_(True)
+    if mode == 'train':
+        return forward, forward
+    y = forward()
+    grad = torch.randn_like(y)
+
+    def backward():
+        return torch.autograd.grad(y, inputs, grad, retain_graph=True)
+
+    return backward, backward
+
+
+def ulps(a, b):
+    """The largest |a - b| in units in the last place of a's largest
+    value (near zero a value's own ulps would count the cancellation of
+    x - mean, not the kernels)."""
+    a, b = a.detach(), b.detach()
+    if not a.numel():
+        return 0.0
+    big = a.abs().max()
+    unit = torch.nextafter(big, big + 1) - big
+    return float((a - b).abs().max() / unit)
+
+
+def max_ulps(first, other):
+    if isinstance(first, torch.Tensor):
+        first, other = [first], [other]
+    return max(ulps(a, b) for a, b in zip(first, other))
+
+
+def run_case(ops, shape, dtype, mode, rounds, fill):
+    calls, outputs = {}, {}
+    for name, op in ops.items():
+        call, result = make_case(op, shape, dtype, mode)
+        outputs[name] = result()
+        calls[name] = call
+    seconds = per_call(calls[next(iter(ops))], 1)
+    repeat = max(1, min(200, int(fill / max(seconds, 1e-7))))
+    names = list(ops)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(per_call(calls[name], repeat))
+    first = names[0]
+    return {
+        name: (statistics.median(times[name]) * 1e3,
+               max_ulps(outputs[first], outputs[name]))
+        for name in names
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(
+        description=__doc__.split('\n\n')[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split('\n\n', 1)[1])
+    parser.add_argument(
+        '--candidate',
+        nargs='+',
+        required=True,
+        help='NAME=REV[:MACRO=VALUE,...]; the first is '
+        'the one the others are compared with')
+    parser.add_argument(
+        '--shapes', nargs='+', default=DETECTOR_SHAPES + SMALL_SHAPES)
+    parser.add_argument('--dtypes', nargs='+', default=['float32', 'float64'])
+    parser.add_argument(
+        '--modes', nargs='+', default=list(MODES), choices=MODES)
+    parser.add_argument(
+        '--threads', nargs='+', type=int, default=[1,
+                                                   torch.get_num_threads()])
+    parser.add_argument(
+        '--isa',
+        nargs='+',
+        default=None,
+        help='instruction sets (default: every one this '
+        'CPU runs)')
+    parser.add_argument('--rounds', type=int, default=9)
+    parser.add_argument(
+        '--fill',
+        type=float,
+        default=0.02,
+        help='seconds each timing fills (default 0.02)')
+    add_allocator_option(parser)
+    args = parser.parse_args()
+    run_with_steady_malloc(args.allocator)
+    ops = {}
+    for spec in args.candidate:
+        name, _, source = spec.partition('=')
+        ops[name] = build(name, source)
+    first = next(iter(ops.values()))
+    isas = args.isa or list(first.cpu_isas())
+    names = list(ops)
+    print(f'torch {torch.__version__}; medians of {args.rounds} rounds; '
+          f'candidates: {", ".join(args.candidate)}')
+    head = ['shape', 'dtype', 'mode', 'threads', 'isa'] + [
+        f'{n} ms' for n in names
+    ] + [f'{n}/{names[0]}'
+         for n in names[1:]] + [f'{n} ulps' for n in names[1:]]
+    print('| ' + ' | '.join(head) + ' |')
+    print('|' + '---|' * len(head))
+    for isa in isas:
+        for op in ops.values():
+            op.set_cpu_isa(isa)
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            for shape in args.shapes:
+                dims = tuple(int(d) for d in shape.split('x'))
+                for dtype in args.dtypes:
+                    for mode in args.modes:
+                        r = run_case(ops, dims, getattr(torch, dtype), mode,
+                                     args.rounds, args.fill)
+                        base = r[names[0]][0]
+                        row = [shape, dtype, mode, str(threads), isa]
+                        row += [f'{r[n][0]:.4g}' for n in names]
+                        row += [f'{r[n][0] / base:.3f}' for n in names[1:]]
+                        row += [f'{r[n][1]:.0f}' for n in names[1:]]
+                        print('| ' + ' | '.join(row) + ' |', flush=True)
+
+
+if __name__ == '__main__':
+    main()
