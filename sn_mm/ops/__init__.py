@@ -3,9 +3,11 @@
 ``operator.py`` holds the one entry point (:func:`switchable_norm`), the
 ``torch.library`` operator ``sn_mm::switchable_norm`` and the one place
 that picks an implementation; ``reference.py`` is SN in PyTorch ops;
-``csrc/`` the C++ CPU kernels (``row_kernels_impl.h`` the row kernels and
-``reduction_kernels_impl.h`` the reductions between them,
-``sn_forward.cpp`` and ``sn_backward.cpp`` the passes that run them,
+``csrc/`` the C++ CPU kernels (``simd.h`` their vectors and loop form,
+``row_kernels_impl.h`` the row kernels and ``reduction_kernels_impl.h`` the
+reductions between them, ``row_coefficients.cpp`` their per-channel
+coefficients, ``sn_forward.cpp`` and ``sn_backward.cpp`` the passes that
+run them,
 ``sn_host.cpp`` what those share, ``sn_operator.cpp`` the operator's
 autograd and registration, ``cpu_isa.cpp`` the instruction set), which
 ``native.py`` loads or builds on first use;

@@ -50,7 +50,6 @@ std::atomic<const RowKernels*> active_kernels{nullptr};
 
 namespace sn_mm_cpu {
 
-// The sets this build has and this CPU runs, best first.
 std::vector<std::string> cpu_isas() {
   std::vector<std::string> names;
   for (const Isa& isa : kIsas)
@@ -76,17 +75,11 @@ void set_cpu_isa(const std::string& name) {
                     "' (expected avx512, avx2 or baseline)");
 }
 
-// SN_MM_CPU_ISA where set, else the best the CPU runs.
-static void choose_cpu_isa() {
-  const char* wanted = std::getenv("SN_MM_CPU_ISA");
-  set_cpu_isa(wanted != nullptr && *wanted ? std::string(wanted)
-                                           : cpu_isas().front());
-}
-
 const RowKernels& kernels() {
   const RowKernels* table = active_kernels.load(std::memory_order_relaxed);
-  if (table == nullptr) {
-    choose_cpu_isa();
+  if (table == nullptr) {  // $SN_MM_CPU_ISA where set, else the best
+    const char* wanted = std::getenv("SN_MM_CPU_ISA");
+    set_cpu_isa(wanted && *wanted ? std::string(wanted) : cpu_isas().front());
     table = active_kernels.load();
   }
   return *table;

@@ -294,10 +294,7 @@ at::Tensor grad_rows(const at::Tensor& grad_y, const Forward& f) {
   return g.is_contiguous() ? g : g.contiguous();
 }
 
-// The backward pass from the forward's saved tensors (its input, weight,
-// logits and statistics buffer; the ratios are recomputed from the logits):
-// gradients of x, weight, bias and the two logit (or, with ratios_given,
-// ratio) tensors.
+// (The ratios are recomputed from the logits.)
 std::vector<at::Tensor> backward_impl(
     const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
     const at::Tensor& mean_logits, const at::Tensor& var_logits,

@@ -205,13 +205,18 @@ MomentsArgs<T> moments_args(const Forward& f, const Stats<T>& s) {
   return a;
 }
 
-// IN's moments and LN's statistics; with bn_sums, also the batch's BN
-// channel means and M2 sums (into bn_mean and bn_var).
+// IN's moments, then LN's and the BN statistics in use: the batch's (one
+// sample's are its IN statistics, read where they are), else fixed_bn's.
+// Returns where the BN mean and variance are.
 template <typename T>
-void moments_and_reductions(const Forward& f, const Stats<T>& s,
-                            bool bn_sums) {
+std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
+                                         const Running& run_stats,
+                                         bool for_backward) {
   const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
                 spatial = f.x3.size(2), rows = samples * channels;
+  const bool bn_batch =
+      run_stats.using_bn && run_stats.training && samples > 0;
+  const bool bn_sums = bn_batch && samples > 1;
   if (f.x3.numel()) {
     run_rows(moments_args(f, s), rows, spatial);
   } else {
@@ -220,27 +225,12 @@ void moments_and_reductions(const Forward& f, const Stats<T>& s,
     std::fill_n(s.shift, channels, T(0));
   }
   reductions_into(s, samples, channels, bn_sums);
-}
-
-// IN's moments, then LN's and the BN statistics in use: the batch's (one
-// sample's are its IN statistics, read where they are), else fixed_bn's.
-// Returns where the BN mean and variance are.
-template <typename T>
-std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
-                                         const Running& run_stats,
-                                         bool for_backward) {
-  const int64_t samples = f.x3.size(0), channels = f.x3.size(1);
-  const bool bn_batch =
-      run_stats.using_bn && run_stats.training && samples > 0;
-  const bool one_sample = bn_batch && samples == 1;
-  const bool bn_sums = bn_batch && !one_sample;
-  moments_and_reductions(f, s, bn_sums);
   if (!bn_batch) return fixed_bn(f, s, run_stats, for_backward);
   if (bn_sums)  // bn_var holds the M2 sums until divided by the count
     for (int64_t c = 0; c < channels; ++c)
       s.bn_var[c] /= static_cast<T>(samples);
-  const T* bn_m = one_sample ? s.mean_in : s.bn_mean;
-  const T* bn_v = one_sample ? s.var_in : s.bn_var;
+  const T* bn_m = bn_sums ? s.bn_mean : s.mean_in;
+  const T* bn_v = bn_sums ? s.bn_var : s.var_in;
   update_running(*run_stats.mean, *run_stats.var, *run_stats.count,
                  run_stats.nonfinite, run_stats.momentum, bn_m, bn_v,
                  channels);
@@ -346,9 +336,6 @@ void forward_pass(Forward& f, at::Tensor& y, const at::Tensor& weight,
   run_rows(args, samples * channels, spatial);
 }
 
-// The forward pass; with BN in training it also updates the running
-// statistics (momentum < 0: the cumulative average) unless the batch is
-// empty.
 Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
                      const at::Tensor& bias, const at::Tensor& mean_logits,
                      const at::Tensor& var_logits,
