@@ -13,6 +13,10 @@ and the largest difference of its outputs from the first's in units in the
 last place (ulps; the gradients' for ``backward``). Two builds of the same
 revision show the noise (an A/A).
 
+With ``--cutoffs REV``, instead each cut-off of the kernels at REV (the
+``SN_*`` macros, CUTOFFS below) against other values at the shapes around
+it, a table each.
+
 Modes: ``train`` (a training forward that keeps what backward needs),
 ``backward`` (autograd's backward of it), ``eval`` (a no-grad eval
 forward). Calls shorter than ``--fill`` seconds are timed over a loop that
@@ -24,6 +28,8 @@ Example::
         --candidate old=HEAD~1 old2=HEAD~1 new=. --rounds 9
     python tools/analysis_tools/benchmark_kernels.py \\
         --candidate new=. rows2=.:SN_ROWS_AT_ONCE=2 --shapes 512x256x7x7
+    python tools/analysis_tools/benchmark_kernels.py --cutoffs HEAD \\
+        --threads 2 --isa avx512 avx2 --dtypes float32
 """
 import argparse
 import hashlib
@@ -201,7 +207,31 @@ def run_case(ops, shape, dtype, mode, rounds, fill):
     }
 
 
-def main():
+# --cutoffs: each cut-off (its macro and value in the kernels) against
+# other values, at the shapes around it, in the modes it changes.
+CUTOFFS = [
+    ('SN_SHORT_ROW', 128, [256], ['4x128x10x10', '4x128x14x14'], MODES),
+    ('SN_SHORT_ROWS_MIN', 256, [64], ['1x64x8x8', '1x128x7x7',
+                                      '2x256x7x7'], MODES),
+    ('SN_ROWS_AT_ONCE', 4, [2], ['512x256x7x7', '16x256x7x7',
+                                 '8x256x56x56'], MODES),
+    ('SN_SUMS', 4, [2], ['8x256x56x56', '1x2048x7x7', '2x16x70x70'], MODES),
+    ('SN_COEF_ROWS', 256, [1024], ['512x256x7x7',
+                                   '1x2048x7x7'], ('backward', )),
+    ('SN_TASK_VALUES', 32768, [8192],
+     ['16x256x7x7', '1x512x28x28', '2x16x70x70'], MODES),
+    ('SN_PARALLEL_SUMS_MIN', 16384, [4096], ['16x256x7x7', '32x128x7x7'],
+     ('train', 'backward')),
+    ('SN_SAMPLE_MAX_KIB', 512, [2048], ['64x256x28x28',
+                                        '8x512x28x28'], ('eval', )),
+    ('SN_BLOCK_KIB', 256, [1024], ['1024x256x14x14',
+                                   '512x256x7x7'], ('eval', )),
+    ('SN_BLOCKS_PER_THREAD', 4, [1], ['4x256x14x14',
+                                      '32x256x7x7'], ('eval', )),
+]
+
+
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__.split('\n\n')[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -209,9 +239,13 @@ def main():
     parser.add_argument(
         '--candidate',
         nargs='+',
-        required=True,
-        help='NAME=REV[:MACRO=VALUE,...]; the first is '
-        'the one the others are compared with')
+        help='NAME=REV[:MACRO=VALUE,...]; the first is the one the others '
+        'are compared with')
+    parser.add_argument(
+        '--cutoffs',
+        metavar='REV',
+        help='instead, each cut-off of REV (CUTOFFS) against other values '
+        'at the shapes around it: one table')
     parser.add_argument(
         '--shapes', nargs='+', default=DETECTOR_SHAPES + SMALL_SHAPES)
     parser.add_argument('--dtypes', nargs='+', default=['float32', 'float64'])
@@ -224,8 +258,7 @@ def main():
         '--isa',
         nargs='+',
         default=None,
-        help='instruction sets (default: every one this '
-        'CPU runs)')
+        help='instruction sets (default: every one this CPU runs)')
     parser.add_argument('--rounds', type=int, default=9)
     parser.add_argument(
         '--fill',
@@ -233,24 +266,32 @@ def main():
         default=0.02,
         help='seconds each timing fills (default 0.02)')
     add_allocator_option(parser)
-    args = parser.parse_args()
-    run_with_steady_malloc(args.allocator)
+    args = parser.parse_args(argv)
+    if not (args.candidate or args.cutoffs):
+        parser.error('give --candidate or --cutoffs')
+    return args
+
+
+def print_row(cells):
+    print('| ' + ' | '.join(cells) + ' |', flush=True)
+
+
+def compare(args, specs):
+    """The A/B table of candidates `specs` (NAME=SOURCE)."""
     ops = {}
-    for spec in args.candidate:
+    for spec in specs:
         name, _, source = spec.partition('=')
-        ops[name] = build(name, source)
-    first = next(iter(ops.values()))
-    isas = args.isa or list(first.cpu_isas())
+        if spec not in compare.built:  # a namespace registers once
+            compare.built[spec] = build(name, source)
+        ops[name] = compare.built[spec]
     names = list(ops)
-    print(f'torch {torch.__version__}; medians of {args.rounds} rounds; '
-          f'candidates: {", ".join(args.candidate)}')
     head = ['shape', 'dtype', 'mode', 'threads', 'isa'] + [
         f'{n} ms' for n in names
     ] + [f'{n}/{names[0]}'
          for n in names[1:]] + [f'{n} ulps' for n in names[1:]]
-    print('| ' + ' | '.join(head) + ' |')
+    print_row(head)
     print('|' + '---|' * len(head))
-    for isa in isas:
+    for isa in args.isa or list(ops[names[0]].cpu_isas()):
         for op in ops.values():
             op.set_cpu_isa(isa)
         for threads in args.threads:
@@ -266,7 +307,25 @@ def main():
                         row += [f'{r[n][0]:.4g}' for n in names]
                         row += [f'{r[n][0] / base:.3f}' for n in names[1:]]
                         row += [f'{r[n][1]:.0f}' for n in names[1:]]
-                        print('| ' + ' | '.join(row) + ' |', flush=True)
+                        print_row(row)
+
+
+compare.built = {}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    run_with_steady_malloc(args.allocator)
+    print(f'torch {torch.__version__}; medians of {args.rounds} rounds')
+    if args.candidate:
+        print(f'candidates: {", ".join(args.candidate)}')
+        compare(args, args.candidate)
+        return
+    for macro, value, others, shapes, modes in CUTOFFS:
+        print(f'\n{macro}: {value} (base) against {others}')
+        args.shapes, args.modes = shapes, [m for m in modes]
+        compare(args, [f'base={args.cutoffs}'] +
+                [f'v{v}={args.cutoffs}:{macro}={v}' for v in others])
 
 
 if __name__ == '__main__':

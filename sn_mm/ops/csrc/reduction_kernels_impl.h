@@ -24,7 +24,8 @@ SN_INLINE double sum_of(DV* s) {
 // Per sample: LN's mean and its variance in the stable form mean_c(var_in)
 // + mean_c((mean_in - mean_ln)^2).
 template <typename T>
-void ln_stats_kernel(const LnStatsArgs<T>& a, int64_t begin, int64_t end) {
+SN_KERNEL void ln_stats_kernel(const LnStatsArgs<T>& a, int64_t begin,
+                               int64_t end) {
   const int64_t C = a.channels;
   for (int64_t n = begin; n < end; ++n) {
     const T* m = (a.dmean ? a.dmean : a.mean_in) + n * C;
@@ -54,7 +55,8 @@ void ln_stats_kernel(const LnStatsArgs<T>& a, int64_t begin, int64_t end) {
 }
 
 template <typename T>
-void bn_dev_kernel(const BnDevArgs<T>& a, int64_t begin, int64_t end) {
+SN_KERNEL void bn_dev_kernel(const BnDevArgs<T>& a, int64_t begin,
+                             int64_t end) {
   for (int64_t n = begin; n < end; ++n) {
     const T* m = a.mean_in + n * a.channels;
     over_row<kDL, 1>(a.channels, [&](int64_t c, auto part, int) {
@@ -68,8 +70,8 @@ void bn_dev_kernel(const BnDevArgs<T>& a, int64_t begin, int64_t end) {
 // the sums over c of d_mu and d_var weighted by each channel's LN ratio (a
 // group's sums, then times its ratio), and into acc the per-channel sums.
 template <typename T>
-void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
-                        int64_t end) {
+SN_KERNEL void grad_reduce_kernel(const GradReduceArgs<T>& a, int64_t begin,
+                                  int64_t end) {
   const int64_t C = a.channels, per_group = a.w.group_channels;
   double* acc = a.acc;
   for (int64_t n = begin; n < end; ++n) {

@@ -108,7 +108,8 @@ SN_INLINE void by_rows(int64_t begin, int64_t end, const Fn& fn) {
 
 // Short rows (RoI features: 7 x 7) take one pass; the others, two.
 template <typename T>
-void moments_kernel(const MomentsArgs<T>& a, int64_t begin, int64_t end) {
+SN_KERNEL void moments_kernel(const MomentsArgs<T>& a, int64_t begin,
+                              int64_t end) {
   const int64_t n = a.length;
   by_rows(begin, end, [&](int64_t r, auto rows) {
     constexpr int R = decltype(rows)::value;
@@ -147,7 +148,8 @@ SN_INLINE void grad_sums_of_rows(const GradSumsArgs<T>& a, int64_t r) {
 }
 
 template <typename T>
-void grad_sums_kernel(const GradSumsArgs<T>& a, int64_t begin, int64_t end) {
+SN_KERNEL void grad_sums_kernel(const GradSumsArgs<T>& a, int64_t begin,
+                                int64_t end) {
   if (a.short_rows) {
     by_rows(begin, end, [&](int64_t r, auto rows) {
       grad_sums_of_rows<decltype(rows)::value, kSumLanes<T>, 1>(a, r);
@@ -171,7 +173,8 @@ SN_INLINE void store_row(T* __restrict__ y, int64_t n, F value,
 // std). The rows' statistics come first, all of them (a loop over
 // channels): a short row's loop then has no scalar latency in front.
 template <typename T>
-void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin, int64_t end) {
+SN_KERNEL void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
+                                int64_t end) {
   mixed_statistics(a, begin, end);
   int64_t c = begin % a.channels;
   for (int64_t r = begin; r < end; ++r) {
@@ -186,7 +189,8 @@ void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin, int64_t end) {
 // dx = g * scale + coef_x * (x - mean_in) + shift per row, the coefficients
 // first for kCoefRows rows at a time.
 template <typename T>
-void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin, int64_t end) {
+SN_KERNEL void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin,
+                                 int64_t end) {
   T scale[kCoefRows], coef_x[kCoefRows], shift[kCoefRows];
   for (int64_t r0 = begin; r0 < end; r0 += kCoefRows) {
     const int64_t r1 = end - r0 < kCoefRows ? end : r0 + kCoefRows;

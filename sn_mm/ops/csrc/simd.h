@@ -12,6 +12,9 @@
 // Vectors pass by value only between inlined functions.
 #pragma GCC diagnostic ignored "-Wpsabi"
 #define SN_INLINE __attribute__((always_inline)) inline
+// A kernel: everything it calls inlined into it, lambdas included, so that
+// the sums the loop bodies add to stay in registers.
+#define SN_KERNEL __attribute__((flatten))
 
 #ifndef SN_REGISTER_BYTES
 #error "define SN_REGISTER_BYTES (16, 32 or 64) before including this file"
