@@ -247,6 +247,11 @@ def parse_args(argv=None):
         help='instead, each cut-off of REV (CUTOFFS) against other values '
         'at the shapes around it: one table')
     parser.add_argument(
+        '--only',
+        nargs='+',
+        choices=[c[0] for c in CUTOFFS],
+        help='with --cutoffs: these cut-offs only')
+    parser.add_argument(
         '--shapes', nargs='+', default=DETECTOR_SHAPES + SMALL_SHAPES)
     parser.add_argument('--dtypes', nargs='+', default=['float32', 'float64'])
     parser.add_argument(
@@ -322,10 +327,14 @@ def main(argv=None):
         compare(args, args.candidate)
         return
     for macro, value, others, shapes, modes in CUTOFFS:
+        if args.only and macro not in args.only:
+            continue
         print(f'\n{macro}: {value} (base) against {others}')
         args.shapes, args.modes = shapes, [m for m in modes]
-        compare(args, [f'base={args.cutoffs}'] +
-                [f'v{v}={args.cutoffs}:{macro}={v}' for v in others])
+        compare(args, [f'base={args.cutoffs}'] + [
+            f'{macro[3:].lower()}_{v}={args.cutoffs}:{macro}={v}'
+            for v in others
+        ])
 
 
 if __name__ == '__main__':

@@ -24,6 +24,7 @@ MAIN_PY = osp.join(ROOT, '.venv', 'bin', 'python')
 OLDEST_PY = osp.join(ROOT, '.venv-oldest', 'bin', 'python')
 NORM = 'tools/analysis_tools/benchmark_norm.py'
 PATHS = 'tools/analysis_tools/benchmark_paths.py'
+KERNELS = 'tools/analysis_tools/benchmark_kernels.py'
 
 # (name, venv, instruction set the command needs or None, arguments):
 # the order of docs/performance.md.
@@ -39,6 +40,21 @@ COMMANDS = [
     ('layers-baseline', 'main', 'baseline', [
         NORM, '--repeats', '7', '--cpu-isa', 'baseline', '--skip-detector',
         '--skip-resnet', '--threads', '2'
+    ]),
+    ('kernels-ab', 'main', 'avx512', [
+        KERNELS, '--candidate', 'old=c5bbb69', 'old2=c5bbb69', 'new=82a683e',
+        '--rounds', '9', '--fill', '0.03', '--isa', 'avx512', 'avx2'
+    ]),
+    ('kernels-ab-oldest', 'oldest', 'avx512', [
+        KERNELS, '--candidate', 'old=c5bbb69', 'old2=c5bbb69', 'new=82a683e',
+        '--rounds', '9', '--fill', '0.03', '--isa', 'avx512', 'avx2',
+        '--threads', '2', '--dtypes', 'float32', '--shapes', '2x256x200x304',
+        '8x256x56x56', '512x256x7x7', '1x2048x7x7', '1x64x8x8', '2x16x70x70',
+        '8x64x24x24'
+    ]),
+    ('cutoffs', 'main', 'avx512', [
+        KERNELS, '--cutoffs', '82a683e', '--rounds', '9', '--fill', '0.03',
+        '--threads', '2', '--isa', 'avx512', 'avx2', '--dtypes', 'float32'
     ]),
     ('paths', 'main', 'avx512',
      [PATHS, '--rounds', '7', '--threads', '2', '--isa', 'avx512', 'avx2']),
