@@ -1,7 +1,6 @@
 // The row kernels' per-channel coefficients (row_kernels.h), compiled once
 // for every instruction set's kernels: loops over channels that the
 // compiler vectorises in the baseline set as well.
-#include <algorithm>
 #include <cmath>
 
 #include "row_kernels.h"
@@ -9,19 +8,6 @@
 namespace sn_mm_rows {
 
 namespace {
-
-// fn(c0, c1, w) for each ratio group's part of channels [c0, c1), w its
-// six ratios (RatioIndex).
-template <typename T, typename Fn>
-void for_each_group(const GroupRatioArgs<T>& w, int64_t c0, int64_t c1,
-                    const Fn& fn) {
-  for (int64_t c = c0; c < c1;) {
-    const int64_t e =
-        std::min(c1, (c / w.group_channels + 1) * w.group_channels);
-    fn(c, e, w.of_channel(c));
-    c = e;
-  }
-}
 
 // One sample's channels [c0, c1) of one group: mu = mean_in + wm_n * (mu_n
 // - mean_in) + wm_c * (mu_c - mean_in) (no |mean|-sized products to round)
@@ -43,58 +29,65 @@ void mixed_stats(const T* __restrict__ mean_in, const T* __restrict__ var_in,
   }
 }
 
+// fn(n, o, c0, c1) for each sample's part of rows [begin, end): sample n,
+// its first row o, its channels [c0, c1).
+template <typename Fn>
+void by_sample(int64_t channels, int64_t begin, int64_t end, const Fn& fn) {
+  for (int64_t r0 = begin; r0 < end;) {
+    const int64_t n = r0 / channels, o = n * channels;
+    const int64_t r1 = end < o + channels ? end : o + channels;
+    fn(n, o, r0 - o, r1 - o);
+    r0 = r1;
+  }
+}
+
 }  // namespace
 
 template <typename T>
-void mixed_statistics(const NormalizeArgs<T>& a, int64_t begin, int64_t end) {
-  for (int64_t r0 = begin; r0 < end;) {  // sample by sample
-    const int64_t n = r0 / a.channels, o = n * a.channels;
-    const int64_t r1 = std::min(end, o + a.channels);
-    for_each_group(
-        a.w, r0 - o, r1 - o, [&](int64_t c0, int64_t c1, const T* w) {
-          mixed_stats(a.mean_in + o, a.var_in + o, a.mu_n[n], a.var_n[n],
-                      a.mu_c, a.var_c, w, a.eps, a.mu + o, a.rstd + o, c0, c1);
-        });
-    r0 = r1;
-  }
+void mixed_statistics(const RowArgs<T>& a, int64_t begin, int64_t end) {
+  by_sample(a.channels, begin, end, [&](int64_t n, int64_t o, int64_t b,
+                                        int64_t e) {
+    for_each_group(a.w, b, e, [&](int64_t c0, int64_t c1, const T* w) {
+      mixed_stats(a.mean_in + o, a.var_in + o, a.ln_mean[n], a.ln_var[n],
+                  a.bn_mean, a.bn_var, w, a.eps, a.mu + o, a.rstd + o, c0, c1);
+    });
+  });
 }
 
 // From the gradients of the row's IN mean and variance (what autograd
 // derives from the reference's formulas).
 template <typename T>
-void input_grad_coefficients(const InputGradArgs<T>& a, int64_t begin,
-                             int64_t end, T* __restrict__ scale,
-                             T* __restrict__ coef_x, T* __restrict__ shift) {
-  const T inv_length = T(1) / static_cast<T>(a.length);
-  for (int64_t r0 = begin; r0 < end;) {
-    const int64_t n = r0 / a.channels, o = n * a.channels;
-    const int64_t r1 = std::min(end, o + a.channels);
-    const T dvar_n = a.dvar_n[n], dmean_n = a.dmean_n[n],
-            center_n = a.center_n[n];
-    for_each_group(
-        a.w, r0 - o, r1 - o, [&](int64_t c0, int64_t c1, const T* w) {
-          for (int64_t c = c0; c < c1; ++c) {
-            const int64_t r = o + c, j = r - begin;
-            const T rstd = a.rstd[r], s = a.weight[c] * rstd, m = a.mean_in[r];
-            const T centred = a.sum_gxc[r] - (a.mu[r] - m) * a.sum_g[r];
-            const T d_mu = -s * a.sum_g[r];
-            const T d_var = T(-0.5) * s * rstd * rstd * centred;
-            const T d_var_in = dvar_n + a.dvar_c[c] + w[kWvIn] * d_var;
-            const T d_mean_in = dmean_n + a.dmean_c[c] + w[kWmIn] * d_mu +
-                                T(2) * (m - center_n) * dvar_n +
-                                T(2) * (m - a.center_c[c]) * a.dvar_c[c];
-            scale[j] = s;
-            coef_x[j] = d_var_in * a.two_over_divisor;
-            shift[j] = d_mean_in * inv_length;
-          }
-        });
-    r0 = r1;
-  }
+void input_grad_coefficients(const RowArgs<T>& a, int64_t begin, int64_t end,
+                             T* __restrict__ scale, T* __restrict__ coef_x,
+                             T* __restrict__ shift) {
+  const T inv_length = T(1) / static_cast<T>(a.length),
+          two_over_divisor = T(2) / a.divisor;
+  by_sample(a.channels, begin, end, [&](int64_t n, int64_t o, int64_t b,
+                                        int64_t e) {
+    const T dvar_n = a.d_var_n[n], dmean_n = a.d_mu_n[n],
+            center_n = a.ln_mean[n];
+    for_each_group(a.w, b, e, [&](int64_t c0, int64_t c1, const T* w) {
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t r = o + c, j = r - begin;
+        const T rstd = a.rstd[r], s = a.weight[c] * rstd, m = a.mean_in[r];
+        const T centred = a.sum_gxc[r] - (a.mu[r] - m) * a.sum_g[r];
+        const T d_mu = -s * a.sum_g[r];
+        const T d_var = T(-0.5) * s * rstd * rstd * centred;
+        const T d_var_in = dvar_n + a.d_var_c[c] + w[kWvIn] * d_var;
+        const T d_mean_in = dmean_n + a.d_mu_c[c] + w[kWmIn] * d_mu +
+                            T(2) * (m - center_n) * dvar_n +
+                            T(2) * (m - a.bn_mean[c]) * a.d_var_c[c];
+        scale[j] = s;
+        coef_x[j] = d_var_in * two_over_divisor;
+        shift[j] = d_mean_in * inv_length;
+      }
+    });
+  });
 }
 
-#define SN_INSTANTIATE(T)                                                    \
-  template void mixed_statistics(const NormalizeArgs<T>&, int64_t, int64_t); \
-  template void input_grad_coefficients(const InputGradArgs<T>&, int64_t,    \
+#define SN_INSTANTIATE(T)                                                \
+  template void mixed_statistics(const RowArgs<T>&, int64_t, int64_t); \
+  template void input_grad_coefficients(const RowArgs<T>&, int64_t,    \
                                         int64_t, T*, T*, T*);
 SN_INSTANTIATE(float)
 SN_INSTANTIATE(double)

@@ -1,5 +1,7 @@
-// SN's row kernels: the full-size passes over a contiguous (N, C, L)
-// input, each over a range of its N x C rows. Compiled once per
+// SN's row kernels (row_kernels.h): the passes over a contiguous (N, C, L)
+// input's N x C rows, and the (N, C) reductions between them, per sample
+// over its C statistics, summed in double (explicit vectors: the
+// auto-vectoriser keeps running sums scalar). Compiled once per
 // instruction set (row_kernels_isa.h); everything here has internal
 // linkage and calls nothing compiled elsewhere but the coefficients of
 // row_kernels.h, so that no code compiled for one set reaches callers on
@@ -108,8 +110,8 @@ SN_INLINE void by_rows(int64_t begin, int64_t end, const Fn& fn) {
 
 // Short rows (RoI features: 7 x 7) take one pass; the others, two.
 template <typename T>
-SN_KERNEL void moments_kernel(const MomentsArgs<T>& a, int64_t begin,
-                              int64_t end) {
+SN_KERNEL void moments_kernel(const RowArgs<T>& a, int64_t begin, int64_t end,
+                              double*) {
   const int64_t n = a.length;
   by_rows(begin, end, [&](int64_t r, auto rows) {
     constexpr int R = decltype(rows)::value;
@@ -128,16 +130,15 @@ SN_KERNEL void moments_kernel(const MomentsArgs<T>& a, int64_t begin,
     }
     for (int j = 0; j < R; ++j) {
       const T first = x[j * n];
-      a.mean[r + j] = first + mean_dev[j];
-      if (a.dmean)
-        a.dmean[r + j] = (first - a.shift[(r + j) % a.channels]) + mean_dev[j];
-      a.var[r + j] = m2[j] / a.divisor;
+      a.mean_in[r + j] = first + mean_dev[j];
+      a.dmean[r + j] = (first - a.shift[(r + j) % a.channels]) + mean_dev[j];
+      a.var_in[r + j] = m2[j] / a.divisor;
     }
   });
 }
 
 template <int R, int W, int U, typename T>
-SN_INLINE void grad_sums_of_rows(const GradSumsArgs<T>& a, int64_t r) {
+SN_INLINE void grad_sums_of_rows(const RowArgs<T>& a, int64_t r) {
   const int64_t o = r * a.length;
   T s[2 * R];
   rows_grad_sums<R, W, U>(a.g + o, a.x + o, a.length, a.mean_in + r, s);
@@ -148,8 +149,8 @@ SN_INLINE void grad_sums_of_rows(const GradSumsArgs<T>& a, int64_t r) {
 }
 
 template <typename T>
-SN_KERNEL void grad_sums_kernel(const GradSumsArgs<T>& a, int64_t begin,
-                                int64_t end) {
+SN_KERNEL void grad_sums_kernel(const RowArgs<T>& a, int64_t begin,
+                                int64_t end, double*) {
   if (a.short_rows) {
     by_rows(begin, end, [&](int64_t r, auto rows) {
       grad_sums_of_rows<decltype(rows)::value, kSumLanes<T>, 1>(a, r);
@@ -173,8 +174,8 @@ SN_INLINE void store_row(T* __restrict__ y, int64_t n, F value,
 // std). The rows' statistics come first, all of them (a loop over
 // channels): a short row's loop then has no scalar latency in front.
 template <typename T>
-SN_KERNEL void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
-                                int64_t end) {
+SN_KERNEL void normalize_kernel(const RowArgs<T>& a, int64_t begin,
+                                int64_t end, double*) {
   mixed_statistics(a, begin, end);
   int64_t c = begin % a.channels;
   for (int64_t r = begin; r < end; ++r) {
@@ -189,8 +190,8 @@ SN_KERNEL void normalize_kernel(const NormalizeArgs<T>& a, int64_t begin,
 // dx = g * scale + coef_x * (x - mean_in) + shift per row, the coefficients
 // first for kCoefRows rows at a time.
 template <typename T>
-SN_KERNEL void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin,
-                                 int64_t end) {
+SN_KERNEL void input_grad_kernel(const RowArgs<T>& a, int64_t begin,
+                                 int64_t end, double*) {
   T scale[kCoefRows], coef_x[kCoefRows], shift[kCoefRows];
   for (int64_t r0 = begin; r0 < end; r0 += kCoefRows) {
     const int64_t r1 = end - r0 < kCoefRows ? end : r0 + kCoefRows;
@@ -205,6 +206,135 @@ SN_KERNEL void input_grad_kernel(const InputGradArgs<T>& a, int64_t begin,
           a.x + o);
     }
   }
+}
+
+// The (N, C) reductions, in double.
+constexpr int kDL = kLanes<double>;
+using DV = Vec<double, kDL>;
+
+template <typename T, typename P>
+SN_INLINE DV load_d(const T* p, P part) {
+  return __builtin_convertvector(load<kDL>(p, part), DV);
+}
+
+SN_INLINE double sum_of(DV* s) {
+  for (int k = 1; k < kSums; ++k) s[0] += s[k];
+  return lane_sum<double, kDL>(s[0]);
+}
+
+// Per sample: LN's mean and its variance in the stable form mean_c(var_in)
+// + mean_c((mean_in - mean_ln)^2).
+template <typename T>
+SN_KERNEL void ln_stats_kernel(const RowArgs<T>& a, int64_t begin,
+                               int64_t end, double* col) {
+  const int64_t C = a.channels;
+  for (int64_t n = begin; n < end; ++n) {
+    const T* m = a.dmean + n * C;
+    const T* v = a.var_in + n * C;
+    // The absolute means, in double.
+    const auto mean_at = [&](int64_t c, auto part) {
+      return load_d(a.shift + c, part) + load_d(m + c, part);
+    };
+    DV sm[kSums] = {}, sv[kSums] = {}, sd[kSums] = {};
+    over_row<kDL, kSums>(C, [&](int64_t c, auto part, int u) {
+      sm[u] += keep<kDL>(mean_at(c, part), part);
+      sv[u] += keep<kDL>(load_d(v + c, part), part);
+      if (col) {
+        add_to<kDL>(col + c, load_d(m + c, part), part);
+        add_to<kDL>(col + C + c, load_d(v + c, part), part);
+      }
+    });
+    const double mean = sum_of(sm) / C;
+    over_row<kDL, kSums>(C, [&](int64_t c, auto part, int u) {
+      const DV d = keep<kDL>(mean_at(c, part) - mean, part);
+      sd[u] += d * d;
+    });
+    a.ln_mean[n] = static_cast<T>(mean);
+    a.ln_var[n] = static_cast<T>((sum_of(sv) + sum_of(sd)) / C);
+  }
+}
+
+template <typename T>
+SN_KERNEL void bn_dev_kernel(const RowArgs<T>& a, int64_t begin, int64_t end,
+                             double* col) {
+  for (int64_t n = begin; n < end; ++n) {
+    const T* m = a.dmean + n * a.channels;
+    over_row<kDL, 1>(a.channels, [&](int64_t c, auto part, int) {
+      const DV d = load_d(m + c, part) - load<kDL>(a.centre + c, part);
+      add_to<kDL>(col + c, d * d, part);
+    });
+  }
+}
+
+// Per sample, from the row sums: the sums over c of d_mu and d_var
+// weighted by each channel's LN ratio (a group's sums, then times its
+// ratio), and into acc the per-channel sums (RowArgs::per_channel).
+template <typename T>
+SN_KERNEL void grad_reduce_kernel(const RowArgs<T>& a, int64_t begin,
+                                  int64_t end, double* acc) {
+  const int64_t C = a.channels;
+  for (int64_t n = begin; n < end; ++n) {
+    const int64_t o = n * C;
+    const double ml = a.ln_mean[n], vl = a.ln_var[n];
+    DV dots[4] = {};
+    double d_mu_n = 0, d_var_n = 0;
+    for_each_group(a.w, 0, C, [&](int64_t cb, int64_t ce, const T* w) {
+      DV group_mu = {}, group_var = {};
+      over_row<kDL, 1>(ce - cb, [&](int64_t i, auto part, int) {
+        const int64_t c = cb + i, r = o + c;
+        const DV s1 = load_d(a.sum_g + r, part),
+                 rs = load_d(a.rstd + r, part),
+                 mi = load_d(a.mean_in + r, part);
+        const DV centred =
+            load_d(a.sum_gxc + r, part) - (load_d(a.mu + r, part) - mi) * s1;
+        const DV scale = load_d(a.weight + c, part) * rs;
+        const DV d_mu = keep<kDL>(-scale * s1, part);
+        const DV d_var = keep<kDL>(-0.5 * scale * rs * rs * centred, part);
+        add_to<kDL>(acc + c, centred * rs, part);
+        add_to<kDL>(acc + C + c, s1, part);
+        add_to<kDL>(acc + 2 * C + c, d_mu, part);
+        add_to<kDL>(acc + 3 * C + c, d_var, part);
+        const DV products[4] = {
+            d_mu * (ml - mi), d_mu * (load_d(a.bn_mean + c, part) - mi),
+            d_var * load_d(a.var_in + r, part), d_var * vl};
+        for (int j = 0; j < 4; ++j) {
+          if (a.per_channel)
+            add_to<kDL>(acc + (4 + j) * C + c, products[j], part);
+          else
+            dots[j] += keep<kDL>(products[j], part);
+        }
+        group_mu += d_mu;
+        group_var += d_var;
+      });
+      d_mu_n += w[kWmLn] * lane_sum<double, kDL>(group_mu);
+      d_var_n += w[kWvLn] * lane_sum<double, kDL>(group_var);
+    });
+    if (!a.per_channel)
+      for (int j = 0; j < 4; ++j)
+        acc[4 * C + j] += lane_sum<double, kDL>(dots[j]);
+    a.d_mu_n[n] = static_cast<T>(d_mu_n);
+    a.d_var_n[n] = static_cast<T>(d_var_n);
+  }
+}
+
+// The table of this instruction set's kernels (each out of line; what they
+// call is inlined into them).
+template <typename T>
+constexpr void fill_kernels(KernelFn<T>* table) {
+  table[kMoments] = &moments_kernel<T>;
+  table[kLnStats] = &ln_stats_kernel<T>;
+  table[kBnDev] = &bn_dev_kernel<T>;
+  table[kNormalize] = &normalize_kernel<T>;
+  table[kGradSums] = &grad_sums_kernel<T>;
+  table[kGradReduce] = &grad_reduce_kernel<T>;
+  table[kInputGrad] = &input_grad_kernel<T>;
+}
+
+constexpr RowKernels kernel_table(const char* isa) {
+  RowKernels table{isa, {}, {}};
+  fill_kernels<float>(table.f32);
+  fill_kernels<double>(table.f64);
+  return table;
 }
 
 }  // namespace

@@ -22,15 +22,14 @@
 SN_TARGET_REGION(SN_TARGET)
 #endif
 
-#include "reduction_kernels_impl.h"
+#include "row_kernels_impl.h"
 
 #define SN_TABLE(isa) row_kernels_##isa
 #define SN_TABLE_OF(isa) SN_TABLE(isa)
 #define SN_NAME(isa) #isa
 #define SN_NAME_OF(isa) SN_NAME(isa)
 const sn_mm_rows::RowKernels* sn_mm_rows::SN_TABLE_OF(SN_ISA)() {
-  static constexpr RowKernels table{SN_NAME_OF(SN_ISA), kernel_set<float>(),
-                                    kernel_set<double>()};
+  static constexpr RowKernels table = kernel_table(SN_NAME_OF(SN_ISA));
   return &table;
 }
 

@@ -13,59 +13,30 @@
 
 namespace sn_mm_cpu {
 
-// LN's statistics per sample (over the means about the channels' shifts
-// where given, in double), and where col is given the sums per channel of
-// those means and of var_in.
+// The batch's BN mean and variance per channel into bn (then bn + C),
+// from the IN moments (Eq. 5) in the stable form (var_bn = mean_n(var_in)
+// + mean_n((mean_in - mean_bn)^2): the released mean(var_in + mean_in^2) -
+// mean^2 without its cancellation), with LN's statistics, in two passes
+// over the samples: LN's statistics with the sums per channel of the means
+// about the shifts and of var_in, then the squared deviations of those
+// means about their channel's mean.
 template <typename T>
-LnStatsArgs<T> ln_args(const Stats<T>& s, int64_t channels, double* col) {
-  LnStatsArgs<T> a;
-  a.mean_in = s.mean_in;
-  a.var_in = s.var_in;
-  a.channels = channels;
-  a.ln_mean = s.ln_mean;
-  a.ln_var = s.ln_var;
-  a.col = col;
-  a.dmean = s.dmean;
-  a.shift = s.shift;
-  return a;
-}
-
-// LN and BN statistics from the IN moments (Eq. 5) in the stable form,
-// e.g. var_ln = mean_c(var_in) + mean_c((mean_in - mean_ln)^2): the
-// released mean(var_in + mean_in^2) - mean^2 without its cancellation. With
-// bn_sums also the BN mean and M2 per channel into s.bn_mean and s.bn_var
-// (not in eval, where the running statistics stand in, nor for one
-// sample, whose are its IN ones), from the means about the shifts.
-template <typename T>
-void reductions_into(const Stats<T>& s, int64_t samples, int64_t channels,
-                     bool bn_sums) {
-  if (!bn_sums) {
-    run(ln_args(s, channels, nullptr), 0, samples);
-    return;
-  }
-  // Pass 1: per sample the LN statistics (its row is in cache twice);
-  // per channel the sums of the means about the shifts and of var_in.
+void batch_bn(RowArgs<T>& a, T* bn, int64_t samples) {
+  const int64_t channels = a.channels;
   const auto cols =
       sum_over_samples(samples, 2 * channels, [&](int64_t n, double* col) {
-        run(ln_args(s, channels, col), n, n + 1);
+        run(kLnStats, a, n, n + 1, col);
       });
-  std::vector<double> centre(channels, 0.0);
-  if (samples > 0)
-    for (int64_t c = 0; c < channels; ++c) centre[c] = cols[c] / samples;
-  // Pass 2: squared deviations of those means about their channel's mean.
-  BnDevArgs<T> dev;
-  dev.mean_in = s.dmean;
-  dev.centre = centre.data();
-  dev.channels = channels;
-  const auto devs =
-      sum_over_samples(samples, channels, [&](int64_t n, double* col) {
-        BnDevArgs<T> a = dev;
-        a.col = col;
-        run(a, n, n + 1);
-      });
+  std::vector<double> centre(channels);
+  for (int64_t c = 0; c < channels; ++c) centre[c] = cols[c] / samples;
+  a.centre = centre.data();
+  const auto devs = sum_over_samples(
+      samples, channels,
+      [&](int64_t n, double* col) { run(kBnDev, a, n, n + 1, col); });
   for (int64_t c = 0; c < channels; ++c) {
-    s.bn_mean[c] = static_cast<T>(double(s.shift[c]) + centre[c]);
-    s.bn_var[c] = static_cast<T>(cols[channels + c] + devs[c]);
+    bn[c] = static_cast<T>(double(a.shift[c]) + centre[c]);
+    bn[channels + c] = static_cast<T>(cols[channels + c] + devs[c]) /
+                       static_cast<T>(samples);
   }
 }
 
@@ -148,7 +119,7 @@ void copy_running(const at::Tensor& running_mean,
 // backward, this thread's scratch memory (no allocation).
 template <typename T>
 T* stats_buffer(Forward& f, bool for_backward) {
-  const int64_t need = Stats<T>::size(f.x3.size(0), f.x3.size(1));
+  const int64_t need = stats_size(f.x3.size(0), f.x3.size(1));
   if (for_backward) {
     f.ws = at::empty({need}, f.x3.options());
     return f.ws.data_ptr<T>();
@@ -166,102 +137,48 @@ struct Running {
 };
 
 // The BN statistics where they are not the batch's: the running ones (in
-// eval without backward read in place) or none (zeros).
+// eval without backward read in place), else none (zeros).
 template <typename T>
-std::pair<const T*, const T*> fixed_bn(const Forward& f, const Stats<T>& s,
-                                       const Running& run_stats,
-                                       bool for_backward) {
-  const int64_t channels = f.x3.size(1);
+void fixed_bn(RowArgs<T>& a, T* bn, const Running& run_stats,
+              bool for_backward) {
   if (!run_stats.using_bn) {
-    std::fill_n(s.bn_mean, 2 * channels, T(0));  // no BN term
-  } else if (!for_backward &&
-             run_stats.mean->scalar_type() == f.x3.scalar_type()) {
-    return {run_stats.mean->data_ptr<T>(), run_stats.var->data_ptr<T>()};
+    std::fill_n(bn, 2 * a.channels, T(0));
+  } else if (!for_backward && run_stats.mean->scalar_type() ==
+                                  c10::CppTypeToScalarType<T>::value) {
+    a.bn_mean = run_stats.mean->data_ptr<T>();
+    a.bn_var = run_stats.var->data_ptr<T>();
   } else {
-    copy_running(*run_stats.mean, *run_stats.var, s.bn_mean, s.bn_var,
-                 channels);
+    copy_running(*run_stats.mean, *run_stats.var, bn, bn + a.channels,
+                 a.channels);
   }
-  return {s.bn_mean, s.bn_var};
 }
 
-// The rows' means are also kept about each channel's first value (of
-// sample 0), s.shift: LN's and BN's variances sum the means' differences
-// between channels and between samples, which as absolute float32 values
-// (means of 1e4) would be rounded to 1e-3.
+// IN's moments, then LN's statistics and the BN statistics in use into a:
+// the batch's (one sample's are its IN ones, read where they are), else
+// fixed_bn's.
 template <typename T>
-MomentsArgs<T> moments_args(const Forward& f, const Stats<T>& s) {
-  const int64_t channels = f.x3.size(1), spatial = f.x3.size(2);
-  MomentsArgs<T> a;
-  a.x = f.x3.data_ptr<T>();
-  a.mean = s.mean_in;
-  a.var = s.var_in;
-  a.length = spatial;
-  a.divisor = static_cast<T>(std::max<int64_t>(spatial - f.correction, 1));
-  for (int64_t c = 0; c < channels; ++c) s.shift[c] = a.x[c * spatial];
-  a.shift = s.shift;
-  a.dmean = s.dmean;
-  a.channels = channels;
-  a.short_rows = short_rows(f.x3.size(0) * channels, spatial);
-  return a;
-}
-
-// IN's moments, then LN's and the BN statistics in use: the batch's (one
-// sample's are its IN statistics, read where they are), else fixed_bn's.
-// Returns where the BN mean and variance are.
-template <typename T>
-std::pair<const T*, const T*> statistics(const Forward& f, const Stats<T>& s,
-                                         const Running& run_stats,
-                                         bool for_backward) {
-  const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
-                spatial = f.x3.size(2), rows = samples * channels;
+void statistics(RowArgs<T>& a, T* bn, int64_t samples,
+                const Running& run_stats, bool for_backward) {
+  const int64_t channels = a.channels, rows = samples * channels;
+  if (rows * a.length) {
+    run_rows(kMoments, a, rows);
+  } else {
+    std::fill_n(a.mean_in, 3 * rows, T(0));  // and var_in, dmean
+    std::fill_n(a.shift, channels, T(0));
+  }
   const bool bn_batch =
       run_stats.using_bn && run_stats.training && samples > 0;
-  const bool bn_sums = bn_batch && samples > 1;
-  if (f.x3.numel()) {
-    run_rows(moments_args(f, s), rows, spatial);
+  if (bn_batch && samples > 1) {
+    batch_bn(a, bn, samples);
   } else {
-    std::fill_n(s.mean_in, 2 * rows, T(0));
-    std::fill_n(s.dmean, rows, T(0));
-    std::fill_n(s.shift, channels, T(0));
+    run(kLnStats, a, 0, samples);
+    if (!bn_batch) return fixed_bn(a, bn, run_stats, for_backward);
+    a.bn_mean = a.mean_in;
+    a.bn_var = a.var_in;
   }
-  reductions_into(s, samples, channels, bn_sums);
-  if (!bn_batch) return fixed_bn(f, s, run_stats, for_backward);
-  if (bn_sums)  // bn_var holds the M2 sums until divided by the count
-    for (int64_t c = 0; c < channels; ++c)
-      s.bn_var[c] /= static_cast<T>(samples);
-  const T* bn_m = bn_sums ? s.bn_mean : s.mean_in;
-  const T* bn_v = bn_sums ? s.bn_var : s.var_in;
   update_running(*run_stats.mean, *run_stats.var, *run_stats.count,
-                 run_stats.nonfinite, run_stats.momentum, bn_m, bn_v,
+                 run_stats.nonfinite, run_stats.momentum, a.bn_mean, a.bn_var,
                  channels);
-  return {bn_m, bn_v};
-}
-
-template <typename T>
-NormalizeArgs<T> normalize_args(const Forward& f, const Stats<T>& s,
-                                std::pair<const T*, const T*> bn,
-                                const GroupRatios<T>& w,
-                                const at::Tensor& weight,
-                                const at::Tensor& bias, double eps,
-                                at::Tensor& y) {
-  NormalizeArgs<T> a;
-  a.x = f.x3.data_ptr<T>();
-  a.mean_in = s.mean_in;
-  a.var_in = s.var_in;
-  a.mu_n = s.ln_mean;
-  a.var_n = s.ln_var;
-  a.mu_c = bn.first;
-  a.var_c = bn.second;
-  a.weight = weight.data_ptr<T>();
-  a.bias = bias.data_ptr<T>();
-  a.w = w.args;
-  a.eps = static_cast<T>(eps);
-  a.y = y.data_ptr<T>();
-  a.mu = s.mu;
-  a.rstd = s.rstd;
-  a.channels = f.x3.size(1);
-  a.length = f.x3.size(2);
-  return a;
 }
 
 // Without the batch's BN statistics (eval), a sample's output needs only
@@ -281,22 +198,13 @@ int64_t by_sample_block(const Forward& f, const Running& run_stats) {
   return take(kPathBySample, applies) ? block : 0;
 }
 
+// Each thread walks its own contiguous share of the blocks (one stream of
+// reads and writes), then takes what is left of the others', so that a
+// slower core holds up no other; blocks share nothing, so the values do
+// not depend on who computes them.
 template <typename T>
-void forward_by_sample(Forward& f, at::Tensor& y, const at::Tensor& weight,
-                       const at::Tensor& bias, const Running& run_stats,
-                       double eps, const Stats<T>& s, bool for_backward,
-                       int64_t block) {
-  const int64_t samples = f.x3.size(0), channels = f.x3.size(1);
-  const auto bn = fixed_bn(f, s, run_stats, for_backward);
-  const GroupRatios<T> w(f.ratios, channels, run_stats.using_bn);
-  const auto args = normalize_args(f, s, bn, w, weight, bias, eps, y);
-  const MomentsArgs<T> moments = moments_args(f, s);
-  const LnStatsArgs<T> ln = ln_args(s, channels, nullptr);
-  const int64_t blocks = (samples + block - 1) / block;
-  // Each thread walks its own contiguous share of the blocks (one stream
-  // of reads and writes), then takes what is left of the others', so that a
-  // slower core holds up no other; blocks share nothing, so the values do
-  // not depend on who computes them.
+void forward_by_sample(const RowArgs<T>& a, int64_t samples, int64_t block) {
+  const int64_t channels = a.channels, blocks = (samples + block - 1) / block;
   const int64_t shares = at::get_num_threads();
   struct alignas(64) NextBlock {  // one cache line per share
     std::atomic<int64_t> next{0};
@@ -310,9 +218,9 @@ void forward_by_sample(Forward& f, at::Tensor& y, const at::Tensor& weight,
         for (int64_t b; (b = share[v].next.fetch_add(
                              1, std::memory_order_relaxed)) < end;) {
           const int64_t n0 = b * block, n1 = std::min(samples, n0 + block);
-          run(moments, n0 * channels, n1 * channels);
-          run(ln, n0, n1);
-          run(args, n0 * channels, n1 * channels);
+          run(kMoments, a, n0 * channels, n1 * channels);
+          run(kLnStats, a, n0, n1);
+          run(kNormalize, a, n0 * channels, n1 * channels);
         }
       }
   });
@@ -324,16 +232,28 @@ void forward_pass(Forward& f, at::Tensor& y, const at::Tensor& weight,
                   bool for_backward) {
   const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
                 spatial = f.x3.size(2);
-  const Stats<T> s(stats_buffer<T>(f, for_backward), samples, channels);
-  if (const int64_t block = by_sample_block<T>(f, run_stats)) {
-    forward_by_sample(f, y, weight, bias, run_stats, eps, s, for_backward,
-                      block);
-    return;
-  }
-  const auto bn = statistics<T>(f, s, run_stats, for_backward);
+  RowArgs<T> a;
+  a.channels = channels;
+  a.length = spatial;
+  T* bn = point_at_stats(a, stats_buffer<T>(f, for_backward), samples);
+  a.x = f.x3.data_ptr<T>();
+  a.weight = weight.data_ptr<T>();
+  a.bias = bias.data_ptr<T>();
   const GroupRatios<T> w(f.ratios, channels, run_stats.using_bn);
-  const auto args = normalize_args(f, s, bn, w, weight, bias, eps, y);
-  run_rows(args, samples * channels, spatial);
+  a.w = w.args;
+  a.divisor = static_cast<T>(std::max<int64_t>(spatial - f.correction, 1));
+  a.eps = static_cast<T>(eps);
+  a.y = y.data_ptr<T>();
+  if (f.x3.numel()) {
+    for (int64_t c = 0; c < channels; ++c) a.shift[c] = a.x[c * spatial];
+    a.short_rows = short_rows(samples * channels, spatial);
+  }
+  if (const int64_t block = by_sample_block<T>(f, run_stats)) {
+    fixed_bn(a, bn, run_stats, for_backward);
+    return forward_by_sample(a, samples, block);
+  }
+  statistics(a, bn, samples, run_stats, for_backward);
+  run_rows(kNormalize, a, samples * channels);
 }
 
 Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,

@@ -1,7 +1,6 @@
 // The CPU operator's host side that its forward (sn_forward.cpp) and
-// backward (sn_backward.cpp) share: the kernels' dispatch, the special
-// paths' switches and counts, the ratios a call mixes with, the input's
-// checks and rows.
+// backward (sn_backward.cpp) share: the special paths' switches and
+// counts, the ratios a call mixes with, the input's checks and rows.
 #include "sn_host.h"
 
 #include <ATen/Dispatch.h>
@@ -11,25 +10,8 @@
 #include <cmath>
 #include <string>
 
-#include "cpu_isa.h"
 
 namespace sn_mm_cpu {
-
-#define SN_RUN(kernel, Args)                                    \
-  void run(const Args<float>& a, int64_t begin, int64_t end) {  \
-    kernels().f32.kernel(a, begin, end);                        \
-  }                                                             \
-  void run(const Args<double>& a, int64_t begin, int64_t end) { \
-    kernels().f64.kernel(a, begin, end);                        \
-  }
-SN_RUN(moments, MomentsArgs)
-SN_RUN(grad_sums, GradSumsArgs)
-SN_RUN(normalize, NormalizeArgs)
-SN_RUN(input_grad, InputGradArgs)
-SN_RUN(ln_stats, LnStatsArgs)
-SN_RUN(bn_dev, BnDevArgs)
-SN_RUN(grad_reduce, GradReduceArgs)
-#undef SN_RUN
 
 const char* const kPathNames[kPathCount] = {"short_rows", "by_sample"};
 std::atomic<bool> path_on[kPathCount] = {true, true};

@@ -14,10 +14,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
-#include "row_kernels.h"
+#include "cpu_isa.h"
 
 namespace sn_mm_cpu {
 
@@ -97,30 +98,26 @@ std::vector<at::Tensor> backward_impl(
     const OptTensor& fixed_ratios, bool using_bn, bool bn_batch, bool unbiased,
     bool ratios_given);
 
-// A kernel of the instruction set in use (cpu_isa.cpp) over rows [begin,
-// end).
-#define SN_RUN(Args)                                          \
-  void run(const Args<float>& a, int64_t begin, int64_t end); \
-  void run(const Args<double>& a, int64_t begin, int64_t end);
-SN_RUN(MomentsArgs)
-SN_RUN(GradSumsArgs)
-SN_RUN(NormalizeArgs)
-SN_RUN(InputGradArgs)
-SN_RUN(LnStatsArgs)
-SN_RUN(BnDevArgs)
-SN_RUN(GradReduceArgs)
-#undef SN_RUN
-
-inline int64_t rows_per_task(int64_t length) {
-  return std::max<int64_t>(1, SN_TASK_VALUES / std::max<int64_t>(length, 1));
+// Kernel k of the instruction set in use (cpu_isa.cpp) over rows (or
+// samples) [begin, end).
+template <typename T>
+void run(Kernel k, const RowArgs<T>& a, int64_t begin, int64_t end,
+         double* sums = nullptr) {
+  if constexpr (std::is_same_v<T, float>)
+    kernels().f32[k](a, begin, end, sums);
+  else
+    kernels().f64[k](a, begin, end, sums);
 }
 
-template <typename Args>
-void run_rows(const Args& args, int64_t rows, int64_t length) {
-  const int64_t grain = rows_per_task(length);
-  if (rows <= grain) return run(args, 0, rows);  // no parallel region
-  at::parallel_for(0, rows, grain,
-                   [&](int64_t begin, int64_t end) { run(args, begin, end); });
+// Over all rows, in parallel tasks of about SN_TASK_VALUES values.
+template <typename T>
+void run_rows(Kernel k, const RowArgs<T>& a, int64_t rows) {
+  const int64_t grain =
+      std::max<int64_t>(1, SN_TASK_VALUES / std::max<int64_t>(a.length, 1));
+  if (rows <= grain) return run(k, a, 0, rows);  // no parallel region
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    run(k, a, begin, end);
+  });
 }
 
 // Sums over the samples n of an (N, C) computation: each task adds its
@@ -190,35 +187,31 @@ struct GroupRatios {
   }
 };
 
-// Every (N, C), (N,) and (C,) statistic lives in one buffer: mean_in,
-// var_in, mu, rstd (N x C each), then LN's mean and variance (N each), then
-// the BN mean and variance used (C each), then for the batch's BN
-// statistics the means about the channels' shifts (N x C) and the shifts.
-template <typename T>
-struct Stats {
-  T *mean_in, *var_in, *mu, *rstd, *ln_mean, *ln_var, *bn_mean, *bn_var,
-      *dmean, *shift;
-  Stats(T* base, int64_t samples, int64_t channels) {
-    const int64_t rows = samples * channels;
-    mean_in = base;
-    var_in = base + rows;
-    mu = base + 2 * rows;
-    rstd = base + 3 * rows;
-    ln_mean = base + 4 * rows;
-    ln_var = ln_mean + samples;
-    bn_mean = ln_var + samples;
-    bn_var = bn_mean + channels;
-    dmean = bn_var + channels;
-    shift = dmean + rows;
-  }
-  static int64_t size(int64_t samples, int64_t channels) {
-    return 5 * samples * channels + 2 * samples + 3 * channels;
-  }
-};
-
-// Where the BN mean (then the variance) sits in Forward::ws.
+// The statistics buffer (Forward::ws): mean_in, var_in, dmean, mu, rstd
+// (N x C each), LN's mean and variance (N each), the BN mean and variance
+// in use (C each), the channels' shifts (C). Points a at it; returns where
+// the BN mean (then the variance) sits.
 inline int64_t bn_offset(int64_t samples, int64_t channels) {
-  return 4 * samples * channels + 2 * samples;
+  return 5 * samples * channels + 2 * samples;
+}
+inline int64_t stats_size(int64_t samples, int64_t channels) {
+  return bn_offset(samples, channels) + 3 * channels;
+}
+template <typename T>
+T* point_at_stats(RowArgs<T>& a, T* base, int64_t samples) {
+  const int64_t rows = samples * a.channels;
+  a.mean_in = base;
+  a.var_in = base + rows;
+  a.dmean = base + 2 * rows;
+  a.mu = base + 3 * rows;
+  a.rstd = base + 4 * rows;
+  a.ln_mean = base + 5 * rows;
+  a.ln_var = a.ln_mean + samples;
+  T* bn = base + bn_offset(samples, a.channels);
+  a.bn_mean = bn;
+  a.bn_var = bn + a.channels;
+  a.shift = bn + 2 * a.channels;
+  return bn;
 }
 
 // weight and bias fit x (after prepared() has checked x).
