@@ -31,7 +31,7 @@ def torch_includes():
     ]
 
 
-HOST_FILES = ('sn_operator', 'sn_host', 'sn_forward', 'sn_backward', 'cpu_isa',
+HOST_FILES = ('sn_operator', 'sn_host', 'sn_forward', 'sn_backward',
               'row_coefficients')
 # What a set's kernels may call: the coefficients compiled once, for every
 # set (row_kernels.h), and the C library's memcpy.

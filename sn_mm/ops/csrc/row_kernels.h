@@ -82,9 +82,9 @@ struct RowArgs {
   // 0's first value), which keeps the differences between samples that
   // BN's variance sums (float32 means of 1e4 round them to 1e-3).
   T *mean_in = nullptr, *var_in = nullptr, *dmean = nullptr, *shift = nullptr;
-  T *ln_mean = nullptr, *ln_var = nullptr;           // per sample
-  const T *bn_mean = nullptr, *bn_var = nullptr;     // per channel, in use
-  T *mu = nullptr, *rstd = nullptr;                  // the mixed statistics
+  T *ln_mean = nullptr, *ln_var = nullptr;        // per sample
+  const T *bn_mean = nullptr, *bn_var = nullptr;  // per channel, in use
+  T *mu = nullptr, *rstd = nullptr;               // the mixed statistics
   T *y = nullptr, *dx = nullptr;
   // Backward: per row the sums of g and g * (x - mean_in); the gradients
   // of LN's (per sample, weighted by the LN ratios) and BN's (per

@@ -1,4 +1,4 @@
-// SN's CPU row kernels for AVX2 and FMA, which cpu_isa.cpp runs only where
+// SN's CPU row kernels for AVX2 and FMA, which sn_host.cpp runs only where
 // the CPU has them: x86-64 GCC and clang builds (nullptr elsewhere).
 #include "row_kernels.h"
 

@@ -1,5 +1,5 @@
 // SN's CPU row kernels for AVX-512 (F, VL, BW, DQ) with AVX2 and FMA, which
-// cpu_isa.cpp runs only where the CPU has them: x86-64 GCC and clang builds
+// sn_host.cpp runs only where the CPU has them: x86-64 GCC and clang builds
 // (nullptr elsewhere).
 #include "row_kernels.h"
 

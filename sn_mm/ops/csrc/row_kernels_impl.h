@@ -225,8 +225,8 @@ SN_INLINE double sum_of(DV* s) {
 // Per sample: LN's mean and its variance in the stable form mean_c(var_in)
 // + mean_c((mean_in - mean_ln)^2).
 template <typename T>
-SN_KERNEL void ln_stats_kernel(const RowArgs<T>& a, int64_t begin,
-                               int64_t end, double* col) {
+SN_KERNEL void ln_stats_kernel(const RowArgs<T>& a, int64_t begin, int64_t end,
+                               double* col) {
   const int64_t C = a.channels;
   for (int64_t n = begin; n < end; ++n) {
     const T* m = a.dmean + n * C;
@@ -282,8 +282,7 @@ SN_KERNEL void grad_reduce_kernel(const RowArgs<T>& a, int64_t begin,
       DV group_mu = {}, group_var = {};
       over_row<kDL, 1>(ce - cb, [&](int64_t i, auto part, int) {
         const int64_t c = cb + i, r = o + c;
-        const DV s1 = load_d(a.sum_g + r, part),
-                 rs = load_d(a.rstd + r, part),
+        const DV s1 = load_d(a.sum_g + r, part), rs = load_d(a.rstd + r, part),
                  mi = load_d(a.mean_in + r, part);
         const DV centred =
             load_d(a.sum_gxc + r, part) - (load_d(a.mu + r, part) - mi) * s1;

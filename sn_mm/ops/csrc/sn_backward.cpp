@@ -84,18 +84,16 @@ void backward_pass(const at::Tensor& g, const Forward& f,
                    at::Tensor& grad_weight, at::Tensor& grad_bias,
                    std::vector<double>& d_wm, std::vector<double>& d_wv) {
   const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
-                spatial = f.x3.size(2), rows = samples * channels;
-  RowArgs<T> a;
-  a.channels = channels;
-  a.length = spatial;
-  point_at_stats(a, f.ws.data_ptr<T>(), samples);
+                rows = samples * channels;
+  Pass<T> p(f, weight, using_bn, f.ws.data_ptr<T>());
+  RowArgs<T>& a = p.a;
   if (f.bn_batch && samples == 1) {  // as statistics() normalised with
     a.bn_mean = a.mean_in;
     a.bn_var = a.var_in;
   }
   static thread_local std::vector<T> scratch;
-  scratch.resize(std::max<size_t>(scratch.size(),
-                                  2 * rows + 2 * samples + 2 * channels));
+  scratch.resize(
+      std::max<size_t>(scratch.size(), 2 * rows + 2 * samples + 2 * channels));
   a.sum_g = scratch.data();
   a.sum_gxc = a.sum_g + rows;
   a.d_mu_n = a.sum_gxc + rows;
@@ -103,15 +101,9 @@ void backward_pass(const at::Tensor& g, const Forward& f,
   a.d_mu_c = a.d_var_n + samples;
   a.d_var_c = a.d_mu_c + channels;
   a.g = g.data_ptr<T>();
-  a.x = f.x3.data_ptr<T>();
-  a.weight = weight.data_ptr<T>();
-  const GroupRatios<T> w(f.ratios, channels, using_bn);
-  a.w = w.args;
-  a.divisor = static_cast<T>(std::max<int64_t>(spatial - f.correction, 1));
   a.dx = grad_x.data_ptr<T>();
   a.per_channel = f.ratios.groups > 1;
   if (f.x3.numel()) {
-    a.short_rows = short_rows(rows, spatial);
     run_rows(kGradSums, a, rows);
   } else {
     std::fill_n(a.sum_g, 2 * rows, T(0));

@@ -1,8 +1,7 @@
 // SN's forward on the CPU as the operator (sn_operator.cpp) runs it: IN's
 // moments, LN's and BN's statistics from them (Eq. 5), the running
 // statistics' update and the normalisation, as parallel passes of the row
-// kernels (row_kernels_impl.h) with the (N, C) work between them on raw
-// pointers; and the eval path by sample.
+// kernels with the (N, C) work between them; and the eval path by sample.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 
@@ -13,20 +12,25 @@
 
 namespace sn_mm_cpu {
 
-// The batch's BN mean and variance per channel into bn (then bn + C),
-// from the IN moments (Eq. 5) in the stable form (var_bn = mean_n(var_in)
-// + mean_n((mean_in - mean_bn)^2): the released mean(var_in + mean_in^2) -
-// mean^2 without its cancellation), with LN's statistics, in two passes
-// over the samples: LN's statistics with the sums per channel of the means
-// about the shifts and of var_in, then the squared deviations of those
-// means about their channel's mean.
+// The running statistics and what a forward does with them.
+struct Running {
+  const OptTensor &mean, &var, &count, &nonfinite;
+  bool using_bn, training;
+  double momentum;
+};
+
+// The batch's BN mean and variance into bn (then bn + C) from the IN
+// moments (Eq. 5) in the stable form, var_bn = mean_n(var_in) +
+// mean_n((mean_in - mean_bn)^2) (the released mean(var_in + mean_in^2) -
+// mean^2 without its cancellation), in two passes over the samples: LN's
+// statistics with the sums per channel of the means about the shifts and
+// of var_in, then the squared deviations of those means about their mean.
 template <typename T>
 void batch_bn(RowArgs<T>& a, T* bn, int64_t samples) {
   const int64_t channels = a.channels;
-  const auto cols =
-      sum_over_samples(samples, 2 * channels, [&](int64_t n, double* col) {
-        run(kLnStats, a, n, n + 1, col);
-      });
+  const auto cols = sum_over_samples(
+      samples, 2 * channels,
+      [&](int64_t n, double* col) { run(kLnStats, a, n, n + 1, col); });
   std::vector<double> centre(channels);
   for (int64_t c = 0; c < channels; ++c) centre[c] = cols[c] / samples;
   a.centre = centre.data();
@@ -35,23 +39,14 @@ void batch_bn(RowArgs<T>& a, T* bn, int64_t samples) {
       [&](int64_t n, double* col) { run(kBnDev, a, n, n + 1, col); });
   for (int64_t c = 0; c < channels; ++c) {
     bn[c] = static_cast<T>(double(a.shift[c]) + centre[c]);
-    bn[channels + c] = static_cast<T>(cols[channels + c] + devs[c]) /
-                       static_cast<T>(samples);
+    bn[channels + c] =
+        static_cast<T>(cols[channels + c] + devs[c]) / static_cast<T>(samples);
   }
 }
 
-void check_running(const at::Tensor& mean, const at::Tensor& var,
-                   int64_t channels) {
-  TORCH_CHECK(mean.numel() == channels && var.numel() == channels &&
-                  mean.is_contiguous() && var.is_contiguous() &&
-                  mean.scalar_type() == var.scalar_type(),
-              "switchable_norm: running statistics must be ", channels,
-              " contiguous values each");
-}
-
 // Whether all n values are finite: their exponent bits tested with integer
-// operations, which vectorise (a chain of std::isfinite tests did not: 2 us
-// at 2048 channels).
+// operations, which vectorise (std::isfinite did not: 2 us at 2048
+// channels).
 template <typename T>
 bool all_finite(const T* values, int64_t n) {
   using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
@@ -66,51 +61,40 @@ bool all_finite(const T* values, int64_t n) {
   return bad == 0;
 }
 
-// The running statistics: moving average, or cumulative (momentum < 0);
-// untouched where any of the batch's statistics is not finite (an overflow,
-// a NaN in the input), which `nonfinite` (where given) counts.
+// The running statistics moved toward bn_m and bn_v (moving average, or
+// cumulative where momentum < 0) in their opmath type, as BatchNorm's
+// update and the reference's are; untouched where any of the batch's
+// statistics is not finite (an overflow, a NaN in the input), which
+// `nonfinite` (where given) counts. Or, with update false, copied into
+// bn_m and bn_v (backward needs them as they were).
 template <typename T>
-void update_running(const at::Tensor& running_mean,
-                    const at::Tensor& running_var, const at::Tensor& count,
-                    const OptTensor& nonfinite, double momentum, const T* bn_m,
-                    const T* bn_v, int64_t channels) {
-  if (!all_finite(bn_m, channels) || !all_finite(bn_v, channels)) {
-    if (nonfinite.has_value() && nonfinite->defined())
-      nonfinite->data_ptr<int64_t>()[0] += 1;
-    return;
+void running(const Running& rs, T* bn_m, T* bn_v, int64_t channels,
+             bool update) {
+  double mom = 0;
+  if (update) {
+    if (!all_finite(bn_m, channels) || !all_finite(bn_v, channels)) {
+      if (defined(rs.nonfinite)) rs.nonfinite->data_ptr<int64_t>()[0] += 1;
+      return;
+    }
+    auto* count = rs.count->data_ptr<int64_t>();
+    count[0] += 1;
+    mom = rs.momentum < 0 ? 1.0 / count[0] : rs.momentum;
   }
-  auto* n = count.data_ptr<int64_t>();
-  n[0] += 1;
-  const double mom = momentum < 0 ? 1.0 / n[0] : momentum;
   AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, running_mean.scalar_type(), "running", [&] {
-        // In the running statistics' opmath type, as BatchNorm's update
-        // and the reference's are.
+      at::kHalf, at::kBFloat16, rs.mean->scalar_type(), "running", [&] {
         using R = scalar_t;
         using M = at::opmath_type<R>;
         const M keep = static_cast<M>(1 - mom), add = static_cast<M>(mom);
-        R* prm = running_mean.data_ptr<R>();
-        R* prv = running_var.data_ptr<R>();
+        R* prm = rs.mean->data_ptr<R>();
+        R* prv = rs.var->data_ptr<R>();
         for (int64_t c = 0; c < channels; ++c) {
+          if (!update) {
+            bn_m[c] = static_cast<T>(prm[c]);
+            bn_v[c] = static_cast<T>(prv[c]);
+            continue;
+          }
           prm[c] = static_cast<R>(keep * M(prm[c]) + add * M(bn_m[c]));
           prv[c] = static_cast<R>(keep * M(prv[c]) + add * M(bn_v[c]));
-        }
-      });
-}
-
-// The running statistics copied into bn_m and bn_v (backward needs them as
-// they were; later steps update the running ones in place).
-template <typename T>
-void copy_running(const at::Tensor& running_mean,
-                  const at::Tensor& running_var, T* bn_m, T* bn_v,
-                  int64_t channels) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, running_mean.scalar_type(), "running", [&] {
-        const scalar_t* prm = running_mean.data_ptr<scalar_t>();
-        const scalar_t* prv = running_var.data_ptr<scalar_t>();
-        for (int64_t c = 0; c < channels; ++c) {
-          bn_m[c] = static_cast<T>(prm[c]);
-          bn_v[c] = static_cast<T>(prv[c]);
         }
       });
 }
@@ -129,56 +113,47 @@ T* stats_buffer(Forward& f, bool for_backward) {
   return scratch.data();
 }
 
-// The running statistics and what a forward does with them.
-struct Running {
-  const OptTensor &mean, &var, &count, &nonfinite;
-  bool using_bn, training;
-  double momentum;
-};
-
 // The BN statistics where they are not the batch's: the running ones (in
 // eval without backward read in place), else none (zeros).
 template <typename T>
-void fixed_bn(RowArgs<T>& a, T* bn, const Running& run_stats,
-              bool for_backward) {
-  if (!run_stats.using_bn) {
-    std::fill_n(bn, 2 * a.channels, T(0));
-  } else if (!for_backward && run_stats.mean->scalar_type() ==
-                                  c10::CppTypeToScalarType<T>::value) {
-    a.bn_mean = run_stats.mean->data_ptr<T>();
-    a.bn_var = run_stats.var->data_ptr<T>();
+void fixed_bn(Pass<T>& p, const Running& rs, bool for_backward) {
+  RowArgs<T>& a = p.a;
+  if (!rs.using_bn) {
+    std::fill_n(p.bn, 2 * a.channels, T(0));
+  } else if (!for_backward &&
+             rs.mean->scalar_type() == c10::CppTypeToScalarType<T>::value) {
+    a.bn_mean = rs.mean->data_ptr<T>();
+    a.bn_var = rs.var->data_ptr<T>();
   } else {
-    copy_running(*run_stats.mean, *run_stats.var, bn, bn + a.channels,
-                 a.channels);
+    running(rs, p.bn, p.bn + a.channels, a.channels, false);
   }
 }
 
-// IN's moments, then LN's statistics and the BN statistics in use into a:
-// the batch's (one sample's are its IN ones, read where they are), else
+// IN's moments, then LN's statistics and the BN statistics in use: the
+// batch's (one sample's are its IN ones, read where they are), else
 // fixed_bn's.
 template <typename T>
-void statistics(RowArgs<T>& a, T* bn, int64_t samples,
-                const Running& run_stats, bool for_backward) {
-  const int64_t channels = a.channels, rows = samples * channels;
+void statistics(Pass<T>& p, int64_t samples, const Running& rs,
+                bool for_backward) {
+  RowArgs<T>& a = p.a;
+  const int64_t rows = samples * a.channels;
   if (rows * a.length) {
     run_rows(kMoments, a, rows);
   } else {
     std::fill_n(a.mean_in, 3 * rows, T(0));  // and var_in, dmean
-    std::fill_n(a.shift, channels, T(0));
+    std::fill_n(a.shift, a.channels, T(0));
   }
-  const bool bn_batch =
-      run_stats.using_bn && run_stats.training && samples > 0;
+  const bool bn_batch = rs.using_bn && rs.training && samples > 0;
   if (bn_batch && samples > 1) {
-    batch_bn(a, bn, samples);
+    batch_bn(a, p.bn, samples);
   } else {
     run(kLnStats, a, 0, samples);
-    if (!bn_batch) return fixed_bn(a, bn, run_stats, for_backward);
+    if (!bn_batch) return fixed_bn(p, rs, for_backward);
     a.bn_mean = a.mean_in;
     a.bn_var = a.var_in;
   }
-  update_running(*run_stats.mean, *run_stats.var, *run_stats.count,
-                 run_stats.nonfinite, run_stats.momentum, a.bn_mean, a.bn_var,
-                 channels);
+  running(rs, const_cast<T*>(a.bn_mean), const_cast<T*>(a.bn_var), a.channels,
+          true);
 }
 
 // Without the batch's BN statistics (eval), a sample's output needs only
@@ -187,12 +162,12 @@ void statistics(RowArgs<T>& a, T* bn, int64_t samples,
 // the input comes from memory once, as GroupNorm's does (by_sample). The
 // samples per block; 0 where the path does not apply.
 template <typename T>
-int64_t by_sample_block(const Forward& f, const Running& run_stats) {
+int64_t by_sample_block(const Forward& f, const Running& rs) {
   const int64_t bytes = f.x3.size(1) * f.x3.size(2) * int64_t(sizeof(T));
   const int64_t block = std::max<int64_t>(
       1, (int64_t(SN_BLOCK_KIB) << 10) / std::max<int64_t>(bytes, 1));
   const int64_t blocks = (f.x3.size(0) + block - 1) / block;
-  const bool applies = !(run_stats.using_bn && run_stats.training) &&
+  const bool applies = !(rs.using_bn && rs.training) &&
                        bytes <= (int64_t(SN_SAMPLE_MAX_KIB) << 10) &&
                        blocks >= SN_BLOCKS_PER_THREAD * at::get_num_threads();
   return take(kPathBySample, applies) ? block : 0;
@@ -228,32 +203,22 @@ void forward_by_sample(const RowArgs<T>& a, int64_t samples, int64_t block) {
 
 template <typename T>
 void forward_pass(Forward& f, at::Tensor& y, const at::Tensor& weight,
-                  const at::Tensor& bias, const Running& run_stats, double eps,
+                  const at::Tensor& bias, const Running& rs, double eps,
                   bool for_backward) {
-  const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
-                spatial = f.x3.size(2);
-  RowArgs<T> a;
-  a.channels = channels;
-  a.length = spatial;
-  T* bn = point_at_stats(a, stats_buffer<T>(f, for_backward), samples);
-  a.x = f.x3.data_ptr<T>();
-  a.weight = weight.data_ptr<T>();
+  Pass<T> p(f, weight, rs.using_bn, stats_buffer<T>(f, for_backward));
+  RowArgs<T>& a = p.a;
+  const int64_t samples = f.x3.size(0);
   a.bias = bias.data_ptr<T>();
-  const GroupRatios<T> w(f.ratios, channels, run_stats.using_bn);
-  a.w = w.args;
-  a.divisor = static_cast<T>(std::max<int64_t>(spatial - f.correction, 1));
   a.eps = static_cast<T>(eps);
   a.y = y.data_ptr<T>();
-  if (f.x3.numel()) {
-    for (int64_t c = 0; c < channels; ++c) a.shift[c] = a.x[c * spatial];
-    a.short_rows = short_rows(samples * channels, spatial);
-  }
-  if (const int64_t block = by_sample_block<T>(f, run_stats)) {
-    fixed_bn(a, bn, run_stats, for_backward);
+  if (f.x3.numel())
+    for (int64_t c = 0; c < a.channels; ++c) a.shift[c] = a.x[c * a.length];
+  if (const int64_t block = by_sample_block<T>(f, rs)) {
+    fixed_bn(p, rs, for_backward);
     return forward_by_sample(a, samples, block);
   }
-  statistics(a, bn, samples, run_stats, for_backward);
-  run_rows(kNormalize, a, samples * channels);
+  statistics(p, samples, rs, for_backward);
+  run_rows(kNormalize, a, samples * a.channels);
 }
 
 Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
@@ -268,20 +233,32 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
                      bool ratios_given, bool for_backward) {
   Forward f = prepared(x, mean_logits, var_logits, fixed, fixed_ratios,
                        unbiased, ratios_given);
-  check_params(x, weight, bias);
+  const int64_t channels = x.size(1);
+  for (const auto* t : {&weight, &bias})
+    TORCH_CHECK(t->scalar_type() == x.scalar_type() &&
+                    t->numel() == channels && t->device().is_cpu(),
+                "switchable_norm: weight and bias must be ", channels,
+                " CPU values of the input's dtype");
   const bool using_bn = defined(running_mean);
-  f.bn_batch = using_bn && training;
-  if (using_bn) check_running(*running_mean, *running_var, x.size(1));
+  TORCH_CHECK(
+      !using_bn ||
+          (running_mean->numel() == channels &&
+           running_var->numel() == channels && running_mean->is_contiguous() &&
+           running_var->is_contiguous() &&
+           running_mean->scalar_type() == running_var->scalar_type()),
+      "switchable_norm: running statistics must be ", channels,
+      " contiguous values each");
   TORCH_CHECK(!defined(nonfinite) || (nonfinite->scalar_type() == at::kLong &&
                                       nonfinite->numel() == 1),
               "switchable_norm: nonfinite_batches must be one int64 value");
-  const Running run_stats{running_mean, running_var, num_batches_tracked,
-                          nonfinite,    using_bn,    training,
-                          momentum};
+  f.bn_batch = using_bn && training;
+  const Running rs{running_mean, running_var, num_batches_tracked,
+                   nonfinite,    using_bn,    training,
+                   momentum};
   auto y = at::empty_like(f.x3);
   const auto w_c = weight.contiguous(), b_c = bias.contiguous();
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "switchable_norm", [&] {
-    forward_pass<scalar_t>(f, y, w_c, b_c, run_stats, eps, for_backward);
+    forward_pass<scalar_t>(f, y, w_c, b_c, rs, eps, for_backward);
   });
   f.y = y.view(x.sizes());
   return f;

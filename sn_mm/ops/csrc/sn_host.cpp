@@ -1,17 +1,84 @@
 // The CPU operator's host side that its forward (sn_forward.cpp) and
-// backward (sn_backward.cpp) share: the special paths' switches and
-// counts, the ratios a call mixes with, the input's checks and rows.
+// backward (sn_backward.cpp) share: the instruction set the kernels run
+// with, the special paths' switches and counts, the ratios a call mixes
+// with, the input's checks and rows.
 #include "sn_host.h"
 
 #include <ATen/Dispatch.h>
+#include <c10/util/StringUtil.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
-
 namespace sn_mm_cpu {
+
+// The instruction set: the extension is built without -march flags, so
+// that it runs on any CPU; the row kernels are compiled for AVX-512, AVX2
+// and the compiler's baseline, and the best set the CPU has runs unless
+// SN_MM_CPU_ISA names another (every set can then be tested and timed on a
+// machine that has more).
+namespace {
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SN_CPU_HAS(feature) \
+  (__builtin_cpu_init(), __builtin_cpu_supports(feature))
+#else
+#define SN_CPU_HAS(feature) false
+#endif
+
+bool cpu_runs(const std::string& isa) {
+  const bool avx2 = SN_CPU_HAS("avx2") && SN_CPU_HAS("fma");
+  if (isa == "avx512")
+    return avx2 && SN_CPU_HAS("avx512f") && SN_CPU_HAS("avx512vl") &&
+           SN_CPU_HAS("avx512bw") && SN_CPU_HAS("avx512dq");
+  return isa == "avx2" ? avx2 : true;
+}
+
+// Best first.
+const std::pair<const char*, const RowKernels* (*)()> kIsas[] = {
+    {"avx512", row_kernels_avx512},
+    {"avx2", row_kernels_avx2},
+    {"baseline", row_kernels_baseline}};
+
+std::atomic<const RowKernels*> active_kernels{nullptr};
+
+}  // namespace
+
+std::vector<std::string> cpu_isas() {
+  std::vector<std::string> names;
+  for (const auto& [name, table] : kIsas)
+    if (table() != nullptr && cpu_runs(name)) names.push_back(name);
+  return names;
+}
+
+void set_cpu_isa(const std::string& name) {
+  for (const auto& [isa, table] : kIsas) {
+    if (name != isa) continue;
+    TORCH_CHECK_VALUE(table() != nullptr,
+                      "SN's CPU kernels: this build has no '", name,
+                      "' kernels (compiled by GCC for x86-64 only)");
+    TORCH_CHECK_VALUE(cpu_runs(name),
+                      "SN's CPU kernels: this CPU cannot run the '", name,
+                      "' kernels; it runs ", c10::Join(", ", cpu_isas()));
+    active_kernels = table();
+    return;
+  }
+  TORCH_CHECK_VALUE(false, "SN's CPU kernels: unknown instruction set '", name,
+                    "' (expected avx512, avx2 or baseline)");
+}
+
+const RowKernels& kernels() {
+  const RowKernels* table = active_kernels.load(std::memory_order_relaxed);
+  if (table == nullptr) {  // $SN_MM_CPU_ISA where set, else the best
+    const char* wanted = std::getenv("SN_MM_CPU_ISA");
+    set_cpu_isa(wanted && *wanted ? std::string(wanted) : cpu_isas().front());
+    table = active_kernels.load();
+  }
+  return *table;
+}
 
 const char* const kPathNames[kPathCount] = {"short_rows", "by_sample"};
 std::atomic<bool> path_on[kPathCount] = {true, true};
@@ -138,16 +205,6 @@ void check_input(const at::Tensor& x) {
       x.device().is_cpu() && (dtype == at::kFloat || dtype == at::kDouble),
       "switchable_norm: float32/float64 CPU tensors only, got ", dtype, " on ",
       x.device());
-}
-
-void check_params(const at::Tensor& x, const at::Tensor& weight,
-                  const at::Tensor& bias) {
-  const auto dtype = x.scalar_type();
-  for (const auto* t : {&weight, &bias})
-    TORCH_CHECK(t->scalar_type() == dtype && t->numel() == x.size(1) &&
-                    t->device().is_cpu(),
-                "switchable_norm: weight and bias must be ", x.size(1),
-                " CPU values of the input's dtype");
 }
 
 Forward prepared(const at::Tensor& x, const at::Tensor& mean_logits,

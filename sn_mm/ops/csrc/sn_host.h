@@ -1,11 +1,10 @@
 // The CPU operator's host side: its forward and backward (sn_forward.cpp,
 // sn_backward.cpp) as sn_operator.cpp calls them, and what they share
-// (sn_host.cpp): the row kernels' dispatch and parallel loops, the ratios,
-// the statistics buffer, the special paths and the host's cut-offs. The
-// passes work on raw pointers: at small shapes (batch-1 inference, RoI
-// heads) each ATen call on a (C,) vector would cost as much as the data's
-// passes. Semantics: the reference's (sn_mm/ops/reference.py), which the
-// tests hold the passes to.
+// (sn_host.cpp): the kernels' dispatch and parallel loops, the ratios, the
+// statistics buffer, the special paths and the host's cut-offs. Raw
+// pointers throughout: at small shapes (batch-1 inference, RoI heads) an
+// ATen call per (C,) vector would cost as much as the data's passes.
+// Semantics: the reference's (sn_mm/ops/reference.py).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -18,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "cpu_isa.h"
+#include "row_kernels.h"
 
 namespace sn_mm_cpu {
 
@@ -51,6 +50,12 @@ inline bool defined(const OptTensor& t) {
 #define SN_BLOCKS_PER_THREAD 4
 #endif
 
+// The instruction set the kernels run with: the best this CPU has, unless
+// $SN_MM_CPU_ISA or set_cpu_isa chose another (sn_host.cpp).
+const RowKernels& kernels();
+std::vector<std::string> cpu_isas();  // this build's and CPU's, best first
+void set_cpu_isa(const std::string& name);
+
 // The ratio vectors in use: IN first where IN is defined (K entries, else
 // K - 1, LN first), and where LN sits (BN follows it). Group SN: G such
 // vectors one after the other, channel c taking group c / (C / G)'s.
@@ -65,8 +70,8 @@ struct Ratios {
   int64_t terms() const { return static_cast<int64_t>(mean.size()) / groups; }
 };
 
-// What backward needs of a forward: the (N, C, L) input, the statistics
-// buffer, the ratios mixed with.
+// A call's input as (N, C, L) rows and what backward needs of its forward:
+// the statistics buffer, the ratios mixed with.
 struct Forward {
   at::Tensor y, x3, ws;
   Ratios ratios;
@@ -88,9 +93,8 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
                      double momentum, double eps, bool unbiased,
                      bool ratios_given, bool for_backward);
 
-// The backward pass from the forward's saved tensors (x, weight, the
-// logits, the statistics buffer ws and the fixed ratios): gradients of x,
-// weight, bias and the two logit (or, with ratios_given, ratio) tensors.
+// The gradients of x, weight, bias and the two logit (or, with
+// ratios_given, ratio) tensors, from the forward's saved tensors.
 std::vector<at::Tensor> backward_impl(
     const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
     const at::Tensor& mean_logits, const at::Tensor& var_logits,
@@ -98,8 +102,14 @@ std::vector<at::Tensor> backward_impl(
     const OptTensor& fixed_ratios, bool using_bn, bool bn_batch, bool unbiased,
     bool ratios_given);
 
-// Kernel k of the instruction set in use (cpu_isa.cpp) over rows (or
-// samples) [begin, end).
+// A call's input as (N, C, L) rows, checked, the variances' correction
+// and the ratios the call mixes with: a forward without its statistics.
+Forward prepared(const at::Tensor& x, const at::Tensor& mean_logits,
+                 const at::Tensor& var_logits, const OptTensor& fixed,
+                 const OptTensor& fixed_ratios, bool unbiased,
+                 bool ratios_given);
+
+// Kernel k over rows (or samples) [begin, end).
 template <typename T>
 void run(Kernel k, const RowArgs<T>& a, int64_t begin, int64_t end,
          double* sums = nullptr) {
@@ -115,14 +125,13 @@ void run_rows(Kernel k, const RowArgs<T>& a, int64_t rows) {
   const int64_t grain =
       std::max<int64_t>(1, SN_TASK_VALUES / std::max<int64_t>(a.length, 1));
   if (rows <= grain) return run(k, a, 0, rows);  // no parallel region
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    run(k, a, begin, end);
-  });
+  at::parallel_for(0, rows, grain,
+                   [&](int64_t begin, int64_t end) { run(k, a, begin, end); });
 }
 
-// Sums over the samples n of an (N, C) computation: each task adds its
-// block of samples into its own `width` partial sums in double, which are
-// then added up. `fn(n, acc)` handles sample n, adding into acc[0, width).
+// Sums over the samples of an (N, C) computation: each task adds its
+// samples into its own `width` partial sums in double, which are then
+// added up. fn(n, acc) adds sample n's into acc[0, width).
 template <typename Fn>
 std::vector<double> sum_over_samples(int64_t samples, int64_t width,
                                      const Fn& fn) {
@@ -156,25 +165,34 @@ bool take(Path p, bool applies);  // counted where it does
 std::vector<std::pair<std::string, int64_t>> path_counts();
 bool set_path(const std::string& name, bool on);  // returns the old state
 
-// Whether a pass over `rows` rows of `length` values takes the short-row
-// sums (kShortRow), counted.
-inline bool short_rows(int64_t rows, int64_t length) {
-  return take(kPathShortRows, length < kShortRow && rows >= kShortRowsMin);
+// The statistics buffer (Forward::ws): mean_in, var_in, dmean, mu, rstd
+// (N x C each), LN's mean and variance (N each), the BN mean and variance
+// in use (C each), the channels' shifts (C).
+inline int64_t bn_offset(int64_t samples, int64_t channels) {
+  return 5 * samples * channels + 2 * samples;
+}
+inline int64_t stats_size(int64_t samples, int64_t channels) {
+  return bn_offset(samples, channels) + 3 * channels;
 }
 
-// Each ratio group's six ratios in the computation's dtype, as the kernels
-// take them (GroupRatioArgs).
+// What a forward's and a backward's passes share: the rows, the weight,
+// each ratio group's six ratios in the rows' dtype, the statistics at
+// `stats` (bn: where the BN mean, then the variance, are written).
 template <typename T>
-struct GroupRatios {
-  std::vector<T> data;
-  GroupRatioArgs<T> args;
-  GroupRatios(const Ratios& w, int64_t channels, bool using_bn)
-      : data(kRatios * w.groups) {
+struct Pass {
+  RowArgs<T> a;
+  std::vector<T> ratios;
+  T* bn;
+  Pass(const Forward& f, const at::Tensor& weight, bool using_bn, T* stats)
+      : ratios(kRatios * f.ratios.groups) {
+    const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
+                  spatial = f.x3.size(2), rows = samples * channels;
+    const Ratios& w = f.ratios;
     const int64_t k = w.k_ln, terms = w.terms();
     for (int64_t g = 0; g < w.groups; ++g) {
       const double* m = w.mean.data() + g * terms;
       const double* v = w.var.data() + g * terms;
-      T* out = data.data() + kRatios * g;
+      T* out = ratios.data() + kRatios * g;
       out[kWmIn] = static_cast<T>(w.has_in ? m[0] : 0.0);
       out[kWvIn] = static_cast<T>(w.has_in ? v[0] : 0.0);
       out[kWmLn] = static_cast<T>(m[k]);
@@ -182,47 +200,28 @@ struct GroupRatios {
       out[kWmBn] = static_cast<T>(using_bn ? m[k + 1] : 0.0);
       out[kWvBn] = static_cast<T>(using_bn ? v[k + 1] : 0.0);
     }
-    args.ratios = data.data();
-    args.group_channels = std::max<int64_t>(channels / w.groups, 1);
+    a.w.ratios = ratios.data();
+    a.w.group_channels = std::max<int64_t>(channels / w.groups, 1);
+    a.x = f.x3.data_ptr<T>();
+    a.weight = weight.data_ptr<T>();
+    a.channels = channels;
+    a.length = spatial;
+    a.divisor = static_cast<T>(std::max<int64_t>(spatial - f.correction, 1));
+    a.short_rows =
+        f.x3.numel() &&
+        take(kPathShortRows, spatial < kShortRow && rows >= kShortRowsMin);
+    a.mean_in = stats;
+    a.var_in = stats + rows;
+    a.dmean = stats + 2 * rows;
+    a.mu = stats + 3 * rows;
+    a.rstd = stats + 4 * rows;
+    a.ln_mean = stats + 5 * rows;
+    a.ln_var = a.ln_mean + samples;
+    bn = stats + bn_offset(samples, channels);
+    a.bn_mean = bn;
+    a.bn_var = bn + channels;
+    a.shift = bn + 2 * channels;
   }
 };
-
-// The statistics buffer (Forward::ws): mean_in, var_in, dmean, mu, rstd
-// (N x C each), LN's mean and variance (N each), the BN mean and variance
-// in use (C each), the channels' shifts (C). Points a at it; returns where
-// the BN mean (then the variance) sits.
-inline int64_t bn_offset(int64_t samples, int64_t channels) {
-  return 5 * samples * channels + 2 * samples;
-}
-inline int64_t stats_size(int64_t samples, int64_t channels) {
-  return bn_offset(samples, channels) + 3 * channels;
-}
-template <typename T>
-T* point_at_stats(RowArgs<T>& a, T* base, int64_t samples) {
-  const int64_t rows = samples * a.channels;
-  a.mean_in = base;
-  a.var_in = base + rows;
-  a.dmean = base + 2 * rows;
-  a.mu = base + 3 * rows;
-  a.rstd = base + 4 * rows;
-  a.ln_mean = base + 5 * rows;
-  a.ln_var = a.ln_mean + samples;
-  T* bn = base + bn_offset(samples, a.channels);
-  a.bn_mean = bn;
-  a.bn_var = bn + a.channels;
-  a.shift = bn + 2 * a.channels;
-  return bn;
-}
-
-// weight and bias fit x (after prepared() has checked x).
-void check_params(const at::Tensor& x, const at::Tensor& weight,
-                  const at::Tensor& bias);
-
-// A call's input as (N, C, L) rows, checked, the variances' correction
-// and the ratios the call mixes with: a forward without its statistics.
-Forward prepared(const at::Tensor& x, const at::Tensor& mean_logits,
-                 const at::Tensor& var_logits, const OptTensor& fixed,
-                 const OptTensor& fixed_ratios, bool unbiased,
-                 bool ratios_given);
 
 }  // namespace sn_mm_cpu

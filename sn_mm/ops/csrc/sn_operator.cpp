@@ -19,7 +19,6 @@
 #include <tuple>
 #include <vector>
 
-#include "cpu_isa.h"
 #include "sn_host.h"
 
 using namespace sn_mm_cpu;
