@@ -8,13 +8,11 @@
 
 namespace sn_mm_rows {
 
-// Cut-offs: each names its figure, docs/performance.md#cut-offs (the A/B
-// tool, tools/analysis_tools/benchmark_kernels.py, builds other values
-// with -D).
+// Cut-offs, each set by -D where given (their figures:
+// docs/performance.md#cut-offs).
 #ifndef SN_SHORT_ROW
-// Rows shorter than this may take their sums several rows in one pass, in
-// the sums of (x - first value), which lose at most a factor kShortRow of
-// relative precision.
+// Rows shorter may take their sums in one pass, several rows at a time,
+// losing at most a factor kShortRow of relative precision.
 #define SN_SHORT_ROW 128
 #endif
 constexpr int64_t kShortRow = SN_SHORT_ROW;
@@ -34,17 +32,13 @@ constexpr int kRowsAtOnce = SN_ROWS_AT_ONCE;
 #endif
 constexpr int kSums = SN_SUMS;
 #ifndef SN_COEF_ROWS
-// Rows whose input-gradient coefficients are computed at a time (on the
-// stack).
+// Rows whose input-gradient coefficients are computed at a time.
 #define SN_COEF_ROWS 256
 #endif
 constexpr int64_t kCoefRows = SN_COEF_ROWS;
 
-// Each ratio group's six ratios, at ratios + kRatios * g in RatioIndex's
-// order (IN's 0 where undefined, BN's 0 without a BN term); a group spans
-// group_channels channels. Per group, not per channel: C x 6 values
-// written each call cost 2-3 us at 1x2048x7x7 in cache lines moved
-// between cores.
+// Each ratio group's six ratios (IN's 0 where undefined, BN's 0 without a
+// BN term), per group: C x 6 values per call cost 2-3 us at 1x2048x7x7.
 enum RatioIndex { kWmIn, kWvIn, kWmLn, kWvLn, kWmBn, kWvBn, kRatios };
 template <typename T>
 struct GroupRatioArgs {
@@ -66,9 +60,8 @@ inline void for_each_group(const GroupRatioArgs<T>& w, int64_t begin,
   }
 }
 
-// Every kernel's arguments, set by name: the host fills one per pass
-// (sn_forward.cpp, sn_backward.cpp); each kernel reads the fields it needs.
-// The statistics are (N x C) per row, (N) per sample or (C) per channel.
+// Every kernel's arguments, set by name, one per pass (sn_forward.cpp,
+// sn_backward.cpp): per row (N x C), per sample (N) or per channel (C).
 template <typename T>
 struct RowArgs {
   const T *x = nullptr, *g = nullptr;  // the input's rows, y's gradient's
@@ -78,38 +71,30 @@ struct RowArgs {
   T divisor = 1;  // of IN's variances: length, less one where unbiased
   T eps = 0;
   bool short_rows = false;  // several rows in one pass (kShortRow)
-  // IN's moments; the rows' means also less their channel's shift (sample
-  // 0's first value), which keeps the differences between samples that
-  // BN's variance sums (float32 means of 1e4 round them to 1e-3).
+  // IN's moments, the means also less their channel's shift (sample 0's
+  // first value): BN's variance sums their differences between samples,
+  // which absolute float32 means of 1e4 would round to 1e-3.
   T *mean_in = nullptr, *var_in = nullptr, *dmean = nullptr, *shift = nullptr;
   T *ln_mean = nullptr, *ln_var = nullptr;        // per sample
   const T *bn_mean = nullptr, *bn_var = nullptr;  // per channel, in use
   T *mu = nullptr, *rstd = nullptr;               // the mixed statistics
   T *y = nullptr, *dx = nullptr;
   // Backward: per row the sums of g and g * (x - mean_in); the gradients
-  // of LN's (per sample, weighted by the LN ratios) and BN's (per
-  // channel) mean and variance.
+  // of LN's and BN's mean and variance.
   T *sum_g = nullptr, *sum_gxc = nullptr, *d_mu_n = nullptr,
     *d_var_n = nullptr, *d_mu_c = nullptr, *d_var_c = nullptr;
   const double* centre = nullptr;  // bn_dev: the means' mean per channel
-  // grad_reduce: the ratio gradients' products per channel (8 x C sums),
-  // or for one ratio group summed over the channels (4 x C + 4: 8 x C
-  // took 1.14-1.25x the time in training at 512x256x7x7, 16x256x7x7 and
-  // 1x2048x7x7).
+  // grad_reduce: the ratio gradients' products per channel, or summed over
+  // the channels (one group: 8 x C sums took 1.14-1.25x the time in
+  // training at 512x256x7x7 and 1x2048x7x7).
   bool per_channel = true;
 };
 
-// The kernels, each over rows [begin, end) (the (N, C) reductions: over
-// samples), the reductions adding into `sums` (double):
-// - moments: IN's means, variances and means about the shifts;
-// - ln_stats: LN's statistics, and with sums, per channel the sums of
-//   dmean (C) then var_in (C);
-// - bn_dev: sums += (dmean - centre)^2 per channel;
-// - normalize: the mixed statistics and y;
-// - grad_sums: sum_g and sum_gxc;
-// - grad_reduce: d_mu_n and d_var_n, and sums += grad_weight, grad_bias,
-//   d_mu_c, d_var_c (C each), then the ratio gradients' products;
-// - input_grad: dx.
+// The kernels, over rows [begin, end) (the reductions: samples, adding
+// into `sums`): IN's moments; LN's statistics (sums += dmean, var_in per
+// channel); sums += (dmean - centre)^2; the mixed statistics and y; sum_g
+// and sum_gxc; d_mu_n, d_var_n (sums += grad_weight, grad_bias, d_mu_c,
+// d_var_c, the ratio gradients' products); dx.
 enum Kernel {
   kMoments,
   kLnStats,
@@ -129,15 +114,13 @@ struct RowKernels {
   KernelFn<double> f64[kKernels];
 };
 
-// Each instruction set's table; nullptr where this build has none (not
-// x86-64 GCC or clang for avx2 and avx512).
+// Each instruction set's table; nullptr where this build has none.
 const RowKernels* row_kernels_avx512();
 const RowKernels* row_kernels_avx2();
 const RowKernels* row_kernels_baseline();
 
-// Compiled once (row_coefficients.cpp), called by every set's kernels:
-// rows [begin, end)'s mixed mean and 1 / sqrt(mixed variance + eps) into
-// a.mu and a.rstd;
+// Compiled once (row_coefficients.cpp) for every set's kernels: rows
+// [begin, end)'s mixed mean and 1 / sqrt(mixed variance + eps);
 template <typename T>
 void mixed_statistics(const RowArgs<T>& a, int64_t begin, int64_t end);
 // and their input-gradient coefficients, dx = g * scale + coef_x * (x -

@@ -19,18 +19,16 @@ double dot_double(const T* a, const T* b, int64_t n) {
   return total;
 }
 
-// d loss / d ratio, term by term and group by group, IN first where IN is
-// defined, from grad_reduce's products (RowArgs::per_channel): d_mu with
-// the LN and the BN mean, each less the row's IN mean (a shift common to
-// all terms, which gradients on the simplex ignore, and which keeps large
-// offsets from cancelling), d_var with the IN and the LN variance; and
-// d_var_c with the BN variance.
+// d loss / d ratio into d (the ratios' layout), from grad_reduce's
+// products: d_mu with the LN and the BN mean, each less the row's IN mean
+// (a shift common to all terms, which gradients on the simplex ignore, and
+// which keeps large offsets from cancelling: IN's mean ratio gets 0),
+// d_var with the IN and the LN variance; and d_var_c with the BN variance.
 template <typename T>
-void ratio_grads(const RowArgs<T>& a, const double* dot, bool using_bn,
-                 const Ratios& w, std::vector<double>& d_wm,
-                 std::vector<double>& d_wv) {
+void ratio_grads(const RowArgs<T>& a, const double* dot, const Ratios& w,
+                 double* d) {
   const int64_t channels = a.channels, per_group = a.w.group_channels;
-  for (int64_t g = 0; g < w.groups; ++g) {
+  for (int64_t g = 0; g < w.groups; ++g, d += kRatios) {
     const int64_t c0 = std::min(channels, g * per_group),
                   c1 = std::min(channels, c0 + per_group);
     double sums[4] = {};  // the LN and BN mean's, IN's and LN's variance's
@@ -39,15 +37,12 @@ void ratio_grads(const RowArgs<T>& a, const double* dot, bool using_bn,
         sums[j] = dot[j];
       else
         for (int64_t c = c0; c < c1; ++c) sums[j] += dot[j * channels + c];
-    if (w.has_in) {
-      d_wm.push_back(0.0);
-      d_wv.push_back(sums[2]);
-    }
-    d_wm.push_back(sums[0]);
-    d_wv.push_back(sums[3]);
-    if (using_bn) {
-      d_wm.push_back(sums[1]);
-      d_wv.push_back(dot_double(a.d_var_c + c0, a.bn_var + c0, c1 - c0));
+    d[kWvIn] = w.has_in ? sums[2] : 0.0;
+    d[kWmLn] = sums[0];
+    d[kWvLn] = sums[3];
+    if (w.logits == 3) {
+      d[kWmBn] = sums[1];
+      d[kWvBn] = dot_double(a.d_var_c + c0, a.bn_var + c0, c1 - c0);
     }
   }
 }
@@ -74,18 +69,18 @@ void through_shared_stats(const RowArgs<T>& a, int64_t samples,
 }
 
 // The gradients of an SN forward: of x, weight and bias into the given
-// tensors, of the ratios into d_wm and d_wv: the row sums; from them, per
-// sample and per channel, the gradients of weight, bias and the mixed and
-// shared statistics; the input's gradient. The sums in this thread's
-// scratch memory (no allocation).
+// tensors, of the ratios into d_ratios (their layout): the row sums; from
+// them, per sample and per channel, the gradients of weight, bias and the
+// mixed and shared statistics; the input's gradient. The sums in this
+// thread's scratch memory (no allocation).
 template <typename T>
 void backward_pass(const at::Tensor& g, const Forward& f,
-                   const at::Tensor& weight, bool using_bn, at::Tensor& grad_x,
+                   const at::Tensor& weight, at::Tensor& grad_x,
                    at::Tensor& grad_weight, at::Tensor& grad_bias,
-                   std::vector<double>& d_wm, std::vector<double>& d_wv) {
+                   double* d_ratios) {
   const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
                 rows = samples * channels;
-  Pass<T> p(f, weight, using_bn, f.ws.data_ptr<T>());
+  Pass<T> p(f, weight, f.ws.data_ptr<T>());
   RowArgs<T>& a = p.a;
   if (f.bn_batch && samples == 1) {  // as statistics() normalised with
     a.bn_mean = a.mean_in;
@@ -116,46 +111,36 @@ void backward_pass(const at::Tensor& g, const Forward& f,
   for (int i = 0; i < 4; ++i)
     for (int64_t c = 0; c < channels; ++c)
       per_channel[i][c] = static_cast<T>(cols[i * channels + c]);
-  ratio_grads(a, cols.data() + 4 * channels, using_bn, f.ratios, d_wm, d_wv);
+  ratio_grads(a, cols.data() + 4 * channels, f.ratios, d_ratios);
   through_shared_stats(a, samples, f.bn_batch ? samples : int64_t(0));
   if (f.x3.numel()) run_rows(kInputGrad, a, rows);
 }
 
-// From d loss / d ratio to the logits' gradient (through the softmax; as it
-// is for given ratios), group by group; fixed ratios and an IN logit that
-// took no part get zeros. `row`: 0 for the mean's, 1 for the variance's.
-at::Tensor logit_grad(const std::vector<double>& r,
-                      const std::vector<double>& d, const at::Tensor& logits,
-                      const std::vector<bool>& is_fixed, int row,
-                      int64_t groups, bool has_in, bool ratios_given) {
+// From d loss / d ratio (d, the ratios' layout) to the logits' gradient
+// (through the softmax; as it is for given ratios); fixed ratios and an IN
+// logit that took no part get zeros. `row`: 0 for the mean's, 1 for the
+// variance's.
+at::Tensor logit_grad(const Ratios& w, const std::vector<double>& d, int row,
+                      const at::Tensor& logits, bool ratios_given) {
   // empty and filled here: at::zeros costs a dispatched fill kernel, about
   // a microsecond on every backward, for three values.
   auto out = at::empty(logits.sizes(), logits.options());
-  const int64_t k = logits.numel() / groups,
-                used = static_cast<int64_t>(r.size()) / groups;
-  const int64_t off = has_in ? 0 : 1;
+  const int64_t k = w.logits, first = w.has_in ? 0 : 1;
   AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "logit_grad", [&] {
     scalar_t* p = out.data_ptr<scalar_t>();
     std::fill_n(p, out.numel(), scalar_t(0));
-    for (int64_t g = 0; g < groups; ++g) {
-      if (is_fixed[row * groups + g]) continue;
-      const double* rg = r.data() + g * used;
-      const double* dg = d.data() + g * used;
+    for (int64_t g = 0; g < w.groups; ++g) {
+      if (w.fixed[row * w.groups + g]) continue;
+      const double* rg = w.six.data() + kRatios * g + row;
+      const double* dg = d.data() + kRatios * g + row;
       double mean_d = 0;
-      for (int64_t i = 0; i < used; ++i) mean_d += rg[i] * dg[i];
-      for (int64_t i = 0; i < used; ++i)
-        p[g * k + i + off] = static_cast<scalar_t>(
-            ratios_given ? dg[i] : rg[i] * (dg[i] - mean_d));
+      for (int64_t i = first; i < k; ++i) mean_d += rg[2 * i] * dg[2 * i];
+      for (int64_t i = first; i < k; ++i)
+        p[g * k + i] = static_cast<scalar_t>(
+            ratios_given ? dg[2 * i] : rg[2 * i] * (dg[2 * i] - mean_d));
     }
   });
   return out;
-}
-
-// grad_y as the forward's (N, C, L) contiguous rows in its dtype.
-at::Tensor grad_rows(const at::Tensor& grad_y, const Forward& f) {
-  auto g = grad_y.reshape(f.x3.sizes());
-  if (g.scalar_type() != f.x3.scalar_type()) g = g.to(f.x3.scalar_type());
-  return g.is_contiguous() ? g : g.contiguous();
 }
 
 // (The ratios are recomputed from the logits.)
@@ -163,29 +148,28 @@ std::vector<at::Tensor> backward_impl(
     const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
     const at::Tensor& mean_logits, const at::Tensor& var_logits,
     const at::Tensor& ws, const OptTensor& fixed,
-    const OptTensor& fixed_ratios, bool using_bn, bool bn_batch, bool unbiased,
+    const OptTensor& fixed_ratios, bool bn_batch, bool unbiased,
     bool ratios_given) {
   Forward f = prepared(x, mean_logits, var_logits, fixed, fixed_ratios,
                        unbiased, ratios_given);
   f.ws = ws;
   f.bn_batch = bn_batch;
-  const auto g = grad_rows(grad_y, f);
+  auto g = grad_y.reshape(f.x3.sizes());  // rows as x's, in its dtype
+  if (g.scalar_type() != f.x3.scalar_type()) g = g.to(f.x3.scalar_type());
+  g = g.contiguous();
   const auto w_c = weight.contiguous();
   auto grad_x = at::empty_like(f.x3);
   auto grad_weight = at::empty({f.x3.size(1)}, f.x3.options());
   auto grad_bias = at::empty_like(grad_weight);
-  std::vector<double> d_wm, d_wv;
+  std::vector<double> d_ratios(f.ratios.six.size(), 0.0);
   AT_DISPATCH_FLOATING_TYPES(
       f.x3.scalar_type(), "switchable_norm_backward", [&] {
-        backward_pass<scalar_t>(g, f, w_c, using_bn, grad_x, grad_weight,
-                                grad_bias, d_wm, d_wv);
+        backward_pass<scalar_t>(g, f, w_c, grad_x, grad_weight, grad_bias,
+                                d_ratios.data());
       });
-  const Ratios& w = f.ratios;
   return {grad_x.view(grad_y.sizes()), grad_weight, grad_bias,
-          logit_grad(w.mean, d_wm, mean_logits, w.fixed, 0, w.groups, w.has_in,
-                     ratios_given),
-          logit_grad(w.var, d_wv, mean_logits, w.fixed, 1, w.groups, w.has_in,
-                     ratios_given)};
+          logit_grad(f.ratios, d_ratios, 0, mean_logits, ratios_given),
+          logit_grad(f.ratios, d_ratios, 1, mean_logits, ratios_given)};
 }
 
 }  // namespace sn_mm_cpu

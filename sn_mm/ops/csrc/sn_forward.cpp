@@ -205,7 +205,7 @@ template <typename T>
 void forward_pass(Forward& f, at::Tensor& y, const at::Tensor& weight,
                   const at::Tensor& bias, const Running& rs, double eps,
                   bool for_backward) {
-  Pass<T> p(f, weight, rs.using_bn, stats_buffer<T>(f, for_backward));
+  Pass<T> p(f, weight, stats_buffer<T>(f, for_backward));
   RowArgs<T>& a = p.a;
   const int64_t samples = f.x3.size(0);
   a.bias = bias.data_ptr<T>();
@@ -221,16 +221,7 @@ void forward_pass(Forward& f, at::Tensor& y, const at::Tensor& weight,
   run_rows(kNormalize, a, samples * a.channels);
 }
 
-Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
-                     const at::Tensor& bias, const at::Tensor& mean_logits,
-                     const at::Tensor& var_logits,
-                     const OptTensor& running_mean,
-                     const OptTensor& running_var,
-                     const OptTensor& num_batches_tracked,
-                     const OptTensor& nonfinite, const OptTensor& fixed,
-                     const OptTensor& fixed_ratios, bool training,
-                     double momentum, double eps, bool unbiased,
-                     bool ratios_given, bool for_backward) {
+Forward forward_impl(SN_ARGUMENTS, bool for_backward) {
   Forward f = prepared(x, mean_logits, var_logits, fixed, fixed_ratios,
                        unbiased, ratios_given);
   const int64_t channels = x.size(1);
@@ -251,6 +242,9 @@ Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
   TORCH_CHECK(!defined(nonfinite) || (nonfinite->scalar_type() == at::kLong &&
                                       nonfinite->numel() == 1),
               "switchable_norm: nonfinite_batches must be one int64 value");
+  TORCH_CHECK(f.ratios.logits == (using_bn ? 3 : 2),
+              "switchable_norm: ", f.ratios.logits, " ratio logits ",
+              using_bn ? "with" : "without", " running statistics");
   f.bn_batch = using_bn && training;
   const Running rs{running_mean, running_var, num_batches_tracked,
                    nonfinite,    using_bn,    training,

@@ -140,58 +140,50 @@ int64_t ratio_groups(const at::Tensor& logits) {
   return logits.dim() == 2 ? logits.size(0) : 1;
 }
 
-// Where IN is undefined: the other terms of src (k values) renormalised
-// into dst (k - 1), or LN alone if the vector selected IN alone
-// (sn_mm/ops/ratios.py's ratio_without_in).
-void without_in(const double* src, int64_t k, double* dst) {
-  double total = 0;
-  for (int64_t i = 1; i < k; ++i) total += src[i];
-  for (int64_t i = 1; i < k; ++i)
-    dst[i - 1] = total > 0 ? src[i] / std::max(total, 1e-30) : 0.0;
-  if (!(total > 0)) dst[0] = 1;
-}
-
+// softmax(logits), or the given or fixed ratios, per group and statistic,
+// into the kernels' layout; without IN the IN term left out and the rest
+// renormalised, or for fixed ratios that selected IN alone, LN alone
+// (sn_mm/ops/ratios.py's rule).
 Ratios mixing_ratios(const at::Tensor& mean_logits,
-                     const at::Tensor& var_logits,
-                     std::vector<bool> fixed_flags,
-                     const c10::optional<at::Tensor>& fixed_ratios,
-                     bool has_in, bool ratios_given) {
+                     const at::Tensor& var_logits, std::vector<bool> fixed,
+                     const OptTensor& fixed_ratios, bool has_in,
+                     bool ratios_given) {
   Ratios out;
-  out.fixed = std::move(fixed_flags);
-  const std::vector<bool>& is_fixed = out.fixed;
-  out.has_in = has_in;
-  out.k_ln = has_in ? 1 : 0;
   out.groups = ratio_groups(mean_logits);
   const int64_t groups = out.groups, k = mean_logits.numel() / groups;
-  const int64_t terms = has_in ? k : k - 1;
+  TORCH_CHECK(k == 2 || k == 3,
+              "switchable_norm: expected 2 or 3 ratio logits, got ",
+              mean_logits.sizes());
+  out.logits = k;
+  out.has_in = has_in;
+  out.fixed = std::move(fixed);
+  out.six.assign(kRatios * groups, 0.0);
   std::vector<double> fixed_values;
-  if (std::find(is_fixed.begin(), is_fixed.end(), true) != is_fixed.end())
+  if (std::find(out.fixed.begin(), out.fixed.end(), true) != out.fixed.end())
     fixed_values = read_doubles(*fixed_ratios);
-  const at::Tensor* logits[2] = {&mean_logits, &var_logits};
-  // In place, group by group: group SN's host work stays a few hundred
-  // flops, without an allocation per group.
-  for (int row = 0; row < 2; ++row) {
-    const std::vector<double> all = read_doubles(*logits[row]);
-    std::vector<double>& rows = row == 0 ? out.mean : out.var;
-    rows.resize(groups * terms);
+  const int64_t first = has_in ? 0 : 1;
+  for (int row = 0; row < 2; ++row) {  // the mean's, then the variance's
+    const auto logits = read_doubles(row == 0 ? mean_logits : var_logits);
     for (int64_t g = 0; g < groups; ++g) {
-      double* r = rows.data() + g * terms;
-      if (is_fixed[row * groups + g]) {
-        const double* src = fixed_values.data() + (row * groups + g) * k;
-        if (has_in)
-          std::copy_n(src, k, r);
-        else
-          without_in(src, k, r);
-        continue;
-      }
-      std::copy_n(all.data() + g * k + (has_in ? 0 : 1), terms, r);
-      if (!ratios_given) {  // softmax; given ratios come renormalised
-        const double top = *std::max_element(r, r + terms);
-        double total = 0;
-        for (int64_t i = 0; i < terms; ++i)
+      const bool is_fixed = out.fixed[row * groups + g];
+      double r[3] = {};
+      std::copy_n(
+          (is_fixed ? fixed_values.data() + row * groups * k : logits.data()) +
+              g * k,
+          k, r);
+      double total = 0;
+      if (is_fixed && !has_in) {
+        for (int64_t i = 1; i < k; ++i) total += r[i];
+        for (int64_t i = 1; i < k; ++i)
+          r[i] = total > 0 ? r[i] / std::max(total, 1e-30) : double(i == 1);
+      } else if (!is_fixed && !ratios_given) {
+        const double top = *std::max_element(r + first, r + k);
+        for (int64_t i = first; i < k; ++i)
           total += (r[i] = std::exp(r[i] - top));
-        for (int64_t i = 0; i < terms; ++i) r[i] /= total;
+        for (int64_t i = first; i < k; ++i) r[i] /= total;
       }
+      for (int64_t i = first; i < k; ++i)
+        out.six[kRatios * g + 2 * i + row] = r[i];
     }
   }
   return out;

@@ -1,9 +1,6 @@
-// The CPU operator's host side: its forward and backward (sn_forward.cpp,
-// sn_backward.cpp) as sn_operator.cpp calls them, and what they share
-// (sn_host.cpp): the kernels' dispatch and parallel loops, the ratios, the
-// statistics buffer, the special paths and the host's cut-offs. Raw
-// pointers throughout: at small shapes (batch-1 inference, RoI heads) an
-// ATen call per (C,) vector would cost as much as the data's passes.
+// The CPU operator's host side: its forward and backward, and what they
+// share (sn_host.cpp). Raw pointers throughout: at small shapes an ATen
+// call per (C,) vector would cost as much as the data's passes.
 // Semantics: the reference's (sn_mm/ops/reference.py).
 #pragma once
 
@@ -39,8 +36,7 @@ inline bool defined(const OptTensor& t) {
 #endif
 #ifndef SN_SAMPLE_MAX_KIB
 // by_sample: samples of up to this size, in blocks of about SN_BLOCK_KIB
-// (in L2 from one pass to the next), SN_BLOCKS_PER_THREAD blocks or more
-// per thread (fewer would leave threads idle).
+// (in L2 between passes), SN_BLOCKS_PER_THREAD or more per thread.
 #define SN_SAMPLE_MAX_KIB 512
 #endif
 #ifndef SN_BLOCK_KIB
@@ -50,24 +46,21 @@ inline bool defined(const OptTensor& t) {
 #define SN_BLOCKS_PER_THREAD 4
 #endif
 
-// The instruction set the kernels run with: the best this CPU has, unless
-// $SN_MM_CPU_ISA or set_cpu_isa chose another (sn_host.cpp).
+// The kernels' instruction set: the best this CPU has, unless
+// $SN_MM_CPU_ISA or set_cpu_isa chose another.
 const RowKernels& kernels();
 std::vector<std::string> cpu_isas();  // this build's and CPU's, best first
 void set_cpu_isa(const std::string& name);
 
-// The ratio vectors in use: IN first where IN is defined (K entries, else
-// K - 1, LN first), and where LN sits (BN follows it). Group SN: G such
-// vectors one after the other, channel c taking group c / (C / G)'s.
+// Each ratio group's six ratios in RatioIndex's order (the kernels'), IN's
+// 0 where undefined, BN's 0 without a BN term; which groups' are given,
+// not learned (the mean's G flags, then the variance's); the logits per
+// group (K: 3 with BN, else 2).
 struct Ratios {
-  std::vector<double> mean, var;
-  bool has_in = true;
-  int64_t k_ln = 1;
-  int64_t groups = 1;
-  // Which vectors are given instead of learned: 2 x G flags (mean's groups,
-  // then the variance's), from ratio_fixed (2,) or, for group SN, (2, G).
+  std::vector<double> six;
   std::vector<bool> fixed;
-  int64_t terms() const { return static_cast<int64_t>(mean.size()) / groups; }
+  int64_t groups = 1, logits = 3;
+  bool has_in = true;
 };
 
 // A call's input as (N, C, L) rows and what backward needs of its forward:
@@ -79,31 +72,33 @@ struct Forward {
   bool bn_batch = false;
 };
 
-// The forward pass; with BN in training it also updates the running
-// statistics (momentum < 0: the cumulative average) unless the batch is
-// empty. for_backward: keep what backward_impl needs in the result.
-Forward forward_impl(const at::Tensor& x, const at::Tensor& weight,
-                     const at::Tensor& bias, const at::Tensor& mean_logits,
-                     const at::Tensor& var_logits,
-                     const OptTensor& running_mean,
-                     const OptTensor& running_var,
-                     const OptTensor& num_batches_tracked,
-                     const OptTensor& nonfinite, const OptTensor& fixed,
-                     const OptTensor& fixed_ratios, bool training,
-                     double momentum, double eps, bool unbiased,
-                     bool ratios_given, bool for_backward);
+// The operator's arguments (its schema: sn_mm/ops/operator.py), one list
+// for the functions that take them all.
+#define SN_ARGUMENTS                                                        \
+  const at::Tensor &x, const at::Tensor &weight, const at::Tensor &bias,    \
+      const at::Tensor &mean_logits, const at::Tensor &var_logits,          \
+      const OptTensor &running_mean, const OptTensor &running_var,          \
+      const OptTensor &num_batches_tracked, const OptTensor &nonfinite,     \
+      const OptTensor &fixed, const OptTensor &fixed_ratios, bool training, \
+      double momentum, double eps, bool unbiased, bool ratios_given
+#define SN_ARGUMENT_NAMES                                              \
+  x, weight, bias, mean_logits, var_logits, running_mean, running_var, \
+      num_batches_tracked, nonfinite, fixed, fixed_ratios, training,   \
+      momentum, eps, unbiased, ratios_given
 
-// The gradients of x, weight, bias and the two logit (or, with
-// ratios_given, ratio) tensors, from the forward's saved tensors.
+// The forward, which in training with BN updates the running statistics;
+// for_backward: keeps what backward_impl needs.
+Forward forward_impl(SN_ARGUMENTS, bool for_backward);
+
+// The gradients of x, weight, bias and the logits (or given ratios).
 std::vector<at::Tensor> backward_impl(
     const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
     const at::Tensor& mean_logits, const at::Tensor& var_logits,
     const at::Tensor& ws, const OptTensor& fixed,
-    const OptTensor& fixed_ratios, bool using_bn, bool bn_batch, bool unbiased,
+    const OptTensor& fixed_ratios, bool bn_batch, bool unbiased,
     bool ratios_given);
 
-// A call's input as (N, C, L) rows, checked, the variances' correction
-// and the ratios the call mixes with: a forward without its statistics.
+// A call's input, checked, as (N, C, L) rows, and its ratios.
 Forward prepared(const at::Tensor& x, const at::Tensor& mean_logits,
                  const at::Tensor& var_logits, const OptTensor& fixed,
                  const OptTensor& fixed_ratios, bool unbiased,
@@ -129,9 +124,8 @@ void run_rows(Kernel k, const RowArgs<T>& a, int64_t rows) {
                    [&](int64_t begin, int64_t end) { run(k, a, begin, end); });
 }
 
-// Sums over the samples of an (N, C) computation: each task adds its
-// samples into its own `width` partial sums in double, which are then
-// added up. fn(n, acc) adds sample n's into acc[0, width).
+// Sums over the samples: fn(n, acc) adds sample n's into acc[0, width),
+// each task's own, in double, added up at the end.
 template <typename Fn>
 std::vector<double> sum_over_samples(int64_t samples, int64_t width,
                                      const Fn& fn) {
@@ -155,11 +149,9 @@ std::vector<double> sum_over_samples(int64_t samples, int64_t width,
   return total;
 }
 
-// The special paths: ways a call is computed only at some sizes, each
-// because it measured faster there (docs/performance.md#special-paths-on-
-// the-cpu). Each counts the calls that took it and can be switched off
-// (for the tests and tools/analysis_tools/benchmark_paths.py); off, a call
-// takes the general way, which computes the same.
+// The special paths, each taken at the sizes where it measured faster
+// (docs/performance.md#special-paths-on-the-cpu); counted, and switched off
+// by the tests and benchmark_paths.py (off: the general way, same values).
 enum Path { kPathShortRows, kPathBySample, kPathCount };
 bool take(Path p, bool applies);  // counted where it does
 std::vector<std::pair<std::string, int64_t>> path_counts();
@@ -176,32 +168,18 @@ inline int64_t stats_size(int64_t samples, int64_t channels) {
 }
 
 // What a forward's and a backward's passes share: the rows, the weight,
-// each ratio group's six ratios in the rows' dtype, the statistics at
-// `stats` (bn: where the BN mean, then the variance, are written).
+// the ratios in the rows' dtype, the statistics (bn: the BN mean's place).
 template <typename T>
 struct Pass {
   RowArgs<T> a;
   std::vector<T> ratios;
   T* bn;
-  Pass(const Forward& f, const at::Tensor& weight, bool using_bn, T* stats)
-      : ratios(kRatios * f.ratios.groups) {
+  Pass(const Forward& f, const at::Tensor& weight, T* stats)
+      : ratios(f.ratios.six.begin(), f.ratios.six.end()) {
     const int64_t samples = f.x3.size(0), channels = f.x3.size(1),
                   spatial = f.x3.size(2), rows = samples * channels;
-    const Ratios& w = f.ratios;
-    const int64_t k = w.k_ln, terms = w.terms();
-    for (int64_t g = 0; g < w.groups; ++g) {
-      const double* m = w.mean.data() + g * terms;
-      const double* v = w.var.data() + g * terms;
-      T* out = ratios.data() + kRatios * g;
-      out[kWmIn] = static_cast<T>(w.has_in ? m[0] : 0.0);
-      out[kWvIn] = static_cast<T>(w.has_in ? v[0] : 0.0);
-      out[kWmLn] = static_cast<T>(m[k]);
-      out[kWvLn] = static_cast<T>(v[k]);
-      out[kWmBn] = static_cast<T>(using_bn ? m[k + 1] : 0.0);
-      out[kWvBn] = static_cast<T>(using_bn ? v[k + 1] : 0.0);
-    }
     a.w.ratios = ratios.data();
-    a.w.group_channels = std::max<int64_t>(channels / w.groups, 1);
+    a.w.group_channels = std::max<int64_t>(channels / f.ratios.groups, 1);
     a.x = f.x3.data_ptr<T>();
     a.weight = weight.data_ptr<T>();
     a.channels = channels;

@@ -68,19 +68,9 @@ variable_list graph_grads(const at::Tensor& grad_y, const variable_list& t,
 // one call. (At the top level: its node is CppNode<SwitchableNormBackward>.)
 struct SwitchableNormBackward
     : public torch::autograd::Function<SwitchableNormBackward> {
-  static at::Tensor forward(
-      AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-      const at::Tensor& bias, const at::Tensor& mean_logits,
-      const at::Tensor& var_logits, const OptTensor& running_mean,
-      const OptTensor& running_var, const OptTensor& num_batches_tracked,
-      const OptTensor& nonfinite, const OptTensor& fixed,
-      const OptTensor& fixed_ratios, bool training, double momentum,
-      double eps, bool unbiased, bool ratios_given) {
+  static at::Tensor forward(AutogradContext* ctx, SN_ARGUMENTS) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    Forward f = forward_impl(x, weight, bias, mean_logits, var_logits,
-                             running_mean, running_var, num_batches_tracked,
-                             nonfinite, fixed, fixed_ratios, training,
-                             momentum, eps, unbiased, ratios_given, true);
+    Forward f = forward_impl(SN_ARGUMENT_NAMES, true);
     ctx->save_for_backward({x, weight, bias, mean_logits, var_logits, f.ws,
                             fixed.value_or(at::Tensor()),
                             fixed_ratios.value_or(at::Tensor())});
@@ -109,8 +99,8 @@ struct SwitchableNormBackward
                           ctx->saved_data["eps"].toDouble(), unbiased,
                           ratios_given, wanted)
             : backward_impl(grads[0], t[0], t[1], t[3], t[4], t[5], fixed,
-                            fixed_ratios, using_bn, using_bn && training,
-                            unbiased, ratios_given);
+                            fixed_ratios, using_bn && training, unbiased,
+                            ratios_given);
     for (size_t i = 0; i < 5; ++i)
       if (wanted[i]) result[i] = grad5[i];
     return result;
@@ -119,36 +109,17 @@ struct SwitchableNormBackward
 
 namespace {
 
-at::Tensor switchable_norm_cpu(
-    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-    const at::Tensor& mean_logits, const at::Tensor& var_logits,
-    const OptTensor& running_mean, const OptTensor& running_var,
-    const OptTensor& num_batches_tracked, const OptTensor& nonfinite,
-    const OptTensor& fixed, const OptTensor& fixed_ratios, bool training,
-    double momentum, double eps, bool unbiased, bool ratios_given) {
-  return forward_impl(x, weight, bias, mean_logits, var_logits, running_mean,
-                      running_var, num_batches_tracked, nonfinite, fixed,
-                      fixed_ratios, training, momentum, eps, unbiased,
-                      ratios_given, false)
-      .y;
+at::Tensor switchable_norm_cpu(SN_ARGUMENTS) {
+  return forward_impl(SN_ARGUMENT_NAMES, false).y;
 }
 
-at::Tensor switchable_norm_autograd(
-    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-    const at::Tensor& mean_logits, const at::Tensor& var_logits,
-    const OptTensor& running_mean, const OptTensor& running_var,
-    const OptTensor& num_batches_tracked, const OptTensor& nonfinite,
-    const OptTensor& fixed, const OptTensor& fixed_ratios, bool training,
-    double momentum, double eps, bool unbiased, bool ratios_given) {
+at::Tensor switchable_norm_autograd(SN_ARGUMENTS) {
   const bool any_grad = x.requires_grad() || weight.requires_grad() ||
                         bias.requires_grad() || mean_logits.requires_grad() ||
                         var_logits.requires_grad();
   if (!(at::GradMode::is_enabled() && any_grad)) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    return switchable_norm_cpu(x, weight, bias, mean_logits, var_logits,
-                               running_mean, running_var, num_batches_tracked,
-                               nonfinite, fixed, fixed_ratios, training,
-                               momentum, eps, unbiased, ratios_given);
+    return switchable_norm_cpu(SN_ARGUMENT_NAMES);
   }
   if (const auto& functorch = at::functorch::functorchTLSAccessor()) {
     try {  // raises inside a transform
@@ -164,10 +135,7 @@ at::Tensor switchable_norm_autograd(
     TORCH_CHECK(!t->_fw_grad(/*level=*/0).defined(),
                 "sn_mm::switchable_norm on the CPU has no forward-mode "
                 "derivative: use kernels='torch' for forward-mode AD");
-  return SwitchableNormBackward::apply(
-      x, weight, bias, mean_logits, var_logits, running_mean, running_var,
-      num_batches_tracked, nonfinite, fixed, fixed_ratios, training, momentum,
-      eps, unbiased, ratios_given);
+  return SwitchableNormBackward::apply(SN_ARGUMENT_NAMES);
 }
 
 }  // namespace
