@@ -1,11 +1,9 @@
-// SN's row kernels (row_kernels.h): the passes over a contiguous (N, C, L)
-// input's N x C rows, and the (N, C) reductions between them, per sample
-// over its C statistics, summed in double (explicit vectors: the
-// auto-vectoriser keeps running sums scalar). Compiled once per
-// instruction set (row_kernels_isa.h); everything here has internal
-// linkage and calls nothing compiled elsewhere but the coefficients of
-// row_kernels.h, so that no code compiled for one set reaches callers on
-// another.
+// SN's row kernels (row_kernels.h): the passes over the N x C rows and
+// the (N, C) reductions between them, per sample, in double (explicit
+// vectors: the auto-vectoriser keeps running sums scalar). Compiled once
+// per instruction set, with internal linkage, calling nothing compiled
+// elsewhere but row_kernels.h's coefficients: no code compiled for one set
+// reaches callers on another.
 #pragma once
 
 #include "row_kernels.h"
@@ -15,15 +13,14 @@ namespace {
 
 using namespace sn_mm_rows;
 
-// Lanes of the short rows' sums: a register's, at most 8, the width at
-// which four rows' eight sums fill one vector (lane_sums).
+// Lanes of the short rows' sums: a register's, at most 8 (four rows' eight
+// sums fill one vector in lane_sums).
 template <typename T>
 constexpr int kSumLanes = kLanes<T> < 8 ? kLanes<T> : 8;
 
-// R consecutive rows of n values at x: the sums of d = x - (the row's first
-// value) and of d^2 into s[0..R) and s[R..2R), one pass. s2 - s1^2 / n
-// loses at most a factor n < kShortRow of relative precision, as (mean -
-// first)^2 <= n * var.
+// R rows of n values at x: the sums of d = x - (the row's first value) and
+// of d^2 into s[0..R) and s[R..2R), one pass; s2 - s1^2 / n loses at most a
+// factor n < kShortRow of relative precision, as (mean - first)^2 <= n var.
 template <int R, typename T>
 SN_INLINE void rows_shifted_sums(const T* __restrict__ x, int64_t n,
                                  T* __restrict__ s) {
@@ -42,12 +39,10 @@ SN_INLINE void rows_shifted_sums(const T* __restrict__ x, int64_t n,
   lane_sums<2 * R, W>(acc, s);
 }
 
-// R rows' means less their first values into mean_dev and sums of squared
-// deviations from their means into m2: two passes while the rows are in
-// L1, the first row by row in memory order, the second across the rows.
-// (x - first) - mean_dev, as the mean rounded to x's dtype could be off by
-// half a unit in its last place, which squared is not small beside a
-// variance far below |mean|.
+// R rows' means less their first values, and sums of squared deviations
+// from the means: two passes while the rows are in L1. (x - first) -
+// mean_dev: the mean rounded to x's dtype may be off by half an ulp, which
+// squared is not small beside a variance far below |mean|.
 template <int R, typename T>
 SN_INLINE void rows_moments(const T* __restrict__ x, int64_t n,
                             T* __restrict__ mean_dev, T* __restrict__ m2) {
@@ -98,8 +93,7 @@ SN_INLINE void rows_grad_sums(const T* __restrict__ g, const T* __restrict__ x,
   lane_sums<2 * R, W>(acc, s);
 }
 
-// fn(r, R) for rows [begin, end), kRowsAtOnce rows at a time, then one by
-// one (R a std::integral_constant).
+// fn(r, R) for rows [begin, end), kRowsAtOnce at a time, then one by one.
 template <typename Fn>
 SN_INLINE void by_rows(int64_t begin, int64_t end, const Fn& fn) {
   int64_t r = begin;
@@ -161,18 +155,17 @@ SN_KERNEL void grad_sums_kernel(const RowArgs<T>& a, int64_t begin,
     grad_sums_of_rows<1, kLanes<T>, kSums>(a, r);
 }
 
-// y[i] = value(in[i]...) over a row, the inputs restrict parameters for
-// GCC's vectoriser.
+// y[i] = value(in[i]...) over a row (restrict parameters, which GCC's
+// vectoriser needs).
 template <typename T, typename F, typename... In>
 SN_INLINE void store_row(T* __restrict__ y, int64_t n, F value,
                          const In* __restrict__... in) {
   for (int64_t i = 0; i < n; ++i) y[i] = value(in[i]...);
 }
 
-// y = (x - mu) * scale + bias per row, with scale = weight / sqrt(mixed var
-// + eps) (x - mu first: x * scale - mu * scale would cancel where |mu| >>
-// std). The rows' statistics come first, all of them (a loop over
-// channels): a short row's loop then has no scalar latency in front.
+// y = (x - mu) * weight * rstd + bias per row (x - mu first: x * scale -
+// mu * scale would cancel where |mu| >> std), the rows' statistics first,
+// all of them: a short row's loop then has no scalar latency in front.
 template <typename T>
 SN_KERNEL void normalize_kernel(const RowArgs<T>& a, int64_t begin,
                                 int64_t end, double*) {
@@ -187,8 +180,7 @@ SN_KERNEL void normalize_kernel(const RowArgs<T>& a, int64_t begin,
   }
 }
 
-// dx = g * scale + coef_x * (x - mean_in) + shift per row, the coefficients
-// first for kCoefRows rows at a time.
+// dx = g * scale + coef_x * (x - mean_in) + shift, kCoefRows rows' at once.
 template <typename T>
 SN_KERNEL void input_grad_kernel(const RowArgs<T>& a, int64_t begin,
                                  int64_t end, double*) {
@@ -222,8 +214,8 @@ SN_INLINE double sum_of(DV* s) {
   return lane_sum<double, kDL>(s[0]);
 }
 
-// Per sample: LN's mean and its variance in the stable form mean_c(var_in)
-// + mean_c((mean_in - mean_ln)^2).
+// LN's mean and variance, in the stable form mean_c(var_in) +
+// mean_c((mean_in - mean_ln)^2).
 template <typename T>
 SN_KERNEL void ln_stats_kernel(const RowArgs<T>& a, int64_t begin, int64_t end,
                                double* col) {
@@ -266,9 +258,8 @@ SN_KERNEL void bn_dev_kernel(const RowArgs<T>& a, int64_t begin, int64_t end,
   }
 }
 
-// Per sample, from the row sums: the sums over c of d_mu and d_var
-// weighted by each channel's LN ratio (a group's sums, then times its
-// ratio), and into acc the per-channel sums (RowArgs::per_channel).
+// From the row sums: per sample the sums over c of d_mu and d_var times
+// the channel's LN ratio; the per-channel sums into acc.
 template <typename T>
 SN_KERNEL void grad_reduce_kernel(const RowArgs<T>& a, int64_t begin,
                                   int64_t end, double* acc) {
@@ -316,8 +307,7 @@ SN_KERNEL void grad_reduce_kernel(const RowArgs<T>& a, int64_t begin,
   }
 }
 
-// The table of this instruction set's kernels (each out of line; what they
-// call is inlined into them).
+// This instruction set's table.
 template <typename T>
 constexpr void fill_kernels(KernelFn<T>* table) {
   table[kMoments] = &moments_kernel<T>;

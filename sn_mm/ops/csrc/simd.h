@@ -1,8 +1,7 @@
-// SN's vectors: W lanes of T as one GCC/clang vector-extension value, and
-// the one loop form every row loop takes: whole vectors, then the last
-// part of the row through a counted load (why not at::vec:
-// docs/layer_reference.md#the-cpu-kernels). Compiled once per instruction
-// set (row_kernels_<isa>.cpp), with internal linkage.
+// SN's vectors (GCC/clang vector extensions) and the one loop form every
+// row loop takes: whole vectors, then the row's last part through a counted
+// load (why not at::vec: docs/layer_reference.md#the-cpu-kernels).
+// Compiled once per instruction set, with internal linkage.
 #pragma once
 
 #include <cstdint>
@@ -12,8 +11,7 @@
 // Vectors pass by value only between inlined functions.
 #pragma GCC diagnostic ignored "-Wpsabi"
 #define SN_INLINE __attribute__((always_inline)) inline
-// A kernel: everything it calls inlined into it, lambdas included, so that
-// the sums the loop bodies add to stay in registers.
+// A kernel: all it calls inlined, lambdas too (the sums stay in registers).
 #define SN_KERNEL __attribute__((flatten))
 
 #ifndef SN_REGISTER_BYTES
@@ -22,8 +20,8 @@
 
 namespace {
 
-// Lanes of one of this set's registers (GCC's target pragma defines no
-// __AVX2__ to read it from; wider vector types GCC splits via the stack).
+// Lanes of one of this set's registers (wider vectors GCC splits via the
+// stack; its target pragma defines no __AVX2__ to read the width from).
 template <typename T>
 constexpr int kLanes = SN_REGISTER_BYTES / sizeof(T);
 
@@ -37,9 +35,9 @@ using Vec = typename VecOf<T, W>::type;
 template <typename T>
 using LaneInt = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
 
-// A row's values after its whole vectors: `count` (1 to W - 1). Where the
-// row has W values or more (`back`), one load of the W values that end
-// with them brings them, in the last lanes; else a copy, in the first.
+// A row's last `count` values (1 to W - 1): where the row has W or more
+// (`back`), loaded with the values before them, in the last lanes; else
+// copied, in the first.
 struct Part {
   int count;
   bool back;
@@ -69,8 +67,8 @@ SN_INLINE void store(T* p, Vec<T, W> v, Part part) {
   for (int k = 0; k < part.count; ++k) p[k] = v[k];
 }
 
-// v with the lanes that hold no value of the part zeroed (a bitwise and:
-// a vector ?: is not portable between GCC and clang).
+// v with the lanes outside the part zeroed (a bitwise and: a vector ?: is
+// not portable between GCC and clang).
 template <int W, typename V>
 SN_INLINE V keep(V v, Whole) {
   return v;
@@ -94,8 +92,8 @@ SN_INLINE void add_to(T* p, Vec<T, W> v, P part) {
 }
 
 // body(i, part, u) for each W values of a row of n from i: whole vectors
-// U at a time (u = 0 to U - 1: U independent sums hide the adds' latency),
-// then one at a time (u = 0), then the part left (u = U - 1).
+// U at a time (u: U independent sums hide the adds' latency), then one at
+// a time (u = 0), then the part left (u = U - 1).
 template <int W, int U, typename Body>
 SN_INLINE void over_row(int64_t n, const Body& body) {
   int64_t i = 0;
@@ -113,9 +111,8 @@ SN_INLINE T lane_sum(Vec<T, W> v) {  // pairwise
   return v[0];
 }
 
-// Lanes I... of a:b (b's numbered after a's). GCC gained
-// __builtin_shufflevector in 12; GCC 11's __builtin_shuffle takes them as
-// a vector of integers of the lanes' width.
+// Lanes I... of a:b (b's numbered after a's); GCC 11 has no
+// __builtin_shufflevector.
 template <int... I, typename V>
 SN_INLINE V shuffle(V a, V b) {
 #if defined(__clang__) || __GNUC__ >= 12
@@ -131,9 +128,9 @@ SN_INLINE V pair_sums(V a, V b, std::integer_sequence<int, I...>) {
   return shuffle<(2 * I)...>(a, b) + shuffle<(2 * I + 1)...>(a, b);
 }
 
-// The lane sums of M W-lane vectors v[0..M-1] into s[0..M-1]. Eight: a
-// transposing tree of pairwise sums (at W = 8 its first two levels stay
-// within 128-bit halves, one AVX2 instruction each); fewer, one by one.
+// The lane sums of M vectors v[0..M) into s[0..M): eight by a transposing
+// tree of pairwise sums (at W = 8 within 128-bit halves first: one AVX2
+// instruction a level); other counts one by one.
 template <int M, int W, typename T>
 SN_INLINE void lane_sums(Vec<T, W>* v, T* __restrict__ s) {
   if constexpr (M != 8 || W > 8) {

@@ -1,7 +1,5 @@
-// SN's forward on the CPU as the operator (sn_operator.cpp) runs it: IN's
-// moments, LN's and BN's statistics from them (Eq. 5), the running
-// statistics' update and the normalisation, as parallel passes of the row
-// kernels with the (N, C) work between them; and the eval path by sample.
+// SN's forward on the CPU: IN's moments, LN's and BN's statistics from them
+// (Eq. 5), the running statistics and the normalisation.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 
@@ -19,12 +17,9 @@ struct Running {
   double momentum;
 };
 
-// The batch's BN mean and variance into bn (then bn + C) from the IN
-// moments (Eq. 5) in the stable form, var_bn = mean_n(var_in) +
-// mean_n((mean_in - mean_bn)^2) (the released mean(var_in + mean_in^2) -
-// mean^2 without its cancellation), in two passes over the samples: LN's
-// statistics with the sums per channel of the means about the shifts and
-// of var_in, then the squared deviations of those means about their mean.
+// The batch's BN mean and variance (into bn, then bn + C) in the stable
+// form var_bn = mean_n(var_in) + mean_n((mean_in - mean_bn)^2) (the
+// released mean(var_in + mean_in^2) - mean^2 cancels), with LN's statistics.
 template <typename T>
 void batch_bn(RowArgs<T>& a, T* bn, int64_t samples) {
   const int64_t channels = a.channels;
@@ -61,12 +56,10 @@ bool all_finite(const T* values, int64_t n) {
   return bad == 0;
 }
 
-// The running statistics moved toward bn_m and bn_v (moving average, or
-// cumulative where momentum < 0) in their opmath type, as BatchNorm's
-// update and the reference's are; untouched where any of the batch's
-// statistics is not finite (an overflow, a NaN in the input), which
-// `nonfinite` (where given) counts. Or, with update false, copied into
-// bn_m and bn_v (backward needs them as they were).
+// The running statistics moved toward bn_m and bn_v (cumulative where
+// momentum < 0) in their opmath type, as BatchNorm's are; untouched, and
+// `nonfinite` counted, where a batch statistic is not finite. Or, update
+// false, copied into bn_m and bn_v (backward needs them as they were).
 template <typename T>
 void running(const Running& rs, T* bn_m, T* bn_v, int64_t channels,
              bool update) {
@@ -129,9 +122,8 @@ void fixed_bn(Pass<T>& p, const Running& rs, bool for_backward) {
   }
 }
 
-// IN's moments, then LN's statistics and the BN statistics in use: the
-// batch's (one sample's are its IN ones, read where they are), else
-// fixed_bn's.
+// IN's moments, LN's statistics and the BN statistics in use: the batch's
+// (one sample's: its IN ones), else fixed_bn's.
 template <typename T>
 void statistics(Pass<T>& p, int64_t samples, const Running& rs,
                 bool for_backward) {
@@ -156,11 +148,10 @@ void statistics(Pass<T>& p, int64_t samples, const Running& rs,
           true);
 }
 
-// Without the batch's BN statistics (eval), a sample's output needs only
-// that sample: its moments, LN statistics and normalisation run one after
-// the other in blocks of about SN_BLOCK_KIB while they are in L2, so that
-// the input comes from memory once, as GroupNorm's does (by_sample). The
-// samples per block; 0 where the path does not apply.
+// by_sample: without the batch's BN statistics, a sample's output needs
+// only that sample, so blocks of samples run all passes while in L2 and
+// the input comes from memory once, as GroupNorm's does. The samples per
+// block; 0 where the path does not apply.
 template <typename T>
 int64_t by_sample_block(const Forward& f, const Running& rs) {
   const int64_t bytes = f.x3.size(1) * f.x3.size(2) * int64_t(sizeof(T));
@@ -173,10 +164,9 @@ int64_t by_sample_block(const Forward& f, const Running& rs) {
   return take(kPathBySample, applies) ? block : 0;
 }
 
-// Each thread walks its own contiguous share of the blocks (one stream of
-// reads and writes), then takes what is left of the others', so that a
-// slower core holds up no other; blocks share nothing, so the values do
-// not depend on who computes them.
+// Each thread walks its own share of the blocks (one stream of reads),
+// then takes what is left of the others' (a slower core holds up none);
+// blocks share nothing, so the values do not depend on who computes them.
 template <typename T>
 void forward_by_sample(const RowArgs<T>& a, int64_t samples, int64_t block) {
   const int64_t channels = a.channels, blocks = (samples + block - 1) / block;

@@ -54,7 +54,7 @@ std::vector<std::string> cpu_isas() {
   return names;
 }
 
-void set_cpu_isa(const std::string& name) {
+void set_cpu_isa(std::string name) {
   for (const auto& [isa, table] : kIsas) {
     if (name != isa) continue;
     TORCH_CHECK_VALUE(table() != nullptr,
@@ -90,26 +90,24 @@ bool take(Path p, bool applies) {
   return true;
 }
 
-Path path_named(const std::string& name) {
+PathCounts path_counts() {
+  PathCounts counts;
+  for (int p = 0; p < kPathCount; ++p) {
+    std::get<0>(counts).push_back(kPathNames[p]);
+    std::get<1>(counts).push_back(path_taken[p].load());
+  }
+  return counts;
+}
+
+bool set_path(std::string name, bool on) {
   for (int p = 0; p < kPathCount; ++p)
-    if (name == kPathNames[p]) return static_cast<Path>(p);
+    if (name == kPathNames[p]) return path_on[p].exchange(on);
   TORCH_CHECK_VALUE(false, "SN's CPU kernels: unknown path '", name,
                     "' (expected short_rows or by_sample)");
 }
 
-std::vector<std::pair<std::string, int64_t>> path_counts() {
-  std::vector<std::pair<std::string, int64_t>> counts;
-  for (int p = 0; p < kPathCount; ++p)
-    counts.emplace_back(kPathNames[p], path_taken[p].load());
-  return counts;
-}
-
-bool set_path(const std::string& name, bool on) {
-  return path_on[path_named(name)].exchange(on);
-}
-
 std::vector<double> read_doubles(const at::Tensor& t) {
-  auto c = t.is_contiguous() ? t : t.contiguous();
+  const auto c = t.contiguous();
   std::vector<double> out(c.numel());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.scalar_type(),
                                   "read", [&] {
@@ -120,17 +118,14 @@ std::vector<double> read_doubles(const at::Tensor& t) {
   return out;
 }
 
-std::vector<bool> read_fixed(const c10::optional<at::Tensor>& fixed,
-                             int64_t groups) {
-  if (!(fixed.has_value() && fixed->defined()))
-    return std::vector<bool>(2 * groups, false);
-  auto f = fixed->scalar_type() == at::kBool && fixed->is_contiguous()
-               ? *fixed
-               : fixed->to(at::kBool).contiguous();
+std::vector<bool> read_fixed(const OptTensor& fixed, int64_t groups) {
+  if (!defined(fixed)) return std::vector<bool>(2 * groups, false);
+  const auto f =
+      (fixed->scalar_type() == at::kBool ? *fixed : fixed->to(at::kBool))
+          .contiguous();
   TORCH_CHECK(f.numel() == 2 * groups,
-              "switchable_norm: ratio_fixed must "
-              "hold 2 x ",
-              groups, " flags, got ", f.sizes());
+              "switchable_norm: ratio_fixed must hold 2 x ", groups,
+              " flags, got ", f.sizes());
   const bool* p = f.data_ptr<bool>();
   return std::vector<bool>(p, p + 2 * groups);
 }

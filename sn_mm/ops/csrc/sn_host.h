@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -50,7 +51,7 @@ inline bool defined(const OptTensor& t) {
 // $SN_MM_CPU_ISA or set_cpu_isa chose another.
 const RowKernels& kernels();
 std::vector<std::string> cpu_isas();  // this build's and CPU's, best first
-void set_cpu_isa(const std::string& name);
+void set_cpu_isa(std::string name);
 
 // Each ratio group's six ratios in RatioIndex's order (the kernels'), IN's
 // 0 where undefined, BN's 0 without a BN term; which groups' are given,
@@ -154,8 +155,9 @@ std::vector<double> sum_over_samples(int64_t samples, int64_t width,
 // by the tests and benchmark_paths.py (off: the general way, same values).
 enum Path { kPathShortRows, kPathBySample, kPathCount };
 bool take(Path p, bool applies);  // counted where it does
-std::vector<std::pair<std::string, int64_t>> path_counts();
-bool set_path(const std::string& name, bool on);  // returns the old state
+using PathCounts = std::tuple<std::vector<std::string>, std::vector<int64_t>>;
+PathCounts path_counts();                  // names, calls
+bool set_path(std::string name, bool on);  // returns the old state
 
 // The statistics buffer (Forward::ws): mean_in, var_in, dmean, mu, rstd
 // (N x C each), LN's mean and variance (N each), the BN mean and variance

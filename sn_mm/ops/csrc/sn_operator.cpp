@@ -1,13 +1,9 @@
-// SN's CPU operator, registered as the CPU and AutogradCPU kernels of
-// sn_mm::switchable_norm (its schema is in sn_mm/ops/operator.py): a whole
-// forward, a whole backward, or an eval forward in one call each
-// (sn_forward.cpp, sn_backward.cpp); and the module sn_mm._ext whose import
-// registers them. The CPU kernel is the forward without autograd (eval,
-// no_grad); the AutogradCPU kernel is a torch::autograd::Function, which
-// compiled autograd also runs. The settings the tests and benchmarks use
-// (instruction set, special paths) are operators as well, so that the
-// module needs no binding library: torch's autograd and library headers
-// compile about a third faster than torch/extension.h.
+// SN's CPU operator, the CPU (no autograd) and AutogradCPU (a
+// torch::autograd::Function, which compiled autograd also runs) kernels of
+// sn_mm::switchable_norm (its schema: sn_mm/ops/operator.py), and the
+// module sn_mm._ext whose import registers them. The tests' settings are
+// operators too, so that no binding library is needed: torch's autograd
+// and library headers compile about a third faster than torch/extension.h.
 #include <Python.h>  // first, as Python's API manual asks
 // torch's headers
 #include <ATen/FuncTorchTLS.h>
@@ -153,19 +149,9 @@ TORCH_LIBRARY_IMPL(sn_mm, AutogradCPU, m) {
 TORCH_LIBRARY_FRAGMENT(sn_mm, m) {
   m.def("cpu_isa() -> str", []() { return std::string(kernels().isa); });
   m.def("cpu_isas() -> str[]", &cpu_isas);
-  m.def("set_cpu_isa(str name) -> ()",
-        [](std::string name) { set_cpu_isa(name); });
-  m.def("cpu_path_counts() -> (str[], int[])", []() {
-    std::tuple<std::vector<std::string>, std::vector<int64_t>> counts;
-    for (const auto& [path, calls] : path_counts()) {
-      std::get<0>(counts).push_back(path);
-      std::get<1>(counts).push_back(calls);
-    }
-    return counts;
-  });
-  m.def(
-      "set_cpu_path(str name, bool enabled) -> bool",
-      [](std::string name, bool enabled) { return set_path(name, enabled); });
+  m.def("set_cpu_isa(str name) -> ()", &set_cpu_isa);
+  m.def("cpu_path_counts() -> (str[], int[])", &path_counts);
+  m.def("set_cpu_path(str name, bool enabled) -> bool", &set_path);
 }
 
 // Importing the module (sn_mm._ext) is what registers the operators above.
