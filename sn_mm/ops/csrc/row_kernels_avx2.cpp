@@ -6,7 +6,7 @@
 #define SN_ISA avx2
 #define SN_TARGET "avx2,fma"
 #define SN_REGISTER_BYTES 32
-#include "row_kernels_isa.h"
+#include "row_kernels_impl.h"
 #else
 const sn_mm_rows::RowKernels* sn_mm_rows::row_kernels_avx2() {
   return nullptr;

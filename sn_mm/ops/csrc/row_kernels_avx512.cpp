@@ -7,7 +7,7 @@
 #define SN_ISA avx512
 #define SN_TARGET "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"
 #define SN_REGISTER_BYTES 64
-#include "row_kernels_isa.h"
+#include "row_kernels_impl.h"
 #else
 const sn_mm_rows::RowKernels* sn_mm_rows::row_kernels_avx512() {
   return nullptr;

@@ -2,4 +2,4 @@
 // on x86-64, NEON on aarch64).
 #define SN_ISA baseline
 #define SN_REGISTER_BYTES 16  // SSE2 and NEON alike
-#include "row_kernels_isa.h"
+#include "row_kernels_impl.h"

@@ -1,12 +1,32 @@
-// SN's row kernels (row_kernels.h): the passes over the N x C rows and
-// the (N, C) reductions between them, per sample, in double (explicit
-// vectors: the auto-vectoriser keeps running sums scalar). Compiled once
-// per instruction set, with internal linkage, calling nothing compiled
-// elsewhere but row_kernels.h's coefficients: no code compiled for one set
-// reaches callers on another.
-#pragma once
+// SN's row kernels (row_kernels.h) for one instruction set: the passes over
+// the N x C rows and the (N, C) reductions between them, per sample, in
+// double (explicit vectors: the auto-vectoriser keeps running sums
+// scalar), and the set's table, row_kernels_<SN_ISA>(). row_kernels_<isa>.cpp
+// defines SN_ISA, SN_REGISTER_BYTES and, beyond the baseline, SN_TARGET
+// (GCC's and clang's target spelling), then includes this: GCC takes a
+// target pragma; clang applies the target attribute to every function in
+// the region, lambdas included; the library headers come first, outside
+// it. Internal linkage, calling nothing compiled elsewhere but
+// row_kernels.h's coefficients: no code compiled for one set reaches
+// callers on another.
+#include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #include "row_kernels.h"
+
+#define SN_PRAGMA(text) _Pragma(#text)
+#ifdef SN_TARGET
+#if defined(__clang__)
+#define SN_TARGET_REGION(isa)                                  \
+  SN_PRAGMA(clang attribute push(__attribute__((target(isa))), \
+                                 apply_to = function))
+#else
+#define SN_TARGET_REGION(isa) SN_PRAGMA(GCC target(isa))
+#endif
+SN_TARGET_REGION(SN_TARGET)
+#endif
+
 #include "simd.h"
 
 namespace {
@@ -327,3 +347,16 @@ constexpr RowKernels kernel_table(const char* isa) {
 }
 
 }  // namespace
+
+#define SN_TABLE(isa) row_kernels_##isa
+#define SN_TABLE_OF(isa) SN_TABLE(isa)
+#define SN_NAME(isa) #isa
+#define SN_NAME_OF(isa) SN_NAME(isa)
+const sn_mm_rows::RowKernels* sn_mm_rows::SN_TABLE_OF(SN_ISA)() {
+  static constexpr RowKernels table = kernel_table(SN_NAME_OF(SN_ISA));
+  return &table;
+}
+
+#if defined(SN_TARGET) && defined(__clang__)
+#pragma clang attribute pop
+#endif

@@ -86,10 +86,7 @@ void backward_pass(const at::Tensor& g, const Forward& f,
     a.bn_mean = a.mean_in;
     a.bn_var = a.var_in;
   }
-  static thread_local std::vector<T> scratch;
-  scratch.resize(
-      std::max<size_t>(scratch.size(), 2 * rows + 2 * samples + 2 * channels));
-  a.sum_g = scratch.data();
+  a.sum_g = scratch<T>(2 * rows + 2 * samples + 2 * channels);
   a.sum_gxc = a.sum_g + rows;
   a.d_mu_n = a.sum_gxc + rows;
   a.d_var_n = a.d_mu_n + samples;

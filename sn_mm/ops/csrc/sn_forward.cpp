@@ -101,9 +101,7 @@ T* stats_buffer(Forward& f, bool for_backward) {
     f.ws = at::empty({need}, f.x3.options());
     return f.ws.data_ptr<T>();
   }
-  static thread_local std::vector<T> scratch;
-  if (static_cast<int64_t>(scratch.size()) < need) scratch.resize(need);
-  return scratch.data();
+  return scratch<T>(need);
 }
 
 // The BN statistics where they are not the batch's: the running ones (in

@@ -184,21 +184,16 @@ Ratios mixing_ratios(const at::Tensor& mean_logits,
   return out;
 }
 
-void check_input(const at::Tensor& x) {
-  TORCH_CHECK(x.dim() >= 2, "switchable_norm: expected (N, C, *), got ",
-              x.sizes());
-  const auto dtype = x.scalar_type();
-  TORCH_CHECK(
-      x.device().is_cpu() && (dtype == at::kFloat || dtype == at::kDouble),
-      "switchable_norm: float32/float64 CPU tensors only, got ", dtype, " on ",
-      x.device());
-}
-
 Forward prepared(const at::Tensor& x, const at::Tensor& mean_logits,
                  const at::Tensor& var_logits, const OptTensor& fixed,
                  const OptTensor& fixed_ratios, bool unbiased,
                  bool ratios_given) {
-  check_input(x);
+  TORCH_CHECK(x.dim() >= 2, "switchable_norm: expected (N, C, *), got ",
+              x.sizes());
+  TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat ||
+                                      x.scalar_type() == at::kDouble),
+              "switchable_norm: float32/float64 CPU tensors only, got ",
+              x.scalar_type(), " on ", x.device());
   Forward f;
   int64_t spatial = 1;
   for (int64_t d = 2; d < x.dim(); ++d) spatial *= x.size(d);

@@ -105,6 +105,15 @@ Forward prepared(const at::Tensor& x, const at::Tensor& mean_logits,
                  const OptTensor& fixed_ratios, bool unbiased,
                  bool ratios_given);
 
+// This thread's scratch memory of at least n values (no allocation once it
+// has grown).
+template <typename T>
+T* scratch(int64_t n) {
+  static thread_local std::vector<T> values;
+  if (static_cast<int64_t>(values.size()) < n) values.resize(n);
+  return values.data();
+}
+
 // Kernel k over rows (or samples) [begin, end).
 template <typename T>
 void run(Kernel k, const RowArgs<T>& a, int64_t begin, int64_t end,

@@ -23,11 +23,6 @@ using torch::autograd::variable_list;
 
 namespace {
 
-// A saved tensor that may be undefined, as the optional it was.
-OptTensor optional_of(const at::Tensor& t) {
-  return t.defined() ? OptTensor(t) : c10::nullopt;
-}
-
 // A backward that records a graph (create_graph=True): the gradients of a
 // recomputed reference forward (sn_mm::switchable_norm_graph_grads, PyTorch
 // ops registered from Python), whose higher derivatives are exact. The BN
@@ -87,8 +82,9 @@ struct SwitchableNormBackward
     if (!grads[0].defined()) return result;
     c10::List<bool> wanted;
     for (size_t i = 0; i < 5; ++i) wanted.push_back(ctx->needs_input_grad(i));
-    const OptTensor fixed = optional_of(t[6]),
-                    fixed_ratios = optional_of(t[7]);
+    OptTensor fixed, fixed_ratios;  // as the optionals they were
+    if (t[6].defined()) fixed = t[6];
+    if (t[7].defined()) fixed_ratios = t[7];
     const auto grad5 =
         at::GradMode::is_enabled()
             ? graph_grads(grads[0], t, fixed, fixed_ratios, training, using_bn,
