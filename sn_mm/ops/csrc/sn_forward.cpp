@@ -10,10 +10,11 @@
 
 namespace sn_mm_cpu {
 
-// The running statistics and what a forward does with them.
+// The running statistics and what a forward does with them (for_backward:
+// keep what backward needs).
 struct Running {
   const OptTensor &mean, &var, &count, &nonfinite;
-  bool using_bn, training;
+  bool using_bn, training, for_backward;
   double momentum;
 };
 
@@ -92,26 +93,14 @@ void running(const Running& rs, T* bn_m, T* bn_v, int64_t channels,
       });
 }
 
-// The statistics buffer: a tensor whose views backward keeps, or, without
-// backward, this thread's scratch memory (no allocation).
-template <typename T>
-T* stats_buffer(Forward& f, bool for_backward) {
-  const int64_t need = stats_size(f.x3.size(0), f.x3.size(1));
-  if (for_backward) {
-    f.ws = at::empty({need}, f.x3.options());
-    return f.ws.data_ptr<T>();
-  }
-  return scratch<T>(need);
-}
-
 // The BN statistics where they are not the batch's: the running ones (in
 // eval without backward read in place), else none (zeros).
 template <typename T>
-void fixed_bn(Pass<T>& p, const Running& rs, bool for_backward) {
+void fixed_bn(Pass<T>& p, const Running& rs) {
   RowArgs<T>& a = p.a;
   if (!rs.using_bn) {
     std::fill_n(p.bn, 2 * a.channels, T(0));
-  } else if (!for_backward &&
+  } else if (!rs.for_backward &&
              rs.mean->scalar_type() == c10::CppTypeToScalarType<T>::value) {
     a.bn_mean = rs.mean->data_ptr<T>();
     a.bn_var = rs.var->data_ptr<T>();
@@ -123,8 +112,7 @@ void fixed_bn(Pass<T>& p, const Running& rs, bool for_backward) {
 // IN's moments, LN's statistics and the BN statistics in use: the batch's
 // (one sample's: its IN ones), else fixed_bn's.
 template <typename T>
-void statistics(Pass<T>& p, int64_t samples, const Running& rs,
-                bool for_backward) {
+void statistics(Pass<T>& p, int64_t samples, const Running& rs) {
   RowArgs<T>& a = p.a;
   const int64_t rows = samples * a.channels;
   if (rows * a.length) {
@@ -138,7 +126,7 @@ void statistics(Pass<T>& p, int64_t samples, const Running& rs,
     batch_bn(a, p.bn, samples);
   } else {
     run(kLnStats, a, 0, samples);
-    if (!bn_batch) return fixed_bn(p, rs, for_backward);
+    if (!bn_batch) return fixed_bn(p, rs);
     a.bn_mean = a.mean_in;
     a.bn_var = a.var_in;
   }
@@ -191,21 +179,24 @@ void forward_by_sample(const RowArgs<T>& a, int64_t samples, int64_t block) {
 
 template <typename T>
 void forward_pass(Forward& f, at::Tensor& y, const at::Tensor& weight,
-                  const at::Tensor& bias, const Running& rs, double eps,
-                  bool for_backward) {
-  Pass<T> p(f, weight, stats_buffer<T>(f, for_backward));
+                  const at::Tensor& bias, const Running& rs, double eps) {
+  // The statistics: a tensor whose views backward keeps, or scratch.
+  const int64_t samples = f.x3.size(0),
+                need = stats_size(samples, f.x3.size(1));
+  if (rs.for_backward) f.ws = at::empty({need}, f.x3.options());
+  Pass<T> p(f, weight,
+            rs.for_backward ? f.ws.data_ptr<T>() : scratch<T>(need));
   RowArgs<T>& a = p.a;
-  const int64_t samples = f.x3.size(0);
   a.bias = bias.data_ptr<T>();
   a.eps = static_cast<T>(eps);
   a.y = y.data_ptr<T>();
   if (f.x3.numel())
     for (int64_t c = 0; c < a.channels; ++c) a.shift[c] = a.x[c * a.length];
   if (const int64_t block = by_sample_block<T>(f, rs)) {
-    fixed_bn(p, rs, for_backward);
+    fixed_bn(p, rs);
     return forward_by_sample(a, samples, block);
   }
-  statistics(p, samples, rs, for_backward);
+  statistics(p, samples, rs);
   run_rows(kNormalize, a, samples * a.channels);
 }
 
@@ -234,13 +225,12 @@ Forward forward_impl(SN_ARGUMENTS, bool for_backward) {
               "switchable_norm: ", f.ratios.logits, " ratio logits ",
               using_bn ? "with" : "without", " running statistics");
   f.bn_batch = using_bn && training;
-  const Running rs{running_mean, running_var, num_batches_tracked,
-                   nonfinite,    using_bn,    training,
-                   momentum};
+  const Running rs{running_mean, running_var, num_batches_tracked, nonfinite,
+                   using_bn,     training,    for_backward,        momentum};
   auto y = at::empty_like(f.x3);
   const auto w_c = weight.contiguous(), b_c = bias.contiguous();
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "switchable_norm", [&] {
-    forward_pass<scalar_t>(f, y, w_c, b_c, rs, eps, for_backward);
+    forward_pass<scalar_t>(f, y, w_c, b_c, rs, eps);
   });
   f.y = y.view(x.sizes());
   return f;

@@ -1,7 +1,5 @@
-// The CPU operator's host side that its forward (sn_forward.cpp) and
-// backward (sn_backward.cpp) share: the instruction set the kernels run
-// with, the special paths' switches and counts, the ratios a call mixes
-// with, the input's checks and rows.
+// What SN's CPU forward and backward share: the kernels' instruction set,
+// the special paths' switches and counts, the input's checks and ratios.
 #include "sn_host.h"
 
 #include <ATen/Dispatch.h>
@@ -15,11 +13,9 @@
 
 namespace sn_mm_cpu {
 
-// The instruction set: the extension is built without -march flags, so
-// that it runs on any CPU; the row kernels are compiled for AVX-512, AVX2
-// and the compiler's baseline, and the best set the CPU has runs unless
-// SN_MM_CPU_ISA names another (every set can then be tested and timed on a
-// machine that has more).
+// Built without -march flags, so that it runs on any CPU, with kernels for
+// AVX-512, AVX2 and the baseline: the best the CPU has runs unless
+// SN_MM_CPU_ISA names another (every set is tested where more are).
 namespace {
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -109,12 +105,9 @@ bool set_path(std::string name, bool on) {
 std::vector<double> read_doubles(const at::Tensor& t) {
   const auto c = t.contiguous();
   std::vector<double> out(c.numel());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.scalar_type(),
-                                  "read", [&] {
-                                    const scalar_t* p = c.data_ptr<scalar_t>();
-                                    for (int64_t i = 0; i < c.numel(); ++i)
-                                      out[i] = static_cast<double>(p[i]);
-                                  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, c.scalar_type(), "read",
+      [&] { std::copy_n(c.data_ptr<scalar_t>(), c.numel(), out.begin()); });
   return out;
 }
 
