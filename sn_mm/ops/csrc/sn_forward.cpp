@@ -118,7 +118,8 @@ void statistics(Pass<T>& p, int64_t samples, const Running& rs) {
   if (rows * a.length) {
     run_rows(kMoments, a, rows);
   } else {
-    std::fill_n(a.mean_in, 3 * rows, T(0));  // and var_in, dmean
+    std::fill_n(a.mean_in, 2 * rows, T(0));  // and var_in
+    std::fill_n(a.dmean, rows, T(0));
     std::fill_n(a.shift, a.channels, T(0));
   }
   const bool bn_batch = rs.using_bn && rs.training && samples > 0;

@@ -168,14 +168,14 @@ using PathCounts = std::tuple<std::vector<std::string>, std::vector<int64_t>>;
 PathCounts path_counts();                  // names, calls
 bool set_path(std::string name, bool on);  // returns the old state
 
-// The statistics buffer (Forward::ws): mean_in, var_in, dmean, mu, rstd
-// (N x C each), LN's mean and variance (N each), the BN mean and variance
-// in use (C each), the channels' shifts (C).
+// The statistics buffer (Forward::ws): mean_in, var_in, mu, rstd (N x C
+// each), LN's mean and variance (N each), the BN mean and variance in use
+// and the channels' shifts (C each), dmean (N x C).
 inline int64_t bn_offset(int64_t samples, int64_t channels) {
-  return 5 * samples * channels + 2 * samples;
+  return 4 * samples * channels + 2 * samples;
 }
 inline int64_t stats_size(int64_t samples, int64_t channels) {
-  return bn_offset(samples, channels) + 3 * channels;
+  return bn_offset(samples, channels) + 3 * channels + samples * channels;
 }
 
 // What a forward's and a backward's passes share: the rows, the weight,
@@ -201,15 +201,15 @@ struct Pass {
         take(kPathShortRows, spatial < kShortRow && rows >= kShortRowsMin);
     a.mean_in = stats;
     a.var_in = stats + rows;
-    a.dmean = stats + 2 * rows;
-    a.mu = stats + 3 * rows;
-    a.rstd = stats + 4 * rows;
-    a.ln_mean = stats + 5 * rows;
+    a.mu = stats + 2 * rows;
+    a.rstd = stats + 3 * rows;
+    a.ln_mean = stats + 4 * rows;
     a.ln_var = a.ln_mean + samples;
     bn = stats + bn_offset(samples, channels);
     a.bn_mean = bn;
     a.bn_var = bn + channels;
     a.shift = bn + 2 * channels;
+    a.dmean = a.shift + channels;
   }
 };
 
