@@ -55,17 +55,18 @@ def reference_of(sn, x, training):
         unbiased=sn.unbiased)
 
 
-def run_layer(sn, x, kernels):
-    """Forward and backward (a fixed random output gradient) with
-    ``sn.kernels = kernels``; returns the output, every gradient and the
-    running statistics."""
+def run_layer(sn, x, kernels, grad=None):
+    """Forward and backward (output gradient ``grad``, else a fixed random
+    one in the output's dtype) with ``sn.kernels = kernels``; returns the
+    output, every gradient and the running statistics."""
     sn.kernels = kernels
     x = x.detach().clone().requires_grad_()
     sn.zero_grad()
     out = sn(x)
-    gen = torch.Generator().manual_seed(5)
-    (out *
-     torch.randn(out.shape, generator=gen, dtype=out.dtype)).sum().backward()
+    if grad is None:
+        gen = torch.Generator().manual_seed(5)
+        grad = torch.randn(out.shape, generator=gen, dtype=out.dtype)
+    out.backward(grad)
     result = dict(out=out.detach(), x_grad=x.grad)
     for name, p in sn.named_parameters():
         result[name] = p.grad.clone()

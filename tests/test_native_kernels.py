@@ -7,6 +7,7 @@ from tool_runner import ROOT, run_python_together
 
 from sn_mm import SwitchableNorm, ops
 from sn_mm.ops import native_available
+from sn_mm.testing.precision import ulps_of_largest
 
 # 7x7 (RoI features) and 13x11 rows take the kernels' short- and long-row
 # paths, both with a remainder after the vector lanes (13x11: six rows, one
@@ -397,27 +398,6 @@ def test_each_special_path_off_computes_the_same(isa, path, shape, training):
         torch.testing.assert_close(on, off, rtol=1e-12, atol=1e-12)
 
 
-def train_step(sn, x, grad, kernels='native'):
-    """The output, every gradient and the running statistics of one
-    training step of layer sn on x, with output gradient grad."""
-    sn.kernels = kernels
-    x = x.clone().requires_grad_()
-    out = sn(x)
-    out.backward(grad)
-    result = dict(out=out.detach(), x_grad=x.grad)
-    result.update((name, p.grad) for name, p in sn.named_parameters())
-    result.update(running_mean=sn.running_mean, running_var=sn.running_var)
-    return result
-
-
-def ulps_of_largest(value, reference):
-    """max |value - reference| in units in the last place (of value's
-    dtype) of reference's largest magnitude."""
-    big = reference.abs().max().to(value.dtype)
-    unit = torch.nextafter(big, big + 1) - big
-    return float((value.double() - reference).abs().max() / unit)
-
-
 # The kernels' float32 results against the float64 reference, in ulps of
 # each result's largest value, at most: about twice the worst of the
 # kernels measured (a logit's gradient sums products that cancel to a small
@@ -449,12 +429,12 @@ def test_float32_in_ulps_at_every_row_length(isa, rows):
             x = random_input(shape, seed=length).float()
             grad = random_input(shape, seed=length + 50).float()
             with Taken('short_rows') as taken:
-                got = train_step(
-                    make_sn(channels, dtype=torch.float32), x, grad)
+                got = run_layer(
+                    make_sn(channels, dtype=torch.float32), x, 'native', grad)
             assert (taken.calls > 0) == (rows == 'short_rows')
-            want = train_step(
+            want = run_layer(
                 make_sn(channels, dtype=torch.float32).double().train(),
-                x.double(), grad.double(), 'torch')
+                x.double(), 'torch', grad.double())
             for key, value in got.items():
                 ulps = ulps_of_largest(value, want[key])
                 worst[key] = max(worst.get(key, 0), ulps)

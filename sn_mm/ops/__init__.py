@@ -4,13 +4,12 @@
 ``torch.library`` operator ``sn_mm::switchable_norm`` and the one place
 that picks an implementation; ``reference.py`` is SN in PyTorch ops;
 ``csrc/`` the C++ CPU kernels (``simd.h`` their vectors and loop form,
-``row_kernels_impl.h`` the row kernels and ``reduction_kernels_impl.h`` the
-reductions between them, ``row_coefficients.cpp`` their per-channel
-coefficients, ``sn_forward.cpp`` and ``sn_backward.cpp`` the passes that
-run them,
-``sn_host.cpp`` what those share, ``sn_operator.cpp`` the operator's
-autograd and registration, ``cpu_isa.cpp`` the instruction set), which
-``native.py`` loads or builds on first use;
+``row_kernels_impl.h`` the row kernels and the reductions between them,
+``row_coefficients.cpp`` their per-channel coefficients, ``sn_forward.cpp``
+and ``sn_backward.cpp`` the passes that run them, ``sn_host.cpp`` what
+those share and the instruction set, ``sn_operator.cpp`` the operator's
+autograd and registration), which ``native.py`` loads or builds on first
+use;
 ``triton_kernels.py`` the fused Triton GPU kernels and ``triton_fused.py``
 their host side; ``ratios.py`` the rule from logits to ratio vectors.
 """

@@ -10,6 +10,20 @@ SPREADS = (1e-2, 1e-1, 1.)
 METRICS = ('train', 'eval', 'running_mean', 'running_var')
 
 
+def ulps_of_largest(value: torch.Tensor, reference: torch.Tensor) -> float:
+    """max |value - reference| in units in the last place, in value's
+    dtype, of reference's largest magnitude (near zero a value's own ulps
+    would count the cancellation of x - mean, not the kernels); 0 where
+    they are empty."""
+    value, reference = value.detach(), reference.detach()
+    if not value.numel():
+        return 0.0
+    big = reference.abs().max().to(value.dtype)
+    unit = torch.nextafter(big, big + 1) - big
+    return float(
+        (value.double() - reference.double()).abs().max() / unit.double())
+
+
 def offset_inputs(shape,
                   offset: float,
                   spread: float,

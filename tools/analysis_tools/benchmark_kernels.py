@@ -43,6 +43,7 @@ import torch
 
 from sn_mm.ops.native_flags import CFLAGS, LDFLAGS
 from sn_mm.ops.operator import GRAPH_GRADS_SCHEMA, SCHEMA
+from sn_mm.testing.precision import ulps_of_largest
 from sn_mm.testing.timing import (add_allocator_option, per_call,
                                   run_with_steady_malloc)
 
@@ -168,22 +169,10 @@ def make_case(op, shape, dtype, mode):
     return backward, backward
 
 
-def ulps(a, b):
-    """The largest |a - b| in units in the last place of a's largest
-    value (near zero a value's own ulps would count the cancellation of
-    x - mean, not the kernels)."""
-    a, b = a.detach(), b.detach()
-    if not a.numel():
-        return 0.0
-    big = a.abs().max()
-    unit = torch.nextafter(big, big + 1) - big
-    return float((a - b).abs().max() / unit)
-
-
 def max_ulps(first, other):
     if isinstance(first, torch.Tensor):
         first, other = [first], [other]
-    return max(ulps(a, b) for a, b in zip(first, other))
+    return max(ulps_of_largest(b, a) for a, b in zip(first, other))
 
 
 def run_case(ops, shape, dtype, mode, rounds, fill):

@@ -91,18 +91,15 @@ struct RowArgs {
 };
 
 // The kernels, over rows [begin, end) (the reductions: samples, adding
-// into `sums`): IN's moments; LN's statistics (sums += dmean, var_in per
-// channel); sums += (dmean - centre)^2; the mixed statistics and y; sum_g
-// and sum_gxc; d_mu_n, d_var_n (sums += grad_weight, grad_bias, d_mu_c,
-// d_var_c, the ratio gradients' products); dx.
+// into `sums`, per channel):
 enum Kernel {
-  kMoments,
-  kLnStats,
-  kBnDev,
-  kNormalize,
-  kGradSums,
-  kGradReduce,
-  kInputGrad,
+  kMoments,     // IN's moments
+  kLnStats,     // LN's statistics; sums += dmean, var_in
+  kBnDev,       // sums += (dmean - centre)^2
+  kNormalize,   // the mixed statistics, y
+  kGradSums,    // sum_g, sum_gxc
+  kGradReduce,  // d_mu_n, d_var_n; sums += the gradients, the products
+  kInputGrad,   // dx
   kKernels
 };
 template <typename T>
