@@ -27,24 +27,23 @@ double dot_double(const T* a, const T* b, int64_t n) {
 template <typename T>
 void ratio_grads(const RowArgs<T>& a, const double* dot, const Ratios& w,
                  double* d) {
-  const int64_t channels = a.channels, per_group = a.w.group_channels;
-  for (int64_t g = 0; g < w.groups; ++g, d += kRatios) {
-    const int64_t c0 = std::min(channels, g * per_group),
-                  c1 = std::min(channels, c0 + per_group);
+  const int64_t channels = a.channels;
+  for_each_group(a.w, 0, channels, [&](int64_t c0, int64_t c1, const T*) {
+    double* dg = d + kRatios * (c0 / a.w.group_channels);
     double sums[4] = {};  // the LN and BN mean's, IN's and LN's variance's
     for (int j = 0; j < 4; ++j)
       if (!a.per_channel)
         sums[j] = dot[j];
       else
         for (int64_t c = c0; c < c1; ++c) sums[j] += dot[j * channels + c];
-    d[kWvIn] = w.has_in ? sums[2] : 0.0;
-    d[kWmLn] = sums[0];
-    d[kWvLn] = sums[3];
+    dg[kWvIn] = w.has_in ? sums[2] : 0.0;
+    dg[kWmLn] = sums[0];
+    dg[kWvLn] = sums[3];
     if (w.logits == 3) {
-      d[kWmBn] = sums[1];
-      d[kWvBn] = dot_double(a.d_var_c + c0, a.bn_var + c0, c1 - c0);
+      dg[kWmBn] = sums[1];
+      dg[kWvBn] = dot_double(a.d_var_c + c0, a.bn_var + c0, c1 - c0);
     }
-  }
+  });
 }
 
 // Back through the LN (N) and BN (C) statistics, the latter over bn_count
