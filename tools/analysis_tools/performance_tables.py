@@ -42,11 +42,16 @@ COMMANDS = [
         '--skip-resnet', '--threads', '2'
     ]),
     ('kernels-ab', 'main', 'avx512', [
-        KERNELS, '--candidate', 'old=c5bbb69', 'old2=c5bbb69', 'new=82a683e',
+        KERNELS, '--candidate', 'old=c5bbb69', 'old2=c5bbb69', 'new=88b555b',
         '--rounds', '9', '--fill', '0.03', '--isa', 'avx512', 'avx2'
     ]),
+    ('kernels-ab-baseline', 'main', None, [
+        KERNELS, '--candidate', 'old=c5bbb69', 'old2=c5bbb69', 'new=88b555b',
+        '--isa', 'baseline', '--threads', '2', '--dtypes', 'float32',
+        '--rounds', '9', '--fill', '0.03'
+    ]),
     ('kernels-ab-oldest', 'oldest', 'avx512', [
-        KERNELS, '--candidate', 'old=c5bbb69', 'old2=c5bbb69', 'new=82a683e',
+        KERNELS, '--candidate', 'old=c5bbb69', 'old2=c5bbb69', 'new=88b555b',
         '--rounds', '9', '--fill', '0.03', '--isa', 'avx512', 'avx2',
         '--threads', '2', '--dtypes', 'float32', '--shapes', '2x256x200x304',
         '8x256x56x56', '512x256x7x7', '1x2048x7x7', '1x64x8x8', '2x16x70x70',
