@@ -59,21 +59,17 @@ bool all_finite(const T* values, int64_t n) {
 
 // The running statistics moved toward bn_m and bn_v (cumulative where
 // momentum < 0) in their opmath type, as BatchNorm's are; untouched, and
-// `nonfinite` counted, where a batch statistic is not finite. Or, update
-// false, copied into bn_m and bn_v (backward needs them as they were).
+// `nonfinite` counted, where a batch statistic is not finite.
 template <typename T>
-void running(const Running& rs, T* bn_m, T* bn_v, int64_t channels,
-             bool update) {
-  double mom = 0;
-  if (update) {
-    if (!all_finite(bn_m, channels) || !all_finite(bn_v, channels)) {
-      if (defined(rs.nonfinite)) rs.nonfinite->data_ptr<int64_t>()[0] += 1;
-      return;
-    }
-    auto* count = rs.count->data_ptr<int64_t>();
-    count[0] += 1;
-    mom = rs.momentum < 0 ? 1.0 / count[0] : rs.momentum;
+void update_running(const Running& rs, const T* bn_m, const T* bn_v,
+                    int64_t channels) {
+  if (!all_finite(bn_m, channels) || !all_finite(bn_v, channels)) {
+    if (defined(rs.nonfinite)) rs.nonfinite->data_ptr<int64_t>()[0] += 1;
+    return;
   }
+  auto* count = rs.count->data_ptr<int64_t>();
+  count[0] += 1;
+  const double mom = rs.momentum < 0 ? 1.0 / count[0] : rs.momentum;
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, rs.mean->scalar_type(), "running", [&] {
         using R = scalar_t;
@@ -82,14 +78,20 @@ void running(const Running& rs, T* bn_m, T* bn_v, int64_t channels,
         R* prm = rs.mean->data_ptr<R>();
         R* prv = rs.var->data_ptr<R>();
         for (int64_t c = 0; c < channels; ++c) {
-          if (!update) {
-            bn_m[c] = static_cast<T>(prm[c]);
-            bn_v[c] = static_cast<T>(prv[c]);
-            continue;
-          }
           prm[c] = static_cast<R>(keep * M(prm[c]) + add * M(bn_m[c]));
           prv[c] = static_cast<R>(keep * M(prv[c]) + add * M(bn_v[c]));
         }
+      });
+}
+
+// The running statistics copied into bn_m and bn_v (backward needs them as
+// they were; later steps update the running ones in place).
+template <typename T>
+void copy_running(const Running& rs, T* bn_m, T* bn_v, int64_t channels) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, rs.mean->scalar_type(), "running", [&] {
+        std::copy_n(rs.mean->data_ptr<scalar_t>(), channels, bn_m);
+        std::copy_n(rs.var->data_ptr<scalar_t>(), channels, bn_v);
       });
 }
 
@@ -105,7 +107,7 @@ void fixed_bn(Pass<T>& p, const Running& rs) {
     a.bn_mean = rs.mean->data_ptr<T>();
     a.bn_var = rs.var->data_ptr<T>();
   } else {
-    running(rs, p.bn, p.bn + a.channels, a.channels, false);
+    copy_running(rs, p.bn, p.bn + a.channels, a.channels);
   }
 }
 
@@ -131,8 +133,7 @@ void statistics(Pass<T>& p, int64_t samples, const Running& rs) {
     a.bn_mean = a.mean_in;
     a.bn_var = a.var_in;
   }
-  running(rs, const_cast<T*>(a.bn_mean), const_cast<T*>(a.bn_var), a.channels,
-          true);
+  update_running(rs, a.bn_mean, a.bn_var, a.channels);
 }
 
 // by_sample: without the batch's BN statistics, a sample's output needs
