@@ -113,7 +113,7 @@ def test_float32_as_precise_as_pytorch_norms(kernels, shape, offset, steps,
     or the layer's own start, 0 and 1: eval after 3 or 20 steps then puts
     the output thousands of spreads from zero at offset 1e4, where an
     error of LN's variance (the IN means' differences between channels)
-    shows. The C++ kernels: 256 rows of 64 values take the short-row
+    shows. The C++ kernels: rows of 64 values take the short-row
     one-pass sums, rows of 4800 values the general two-pass moments."""
     require_kernels(kernels)
     if kernels == 'triton' and steps == 20 and offset != 1e4:

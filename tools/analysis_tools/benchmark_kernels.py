@@ -200,8 +200,6 @@ def run_case(ops, shape, dtype, mode, rounds, fill):
 # other values, at the shapes around it, in the modes it changes.
 CUTOFFS = [
     ('SN_SHORT_ROW', 128, [256], ['4x128x10x10', '4x128x14x14'], MODES),
-    ('SN_SHORT_ROWS_MIN', 256, [64], ['1x64x8x8', '1x128x7x7',
-                                      '2x256x7x7'], MODES),
     ('SN_ROWS_AT_ONCE', 4, [2], ['512x256x7x7', '16x256x7x7',
                                  '8x256x56x56'], MODES),
     ('SN_SUMS', 4, [2], ['8x256x56x56', '1x2048x7x7', '2x16x70x70'], MODES),
@@ -215,8 +213,6 @@ CUTOFFS = [
                                         '8x512x28x28'], ('eval', )),
     ('SN_BLOCK_KIB', 256, [1024], ['1024x256x14x14',
                                    '512x256x7x7'], ('eval', )),
-    ('SN_BLOCKS_PER_THREAD', 4, [1], ['4x256x14x14',
-                                      '32x256x7x7'], ('eval', )),
 ]
 
 

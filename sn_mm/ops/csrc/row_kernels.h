@@ -1,41 +1,30 @@
 // What SN's row kernels (row_kernels_impl.h, compiled once per instruction
-// set) and the host side (sn_host.h) share: the kernels' arguments, set by
-// name; the table of one set's kernels; the cut-offs; and the per-channel
-// coefficients, compiled once (row_coefficients.cpp).
+// set) and the host side (sn_host.h) share: the cut-offs, the kernels'
+// arguments and tables, the per-channel coefficients (compiled once).
 #pragma once
 
 #include <cstdint>
 
 namespace sn_mm_rows {
 
-// Cut-offs, each set by -D where given (their figures:
-// docs/performance.md#cut-offs).
+// Cut-offs, each settable by -D (figures: docs/performance.md#cut-offs).
 #ifndef SN_SHORT_ROW
 // Rows shorter may take their sums in one pass, several rows at a time,
-// losing at most a factor kShortRow of relative precision.
+// losing at most a factor SN_SHORT_ROW of relative precision.
 #define SN_SHORT_ROW 128
 #endif
-constexpr int64_t kShortRow = SN_SHORT_ROW;
-#ifndef SN_SHORT_ROWS_MIN
-// Calls of fewer rows spend their time outside the rows' sums.
-#define SN_SHORT_ROWS_MIN 256
-#endif
-constexpr int64_t kShortRowsMin = SN_SHORT_ROWS_MIN;
 #ifndef SN_ROWS_AT_ONCE
 // Rows the sums take at a time: independent chains of adds in flight.
 #define SN_ROWS_AT_ONCE 4
 #endif
-constexpr int kRowsAtOnce = SN_ROWS_AT_ONCE;
 #ifndef SN_SUMS
 // Running sums a loop keeps, so that its adds do not wait on each other.
 #define SN_SUMS 4
 #endif
-constexpr int kSums = SN_SUMS;
 #ifndef SN_COEF_ROWS
 // Rows whose input-gradient coefficients are computed at a time.
 #define SN_COEF_ROWS 256
 #endif
-constexpr int64_t kCoefRows = SN_COEF_ROWS;
 
 // Each ratio group's six ratios (IN's 0 where undefined, BN's 0 without a
 // BN term), per group: C x 6 values per call cost 2-3 us at 1x2048x7x7.
@@ -70,7 +59,7 @@ struct RowArgs {
   int64_t channels = 1, length = 0;
   T divisor = 1;  // of IN's variances: length, less one where unbiased
   T eps = 0;
-  bool short_rows = false;  // several rows in one pass (kShortRow)
+  bool short_rows = false;  // several rows in one pass (SN_SHORT_ROW)
   // IN's moments, the means also less their channel's shift (sample 0's
   // first value): BN's variance sums their differences between samples,
   // which absolute float32 means of 1e4 would round to 1e-3.
@@ -85,7 +74,7 @@ struct RowArgs {
     *d_var_n = nullptr, *d_mu_c = nullptr, *d_var_c = nullptr;
   const double* centre = nullptr;  // bn_dev: the means' mean per channel
   // grad_reduce: the ratio gradients' products per channel, or summed over
-  // the channels (one group: 8 x C sums took 1.14-1.25x the time in
+  // the channels (one group: per-channel sums took 1.14-1.25x the time in
   // training at 512x256x7x7 and 1x2048x7x7).
   bool per_channel = true;
 };
@@ -111,9 +100,13 @@ struct RowKernels {
   KernelFn<double> f64[kKernels];
 };
 
-// Each instruction set's table; nullptr where this build has none.
+// Each instruction set's table: AVX-512's and AVX2's in x86-64 GCC and
+// clang builds (SN_X86) only.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SN_X86
 const RowKernels* row_kernels_avx512();
 const RowKernels* row_kernels_avx2();
+#endif
 const RowKernels* row_kernels_baseline();
 
 // Compiled once (row_coefficients.cpp) for every set's kernels: rows

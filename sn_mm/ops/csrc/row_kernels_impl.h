@@ -1,17 +1,10 @@
-// SN's row kernels (row_kernels.h) for one instruction set: the passes over
-// the N x C rows and the (N, C) reductions between them, per sample, in
-// double (explicit vectors: the auto-vectoriser keeps running sums
-// scalar), and the set's table, row_kernels_<SN_ISA>(). row_kernels_<isa>.cpp
-// defines SN_ISA, SN_REGISTER_BYTES and, beyond the baseline, SN_TARGET
-// (GCC's and clang's target spelling), then includes this: GCC takes a
-// target pragma; clang applies the target attribute to every function in
-// the region, lambdas included; the library headers come first, outside
-// it. Internal linkage, calling nothing compiled elsewhere but
-// row_kernels.h's coefficients: no code compiled for one set reaches
-// callers on another.
+// SN's row kernels (row_kernels.h) for instruction set SN_ISA, in explicit
+// vectors (the auto-vectoriser keeps running sums scalar). SN_TARGET applies
+// to every function after the library headers, lambdas included; internal
+// linkage, calling nothing compiled elsewhere but row_kernels.h's
+// coefficients: no code compiled for one set reaches callers on another.
 #include <cstdint>
 #include <type_traits>
-#include <utility>
 
 #include "row_kernels.h"
 
@@ -40,7 +33,7 @@ constexpr int kSumLanes = kLanes<T> < 8 ? kLanes<T> : 8;
 
 // R rows of n values at x: the sums of d = x - (the row's first value) and
 // of d^2 into s[0..R) and s[R..2R), one pass; s2 - s1^2 / n loses at most a
-// factor n < kShortRow of relative precision, as (mean - first)^2 <= n var.
+// factor n < SN_SHORT_ROW of relative precision, as (mean - first)^2 <= n var.
 template <int R, typename T>
 SN_INLINE void rows_shifted_sums(const T* __restrict__ x, int64_t n,
                                  T* __restrict__ s) {
@@ -113,12 +106,11 @@ SN_INLINE void rows_grad_sums(const T* __restrict__ g, const T* __restrict__ x,
   lane_sums<2 * R, W>(acc, s);
 }
 
-// fn(r, R) for rows [begin, end), kRowsAtOnce at a time, then one by one.
 template <typename Fn>
 SN_INLINE void by_rows(int64_t begin, int64_t end, const Fn& fn) {
   int64_t r = begin;
-  for (; r + kRowsAtOnce <= end; r += kRowsAtOnce)
-    fn(r, std::integral_constant<int, kRowsAtOnce>());
+  for (; r + SN_ROWS_AT_ONCE <= end; r += SN_ROWS_AT_ONCE)
+    fn(r, std::integral_constant<int, SN_ROWS_AT_ONCE>());
   for (; r < end; ++r) fn(r, std::integral_constant<int, 1>());
 }
 
@@ -172,7 +164,7 @@ SN_KERNEL void grad_sums_kernel(const RowArgs<T>& a, int64_t begin,
     return;
   }
   for (int64_t r = begin; r < end; ++r)
-    grad_sums_of_rows<1, kLanes<T>, kSums>(a, r);
+    grad_sums_of_rows<1, kLanes<T>, SN_SUMS>(a, r);
 }
 
 // y[i] = value(in[i]...) over a row (restrict parameters, which GCC's
@@ -200,13 +192,13 @@ SN_KERNEL void normalize_kernel(const RowArgs<T>& a, int64_t begin,
   }
 }
 
-// dx = g * scale + coef_x * (x - mean_in) + shift, kCoefRows rows' at once.
+// dx = g * scale + coef_x * (x - mean_in) + shift, SN_COEF_ROWS rows' at once.
 template <typename T>
 SN_KERNEL void input_grad_kernel(const RowArgs<T>& a, int64_t begin,
                                  int64_t end, double*) {
-  T scale[kCoefRows], coef_x[kCoefRows], shift[kCoefRows];
-  for (int64_t r0 = begin; r0 < end; r0 += kCoefRows) {
-    const int64_t r1 = end - r0 < kCoefRows ? end : r0 + kCoefRows;
+  T scale[SN_COEF_ROWS], coef_x[SN_COEF_ROWS], shift[SN_COEF_ROWS];
+  for (int64_t r0 = begin; r0 < end; r0 += SN_COEF_ROWS) {
+    const int64_t r1 = end - r0 < SN_COEF_ROWS ? end : r0 + SN_COEF_ROWS;
     input_grad_coefficients(a, r0, r1, scale, coef_x, shift);
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t o = r * a.length;
@@ -220,7 +212,7 @@ SN_KERNEL void input_grad_kernel(const RowArgs<T>& a, int64_t begin,
   }
 }
 
-// The (N, C) reductions, in double.
+// The (N, C) reductions, per sample, in double.
 constexpr int kDL = kLanes<double>;
 using DV = Vec<double, kDL>;
 
@@ -230,7 +222,7 @@ SN_INLINE DV load_d(const T* p, P part) {
 }
 
 SN_INLINE double sum_of(DV* s) {
-  for (int k = 1; k < kSums; ++k) s[0] += s[k];
+  for (int k = 1; k < SN_SUMS; ++k) s[0] += s[k];
   return lane_sum<double, kDL>(s[0]);
 }
 
@@ -243,12 +235,11 @@ SN_KERNEL void ln_stats_kernel(const RowArgs<T>& a, int64_t begin, int64_t end,
   for (int64_t n = begin; n < end; ++n) {
     const T* m = a.dmean + n * C;
     const T* v = a.var_in + n * C;
-    // The absolute means, in double.
     const auto mean_at = [&](int64_t c, auto part) {
       return load_d(a.shift + c, part) + load_d(m + c, part);
     };
-    DV sm[kSums] = {}, sv[kSums] = {}, sd[kSums] = {};
-    over_row<kDL, kSums>(C, [&](int64_t c, auto part, int u) {
+    DV sm[SN_SUMS] = {}, sv[SN_SUMS] = {}, sd[SN_SUMS] = {};
+    over_row<kDL, SN_SUMS>(C, [&](int64_t c, auto part, int u) {
       sm[u] += keep<kDL>(mean_at(c, part), part);
       sv[u] += keep<kDL>(load_d(v + c, part), part);
       if (col) {
@@ -257,7 +248,7 @@ SN_KERNEL void ln_stats_kernel(const RowArgs<T>& a, int64_t begin, int64_t end,
       }
     });
     const double mean = sum_of(sm) / C;
-    over_row<kDL, kSums>(C, [&](int64_t c, auto part, int u) {
+    over_row<kDL, SN_SUMS>(C, [&](int64_t c, auto part, int u) {
       const DV d = keep<kDL>(mean_at(c, part) - mean, part);
       sd[u] += d * d;
     });
@@ -287,7 +278,7 @@ SN_KERNEL void grad_reduce_kernel(const RowArgs<T>& a, int64_t begin,
   for (int64_t n = begin; n < end; ++n) {
     const int64_t o = n * C;
     const double ml = a.ln_mean[n], vl = a.ln_var[n];
-    DV dots[4] = {};
+    DV dots[5] = {};
     double d_mu_n = 0, d_var_n = 0;
     for_each_group(a.w, 0, C, [&](int64_t cb, int64_t ce, const T* w) {
       DV group_mu = {}, group_var = {};
@@ -304,10 +295,11 @@ SN_KERNEL void grad_reduce_kernel(const RowArgs<T>& a, int64_t begin,
         add_to<kDL>(acc + C + c, s1, part);
         add_to<kDL>(acc + 2 * C + c, d_mu, part);
         add_to<kDL>(acc + 3 * C + c, d_var, part);
-        const DV products[4] = {
-            d_mu * (ml - mi), d_mu * (load_d(a.bn_mean + c, part) - mi),
-            d_var * load_d(a.var_in + r, part), d_var * vl};
-        for (int j = 0; j < 4; ++j) {
+        const DV products[5] = {d_mu * (ml - mi),
+                                d_mu * (load_d(a.bn_mean + c, part) - mi),
+                                d_var * load_d(a.var_in + r, part), d_var * vl,
+                                d_var * load_d(a.bn_var + c, part)};
+        for (int j = 0; j < 5; ++j) {
           if (a.per_channel)
             add_to<kDL>(acc + (4 + j) * C + c, products[j], part);
           else
@@ -320,14 +312,13 @@ SN_KERNEL void grad_reduce_kernel(const RowArgs<T>& a, int64_t begin,
       d_var_n += w[kWvLn] * lane_sum<double, kDL>(group_var);
     });
     if (!a.per_channel)
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < 5; ++j)
         acc[4 * C + j] += lane_sum<double, kDL>(dots[j]);
     a.d_mu_n[n] = static_cast<T>(d_mu_n);
     a.d_var_n[n] = static_cast<T>(d_var_n);
   }
 }
 
-// This instruction set's table.
 template <typename T>
 constexpr void fill_kernels(KernelFn<T>* table) {
   table[kMoments] = &moments_kernel<T>;

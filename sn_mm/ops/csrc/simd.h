@@ -1,15 +1,12 @@
-// SN's vectors (GCC/clang vector extensions) and the one loop form every
-// row loop takes: whole vectors, then the row's last part through a counted
-// load (why not at::vec: docs/layer_reference.md#the-cpu-kernels).
-// Compiled once per instruction set, with internal linkage.
+// SN's vectors (GCC/clang vector extensions; why not at::vec:
+// docs/layer_reference.md#the-cpu-kernels) and the one form every row loop
+// takes: whole vectors, then the row's last part through a counted load.
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 #include <utility>
 
-// Vectors pass by value only between inlined functions.
-#pragma GCC diagnostic ignored "-Wpsabi"
 #define SN_INLINE __attribute__((always_inline)) inline
 // A kernel: all it calls inlined, lambdas too (the sums stay in registers).
 #define SN_KERNEL __attribute__((flatten))

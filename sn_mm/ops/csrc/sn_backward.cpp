@@ -1,37 +1,25 @@
-// SN's backward on the CPU as the operator (sn_operator.cpp) runs it: the
-// row sums of the output gradient, the gradients of weight, bias and the
-// ratio logits from them, and the input's gradient back through the shared
-// LN and BN statistics.
+// SN's backward on the CPU: the row sums of y's gradient, from them the
+// gradients of weight, bias and the ratio logits, and x's back through the
+// shared LN and BN statistics.
 #include <ATen/Dispatch.h>
 
 #include "sn_host.h"
 
 namespace sn_mm_cpu {
 
-// sum a[i] * b[i] in double, in eight running sums (one would be a chain
-// of dependent adds: 5 us over 2048 channels).
-template <typename T>
-double dot_double(const T* a, const T* b, int64_t n) {
-  double part[8] = {};
-  for (int64_t i = 0; i < n; ++i) part[i % 8] += double(a[i]) * b[i];
-  double total = 0;
-  for (double p : part) total += p;
-  return total;
-}
-
 // d loss / d ratio into d (the ratios' layout), from grad_reduce's
 // products: d_mu with the LN and the BN mean, each less the row's IN mean
 // (a shift common to all terms, which gradients on the simplex ignore, and
 // which keeps large offsets from cancelling: IN's mean ratio gets 0),
-// d_var with the IN and the LN variance; and d_var_c with the BN variance.
+// d_var with the IN, LN and BN variance.
 template <typename T>
 void ratio_grads(const RowArgs<T>& a, const double* dot, const Ratios& w,
                  double* d) {
   const int64_t channels = a.channels;
   for_each_group(a.w, 0, channels, [&](int64_t c0, int64_t c1, const T*) {
     double* dg = d + kRatios * (c0 / a.w.group_channels);
-    double sums[4] = {};  // the LN and BN mean's, IN's and LN's variance's
-    for (int j = 0; j < 4; ++j)
+    double sums[5] = {};  // the LN and BN mean's, the IN, LN and BN variance's
+    for (int j = 0; j < 5; ++j)
       if (!a.per_channel)
         sums[j] = dot[j];
       else
@@ -41,7 +29,7 @@ void ratio_grads(const RowArgs<T>& a, const double* dot, const Ratios& w,
     dg[kWvLn] = sums[3];
     if (w.logits == 3) {
       dg[kWmBn] = sums[1];
-      dg[kWvBn] = dot_double(a.d_var_c + c0, a.bn_var + c0, c1 - c0);
+      dg[kWvBn] = sums[4];
     }
   });
 }
@@ -67,11 +55,8 @@ void through_shared_stats(const RowArgs<T>& a, int64_t samples,
   });
 }
 
-// The gradients of an SN forward: of x, weight and bias into the given
-// tensors, of the ratios into d_ratios (their layout): the row sums; from
-// them, per sample and per channel, the gradients of weight, bias and the
-// mixed and shared statistics; the input's gradient. The sums in this
-// thread's scratch memory (no allocation).
+// The gradients of x, weight and bias (into the tensors given) and of the
+// ratios (into d_ratios, their layout); the sums in this thread's scratch.
 template <typename T>
 void backward_pass(const at::Tensor& g, const Forward& f,
                    const at::Tensor& weight, at::Tensor& grad_x,
@@ -81,10 +66,6 @@ void backward_pass(const at::Tensor& g, const Forward& f,
                 rows = samples * channels;
   Pass<T> p(f, weight, f.ws.data_ptr<T>());
   RowArgs<T>& a = p.a;
-  if (f.bn_batch && samples == 1) {  // as statistics() normalised with
-    a.bn_mean = a.mean_in;
-    a.bn_var = a.var_in;
-  }
   a.sum_g = scratch<T>(2 * rows + 2 * samples + 2 * channels);
   a.sum_gxc = a.sum_g + rows;
   a.d_mu_n = a.sum_gxc + rows;
@@ -100,7 +81,7 @@ void backward_pass(const at::Tensor& g, const Forward& f,
     std::fill_n(a.sum_g, 2 * rows, T(0));
   }
   const auto cols = sum_over_samples(
-      samples, a.per_channel ? 8 * channels : 4 * channels + 4,
+      samples, a.per_channel ? 9 * channels : 4 * channels + 5,
       [&](int64_t n, double* acc) { run(kGradReduce, a, n, n + 1, acc); });
   T* const per_channel[4] = {grad_weight.data_ptr<T>(),
                              grad_bias.data_ptr<T>(), a.d_mu_c, a.d_var_c};
@@ -112,10 +93,9 @@ void backward_pass(const at::Tensor& g, const Forward& f,
   if (f.x3.numel()) run_rows(kInputGrad, a, rows);
 }
 
-// From d loss / d ratio (d, the ratios' layout) to the logits' gradient
-// (through the softmax; as it is for given ratios); fixed ratios and an IN
-// logit that took no part get zeros. `row`: 0 for the mean's, 1 for the
-// variance's.
+// From d loss / d ratio (d) to the mean's (row 0) or variance's logits'
+// gradient, through the softmax (as it is for given ratios); fixed ratios
+// and an IN logit that took no part get zeros.
 at::Tensor logit_grad(const Ratios& w, const std::vector<double>& d, int row,
                       const at::Tensor& logits, bool ratios_given) {
   // empty and filled here: at::zeros costs a dispatched fill kernel, about
@@ -139,7 +119,6 @@ at::Tensor logit_grad(const Ratios& w, const std::vector<double>& d, int row,
   return out;
 }
 
-// (The ratios are recomputed from the logits.)
 std::vector<at::Tensor> backward_impl(
     const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
     const at::Tensor& mean_logits, const at::Tensor& var_logits,
@@ -150,9 +129,9 @@ std::vector<at::Tensor> backward_impl(
                        unbiased, ratios_given);
   f.ws = ws;
   f.bn_batch = bn_batch;
-  auto g = grad_y.reshape(f.x3.sizes());  // rows as x's, in its dtype
-  if (g.scalar_type() != f.x3.scalar_type()) g = g.to(f.x3.scalar_type());
-  g = g.contiguous();
+  // Rows as x's, in its dtype.
+  const auto g =
+      grad_y.reshape(f.x3.sizes()).to(f.x3.scalar_type()).contiguous();
   const auto w_c = weight.contiguous();
   auto grad_x = at::empty_like(f.x3);
   auto grad_weight = at::empty({f.x3.size(1)}, f.x3.options());

@@ -13,12 +13,11 @@
 
 namespace sn_mm_cpu {
 
-// Built without -march flags, so that it runs on any CPU, with kernels for
-// AVX-512, AVX2 and the baseline: the best the CPU has runs unless
-// SN_MM_CPU_ISA names another (every set is tested where more are).
+// Built without -march flags, so that it runs on any CPU, with a kernel set
+// for each instruction set it may have (the tests run each it has).
 namespace {
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#ifdef SN_X86
 #define SN_CPU_HAS(feature) \
   (__builtin_cpu_init(), __builtin_cpu_supports(feature))
 #else
@@ -33,10 +32,11 @@ bool cpu_runs(const std::string& isa) {
   return isa == "avx2" ? avx2 : true;
 }
 
-// Best first.
 const std::pair<const char*, const RowKernels* (*)()> kIsas[] = {
+#ifdef SN_X86
     {"avx512", row_kernels_avx512},
     {"avx2", row_kernels_avx2},
+#endif
     {"baseline", row_kernels_baseline}};
 
 std::atomic<const RowKernels*> active_kernels{nullptr};
@@ -46,24 +46,23 @@ std::atomic<const RowKernels*> active_kernels{nullptr};
 std::vector<std::string> cpu_isas() {
   std::vector<std::string> names;
   for (const auto& [name, table] : kIsas)
-    if (table() != nullptr && cpu_runs(name)) names.push_back(name);
+    if (cpu_runs(name)) names.push_back(name);
   return names;
 }
 
 void set_cpu_isa(std::string name) {
   for (const auto& [isa, table] : kIsas) {
     if (name != isa) continue;
-    TORCH_CHECK_VALUE(table() != nullptr,
-                      "SN's CPU kernels: this build has no '", name,
-                      "' kernels (compiled by GCC for x86-64 only)");
     TORCH_CHECK_VALUE(cpu_runs(name),
                       "SN's CPU kernels: this CPU cannot run the '", name,
                       "' kernels; it runs ", c10::Join(", ", cpu_isas()));
     active_kernels = table();
     return;
   }
+  std::vector<std::string> built;
+  for (const auto& isa : kIsas) built.push_back(isa.first);
   TORCH_CHECK_VALUE(false, "SN's CPU kernels: unknown instruction set '", name,
-                    "' (expected avx512, avx2 or baseline)");
+                    "' (this build has ", c10::Join(", ", built), ")");
 }
 
 const RowKernels& kernels() {
@@ -105,27 +104,19 @@ bool set_path(std::string name, bool on) {
 std::vector<double> read_doubles(const at::Tensor& t) {
   const auto c = t.contiguous();
   std::vector<double> out(c.numel());
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, c.scalar_type(), "read",
+  AT_DISPATCH_ALL_TYPES_AND3(
+      at::kHalf, at::kBFloat16, at::kBool, c.scalar_type(), "read",
       [&] { std::copy_n(c.data_ptr<scalar_t>(), c.numel(), out.begin()); });
   return out;
 }
 
 std::vector<bool> read_fixed(const OptTensor& fixed, int64_t groups) {
   if (!defined(fixed)) return std::vector<bool>(2 * groups, false);
-  const auto f =
-      (fixed->scalar_type() == at::kBool ? *fixed : fixed->to(at::kBool))
-          .contiguous();
-  TORCH_CHECK(f.numel() == 2 * groups,
+  TORCH_CHECK(fixed->numel() == 2 * groups,
               "switchable_norm: ratio_fixed must hold 2 x ", groups,
-              " flags, got ", f.sizes());
-  const bool* p = f.data_ptr<bool>();
-  return std::vector<bool>(p, p + 2 * groups);
-}
-
-// G: the rows of (G, K) logits (group SN), else 1.
-int64_t ratio_groups(const at::Tensor& logits) {
-  return logits.dim() == 2 ? logits.size(0) : 1;
+              " flags, got ", fixed->sizes());
+  const auto flags = read_doubles(*fixed);
+  return std::vector<bool>(flags.begin(), flags.end());
 }
 
 // softmax(logits), or the given or fixed ratios, per group and statistic,
@@ -133,18 +124,18 @@ int64_t ratio_groups(const at::Tensor& logits) {
 // renormalised, or for fixed ratios that selected IN alone, LN alone
 // (sn_mm/ops/ratios.py's rule).
 Ratios mixing_ratios(const at::Tensor& mean_logits,
-                     const at::Tensor& var_logits, std::vector<bool> fixed,
-                     const OptTensor& fixed_ratios, bool has_in,
-                     bool ratios_given) {
+                     const at::Tensor& var_logits, int64_t groups,
+                     const OptTensor& fixed, const OptTensor& fixed_ratios,
+                     bool has_in, bool ratios_given) {
   Ratios out;
-  out.groups = ratio_groups(mean_logits);
-  const int64_t groups = out.groups, k = mean_logits.numel() / groups;
+  out.groups = groups;
+  const int64_t k = mean_logits.numel() / groups;
   TORCH_CHECK(k == 2 || k == 3,
               "switchable_norm: expected 2 or 3 ratio logits, got ",
               mean_logits.sizes());
   out.logits = k;
   out.has_in = has_in;
-  out.fixed = std::move(fixed);
+  out.fixed = read_fixed(fixed, groups);
   out.six.assign(kRatios * groups, 0.0);
   std::vector<double> fixed_values;
   if (std::find(out.fixed.begin(), out.fixed.end(), true) != out.fixed.end())
@@ -154,11 +145,10 @@ Ratios mixing_ratios(const at::Tensor& mean_logits,
     const auto logits = read_doubles(row == 0 ? mean_logits : var_logits);
     for (int64_t g = 0; g < groups; ++g) {
       const bool is_fixed = out.fixed[row * groups + g];
+      const double* given =
+          is_fixed ? fixed_values.data() + row * groups * k : logits.data();
       double r[3] = {};
-      std::copy_n(
-          (is_fixed ? fixed_values.data() + row * groups * k : logits.data()) +
-              g * k,
-          k, r);
+      std::copy_n(given + g * k, k, r);
       double total = 0;
       if (is_fixed && !has_in) {
         for (int64_t i = 1; i < k; ++i) total += r[i];
@@ -190,15 +180,15 @@ Forward prepared(const at::Tensor& x, const at::Tensor& mean_logits,
   Forward f;
   int64_t spatial = 1;
   for (int64_t d = 2; d < x.dim(); ++d) spatial *= x.size(d);
-  f.x3 = x.reshape({x.size(0), x.size(1), spatial});
-  if (!f.x3.is_contiguous()) f.x3 = f.x3.contiguous();
+  f.x3 = x.reshape({x.size(0), x.size(1), spatial}).contiguous();
   f.correction = (unbiased && spatial > 1) ? 1 : 0;
-  const int64_t groups = ratio_groups(mean_logits);
+  // G: the rows of (G, K) logits (group SN), else 1.
+  const int64_t groups = mean_logits.dim() == 2 ? mean_logits.size(0) : 1;
   TORCH_CHECK(groups >= 1 && x.size(1) % groups == 0 &&
                   var_logits.sizes() == mean_logits.sizes(),
               "switchable_norm: ", groups, " ratio groups do not divide ",
               x.size(1), " channels (or the logits' shapes differ)");
-  f.ratios = mixing_ratios(mean_logits, var_logits, read_fixed(fixed, groups),
+  f.ratios = mixing_ratios(mean_logits, var_logits, groups, fixed,
                            fixed_ratios, spatial > 1, ratios_given);
   return f;
 }

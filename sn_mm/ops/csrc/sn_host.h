@@ -1,7 +1,6 @@
-// The CPU operator's host side: its forward and backward, and what they
-// share (sn_host.cpp). Raw pointers throughout: at small shapes an ATen
-// call per (C,) vector would cost as much as the data's passes.
-// Semantics: the reference's (sn_mm/ops/reference.py).
+// The CPU operator's host side (semantics: sn_mm/ops/reference.py's), on raw
+// pointers: at small shapes an ATen call per (C,) vector would cost as much
+// as the data's passes.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -12,7 +11,6 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
 #include "row_kernels.h"
@@ -37,14 +35,11 @@ inline bool defined(const OptTensor& t) {
 #endif
 #ifndef SN_SAMPLE_MAX_KIB
 // by_sample: samples of up to this size, in blocks of about SN_BLOCK_KIB
-// (in L2 between passes), SN_BLOCKS_PER_THREAD or more per thread.
+// (in L2 between passes), at least one per thread.
 #define SN_SAMPLE_MAX_KIB 512
 #endif
 #ifndef SN_BLOCK_KIB
 #define SN_BLOCK_KIB 256
-#endif
-#ifndef SN_BLOCKS_PER_THREAD
-#define SN_BLOCKS_PER_THREAD 4
 #endif
 
 // The kernels' instruction set: the best this CPU has, unless
@@ -53,10 +48,8 @@ const RowKernels& kernels();
 std::vector<std::string> cpu_isas();  // this build's and CPU's, best first
 void set_cpu_isa(std::string name);
 
-// Each ratio group's six ratios in RatioIndex's order (the kernels'), IN's
-// 0 where undefined, BN's 0 without a BN term; which groups' are given,
-// not learned (the mean's G flags, then the variance's); the logits per
-// group (K: 3 with BN, else 2).
+// The ratios in the kernels' layout (GroupRatioArgs); which groups' are
+// fixed (the mean's G flags, then the variance's); K logits per group.
 struct Ratios {
   std::vector<double> six;
   std::vector<bool> fixed;
@@ -64,8 +57,8 @@ struct Ratios {
   bool has_in = true;
 };
 
-// A call's input as (N, C, L) rows and what backward needs of its forward:
-// the statistics buffer, the ratios mixed with.
+// A call's input as (N, C, L) rows, its ratios and, for backward, the
+// statistics buffer.
 struct Forward {
   at::Tensor y, x3, ws;
   Ratios ratios;
@@ -73,8 +66,7 @@ struct Forward {
   bool bn_batch = false;
 };
 
-// The operator's arguments (its schema: sn_mm/ops/operator.py), one list
-// for the functions that take them all.
+// The operator's arguments (its schema: sn_mm/ops/operator.py).
 #define SN_ARGUMENTS                                                        \
   const at::Tensor &x, const at::Tensor &weight, const at::Tensor &bias,    \
       const at::Tensor &mean_logits, const at::Tensor &var_logits,          \
@@ -87,8 +79,7 @@ struct Forward {
       num_batches_tracked, nonfinite, fixed, fixed_ratios, training,   \
       momentum, eps, unbiased, ratios_given
 
-// The forward, which in training with BN updates the running statistics;
-// for_backward: keeps what backward_impl needs.
+// The forward; for_backward: keeps what backward_impl needs.
 Forward forward_impl(SN_ARGUMENTS, bool for_backward);
 
 // The gradients of x, weight, bias and the logits (or given ratios).
@@ -105,8 +96,7 @@ Forward prepared(const at::Tensor& x, const at::Tensor& mean_logits,
                  const OptTensor& fixed_ratios, bool unbiased,
                  bool ratios_given);
 
-// This thread's scratch memory of at least n values (no allocation once it
-// has grown).
+// This thread's scratch memory of at least n values (allocated once).
 template <typename T>
 T* scratch(int64_t n) {
   static thread_local std::vector<T> values;
@@ -179,7 +169,8 @@ inline int64_t stats_size(int64_t samples, int64_t channels) {
 }
 
 // What a forward's and a backward's passes share: the rows, the weight,
-// the ratios in the rows' dtype, the statistics (bn: the BN mean's place).
+// the ratios in the rows' dtype, the statistics (bn: the BN mean's place;
+// a batch of one sample's BN statistics are its IN ones).
 template <typename T>
 struct Pass {
   RowArgs<T> a;
@@ -197,8 +188,7 @@ struct Pass {
     a.length = spatial;
     a.divisor = static_cast<T>(std::max<int64_t>(spatial - f.correction, 1));
     a.short_rows =
-        f.x3.numel() &&
-        take(kPathShortRows, spatial < kShortRow && rows >= kShortRowsMin);
+        f.x3.numel() && take(kPathShortRows, spatial < SN_SHORT_ROW);
     a.mean_in = stats;
     a.var_in = stats + rows;
     a.mu = stats + 2 * rows;
@@ -206,8 +196,9 @@ struct Pass {
     a.ln_mean = stats + 4 * rows;
     a.ln_var = a.ln_mean + samples;
     bn = stats + bn_offset(samples, channels);
-    a.bn_mean = bn;
-    a.bn_var = bn + channels;
+    const bool one_sample_bn = f.bn_batch && samples == 1;
+    a.bn_mean = one_sample_bn ? a.mean_in : bn;
+    a.bn_var = one_sample_bn ? a.var_in : bn + channels;
     a.shift = bn + 2 * channels;
     a.dmean = a.shift + channels;
   }

@@ -1,9 +1,8 @@
-// SN's CPU operator, the CPU (no autograd) and AutogradCPU (a
-// torch::autograd::Function, which compiled autograd also runs) kernels of
-// sn_mm::switchable_norm (its schema: sn_mm/ops/operator.py), and the
-// module sn_mm._ext whose import registers them. The tests' settings are
-// operators too, so that no binding library is needed: torch's autograd
-// and library headers compile about a third faster than torch/extension.h.
+// sn_mm::switchable_norm's CPU and AutogradCPU kernels (the latter a
+// torch::autograd::Function, which compiled autograd also runs), the tests'
+// settings, and the module sn_mm._ext whose import registers them: no
+// binding library (torch's autograd and library headers compile about a
+// third faster than torch/extension.h).
 #include <Python.h>  // first, as Python's API manual asks
 // torch's headers
 #include <ATen/FuncTorchTLS.h>
@@ -23,11 +22,10 @@ using torch::autograd::variable_list;
 
 namespace {
 
-// A backward that records a graph (create_graph=True): the gradients of a
-// recomputed reference forward (sn_mm::switchable_norm_graph_grads, PyTorch
-// ops registered from Python), whose higher derivatives are exact. The BN
-// statistics kept are constants to the output where the running ones stood
-// in; elsewhere the reference recomputes them.
+// A backward that records a graph (create_graph=True): the gradients of the
+// reference forward, recomputed (sn_mm::switchable_norm_graph_grads, from
+// Python), whose higher derivatives are exact. The BN statistics kept are
+// constants where the running ones stood in; else the reference's own.
 variable_list graph_grads(const at::Tensor& grad_y, const variable_list& t,
                           const OptTensor& fixed,
                           const OptTensor& fixed_ratios, bool training,
