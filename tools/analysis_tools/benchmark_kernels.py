@@ -4,7 +4,9 @@
 Each candidate is SN's ``csrc/`` at a git revision (``.``: the working
 tree; a folder: the sources in it), optionally with cut-offs set by ``-D``
 (``SN_ROWS_AT_ONCE=2``: the names are in ``csrc/row_kernels.h`` and
-``csrc/sn_host.h``), compiled into
+``csrc/sn_host.h``) or ``pad=BYTES`` (that much code linked ahead of
+the kernels: the same machine code at other addresses, whose timings show
+what code placement alone moves), compiled into
 its own operator namespace (``sn_ab_<name>``) beside the others. Every case
 (shape, dtype, mode, threads, instruction set) times the candidates in
 alternating rounds, each round starting one candidate further along, and
@@ -89,10 +91,10 @@ def csrc_files(rev):
 
 
 def build(name, spec):
-    """Compile candidate `spec` ('REV[:NAME=VALUE,...]') into namespace
-    sn_ab_<name>; returns its torch.ops namespace."""
+    """Compile candidate `spec` ('REV[:NAME=VALUE,...][,pad=BYTES]') into
+    namespace sn_ab_<name>; returns its torch.ops namespace."""
     from torch.utils import cpp_extension
-    rev, _, defines = spec.partition(':')
+    rev, _, settings = spec.partition(':')
     namespace = f'sn_ab_{name}'
     files = {
         file:
@@ -100,7 +102,14 @@ def build(name, spec):
                      f'({namespace},').replace('"sn_mm::', f'"{namespace}::')
         for file, text in csrc_files(rev).items()
     }
-    flags = list(CFLAGS) + [f'-D{d}' for d in defines.split(',') if d]
+    defines = [d for d in settings.split(',') if d]
+    for pad in [d for d in defines if d.startswith('pad=')]:
+        # Code linked ahead of the kernels (the first object): the same
+        # machine code at other addresses.
+        files['aa_layout_pad.cpp'] = (
+            f'__asm__(".text\\n.skip {int(pad[4:])}, 0x90\\n");\n')
+        defines.remove(pad)
+    flags = list(CFLAGS) + [f'-D{d}' for d in defines]
     key = hashlib.sha1(
         repr((sorted(files.items()), flags,
               torch.__version__)).encode()).hexdigest()[:12]
@@ -224,8 +233,8 @@ def parse_args(argv=None):
     parser.add_argument(
         '--candidate',
         nargs='+',
-        help='NAME=REV[:MACRO=VALUE,...]; the first is the one the others '
-        'are compared with')
+        help='NAME=REV[:MACRO=VALUE,...][,pad=BYTES]; the first is the one '
+        'the others are compared with')
     parser.add_argument(
         '--cutoffs',
         metavar='REV',
