@@ -138,18 +138,30 @@ def build(name, spec):
 build.libraries = []
 
 
-def make_case(op, shape, dtype, mode):
-    """A call of candidate op's kernels, and what it computes."""
+def make_inputs(shape, dtype, mode):
+    """The input and parameters of a case, which every candidate reads (one
+    copy: where a candidate's input lay, relative to its output, would move
+    its timings by as much as the kernels do)."""
     torch.manual_seed(0)
-    n, c = shape[:2]
-    x = torch.randn(shape, dtype=dtype) * 2 + 1
-    params = [
+    c = shape[1]
+    inputs = [
+        torch.randn(shape, dtype=dtype) * 2 + 1,
         torch.rand(c, dtype=dtype) + 0.5,
         torch.randn(c, dtype=dtype) * 0.1,
         torch.randn(3, dtype=dtype),
         torch.randn(3, dtype=dtype)
     ]
-    running = [torch.zeros(c, dtype=dtype), torch.ones(c, dtype=dtype)]
+    for t in inputs:
+        t.requires_grad_(mode != 'eval')
+    return inputs, torch.randn(shape, dtype=dtype)  # y's gradient
+
+
+def make_case(op, inputs, grad, mode):
+    """A call of candidate op's kernels on `inputs` (backward: of `grad`),
+    and what it computes."""
+    x, *params = inputs
+    c = x.shape[1]
+    running = [torch.zeros(c, dtype=x.dtype), torch.ones(c, dtype=x.dtype)]
     count = torch.zeros((), dtype=torch.long)
     training = mode != 'eval'
 
@@ -164,13 +176,9 @@ def make_case(op, shape, dtype, mode):
                 return forward()
 
         return call, call
-    inputs = [x] + params
-    for t in inputs:
-        t.requires_grad_(True)
     if mode == 'train':
         return forward, forward
     y = forward()
-    grad = torch.randn_like(y)
 
     def backward():
         return torch.autograd.grad(y, inputs, grad, retain_graph=True)
@@ -186,8 +194,9 @@ def max_ulps(first, other):
 
 def run_case(ops, shape, dtype, mode, rounds, fill):
     calls, outputs = {}, {}
+    inputs, grad = make_inputs(shape, dtype, mode)
     for name, op in ops.items():
-        call, result = make_case(op, shape, dtype, mode)
+        call, result = make_case(op, inputs, grad, mode)
         outputs[name] = result()
         calls[name] = call
     seconds = per_call(calls[next(iter(ops))], 1)
