@@ -139,9 +139,9 @@ build.libraries = []
 
 
 def make_inputs(shape, dtype, mode):
-    """The input and parameters of a case, which every candidate reads (one
-    copy: where a candidate's input lay, relative to its output, would move
-    its timings by as much as the kernels do)."""
+    """The input, parameters and output gradient of a case, one copy that
+    every candidate reads, so that where they lie in memory is no
+    difference between the candidates."""
     torch.manual_seed(0)
     c = shape[1]
     inputs = [
