@@ -53,7 +53,8 @@ SN_INLINE void rows_shifted_sums(const T* __restrict__ x, int64_t n,
 }
 
 // R rows' means less their first values, and sums of squared deviations
-// from the means: two passes while the rows are in L1. (x - first) -
+// from the means: two passes while the rows are in L1, the second with one
+// sum a row (two spill one from AVX2's 16 registers). (x - first) -
 // mean_dev: the mean rounded to x's dtype may be off by half an ulp, which
 // squared is not small beside a variance far below |mean|.
 template <int R, typename T>
@@ -72,18 +73,17 @@ SN_INLINE void rows_moments(const T* __restrict__ x, int64_t n,
   const T inv_n = T(1) / static_cast<T>(n);
   for (int r = 0; r < R; ++r) {
     mean_dev[r] = (s[r] + s[R + r]) * inv_n;
-    acc[r] = acc[R + r] = Vec<T, W>{};
+    acc[r] = Vec<T, W>{};
   }
-  over_row<W, 2>(n, [&](int64_t i, auto part, int u) {
+  over_row<W, 1>(n, [&](int64_t i, auto part, int) {
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const auto d = keep<W>(
           (load<W>(x + r * n + i, part) - shift[r]) - mean_dev[r], part);
-      acc[u * R + r] += d * d;
+      acc[r] += d * d;
     }
   });
-  lane_sums<2 * R, W>(acc, s);
-  for (int r = 0; r < R; ++r) m2[r] = s[r] + s[R + r];
+  lane_sums<R, W>(acc, m2);
 }
 
 // R rows' sums of g and of g * (x - m[r]) into s[0..R) and s[R..2R), in U
