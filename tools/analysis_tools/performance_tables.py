@@ -43,12 +43,12 @@ COMMANDS = [
     ]),
     ('kernels-ab', 'main', 'avx512', [
         KERNELS, '--candidate', 'old=c5bbb69', 'old2=c5bbb69:pad=48',
-        'new=db0e280', '--rounds', '9', '--fill', '0.03', '--isa', 'avx512',
+        'new=c8d17e4', '--rounds', '9', '--fill', '0.03', '--isa', 'avx512',
         'avx2'
     ]),
     ('kernels-ab-baseline', 'main', None, [
         KERNELS, '--candidate', 'old=c5bbb69', 'old2=c5bbb69:pad=48',
-        'new=db0e280', '--isa', 'baseline', '--threads', '2', '--dtypes',
+        'new=c8d17e4', '--isa', 'baseline', '--threads', '2', '--dtypes',
         'float32', '--rounds', '9', '--fill', '0.03'
     ]),
     ('kernels-ab-oldest', 'oldest', 'avx512', [
