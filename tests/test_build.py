@@ -36,9 +36,6 @@ HOST_FILES = ('sn_operator', 'sn_host', 'sn_forward', 'sn_backward',
 # What a set's kernels may call: the coefficients compiled once, for every
 # set (row_kernels.h), and the C library's memcpy.
 COMPILED_ONCE = sorted([
-    f'void sn_mm_rows::mixed_statistics<{t}>(sn_mm_rows::RowArgs<{t}> '
-    f'const&, long, long)' for t in ('double', 'float')
-] + [
     f'void sn_mm_rows::input_grad_coefficients<{t}>(sn_mm_rows::'
     f'RowArgs<{t}> const&, long, long, {t}*, {t}*, {t}*)'
     for t in ('double', 'float')

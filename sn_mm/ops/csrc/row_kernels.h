@@ -1,6 +1,6 @@
 // What SN's row kernels (row_kernels_impl.h, compiled once per instruction
 // set) and the host side (sn_host.h) share: the cut-offs, the kernels'
-// arguments and tables, the per-channel coefficients (compiled once).
+// arguments and tables, the input-gradient coefficients (compiled once).
 #pragma once
 
 #include <cstdint>
@@ -46,6 +46,19 @@ inline void for_each_group(const GroupRatioArgs<T>& w, int64_t begin,
     const int64_t e = (c / w.group_channels + 1) * w.group_channels;
     fn(c, e < end ? e : end, w.of_channel(c));
     c = e;
+  }
+}
+
+// fn(n, o, c0, c1) for each sample's part of rows [begin, end): sample n,
+// its first row o, its channels [c0, c1).
+template <typename Fn>
+inline void by_sample(int64_t channels, int64_t begin, int64_t end,
+                      const Fn& fn) {
+  for (int64_t r0 = begin; r0 < end;) {
+    const int64_t n = r0 / channels, o = n * channels;
+    const int64_t r1 = end < o + channels ? end : o + channels;
+    fn(n, o, r0 - o, r1 - o);
+    r0 = r1;
   }
 }
 
@@ -110,10 +123,7 @@ const RowKernels* row_kernels_avx2();
 const RowKernels* row_kernels_baseline();
 
 // Compiled once (row_coefficients.cpp) for every set's kernels: rows
-// [begin, end)'s mixed mean and 1 / sqrt(mixed variance + eps);
-template <typename T>
-void mixed_statistics(const RowArgs<T>& a, int64_t begin, int64_t end);
-// and their input-gradient coefficients, dx = g * scale + coef_x * (x -
+// [begin, end)'s input-gradient coefficients, dx = g * scale + coef_x * (x -
 // mean_in) + shift, into [0, end - begin) of each array.
 template <typename T>
 void input_grad_coefficients(const RowArgs<T>& a, int64_t begin, int64_t end,
