@@ -180,7 +180,7 @@ SN_INLINE void store_row(T* __restrict__ y, int64_t n, F value,
 // One sample's channels [c0, c1) of one group: mu = mean_in + wm_n * (mu_n
 // - mean_in) + wm_c * (mu_c - mean_in) (no |mean|-sized products to round)
 // and 1 / sqrt(mixed var + eps), in this set's vectors: compiled once, in
-// the baseline set's, float64 1x2048x7x7 took 1.03-1.07x the time
+// the baseline set's, float64 1x2048x7x7 took 1.04-1.07x the time under AVX2
 // (docs/performance.md#the-cpu-kernels-ab). Restrict parameters, so that
 // the loop vectorises (GCC ignores restrict on locals).
 template <typename T>
