@@ -1,7 +1,7 @@
 // The row kernels' input-gradient coefficients (row_kernels.h), compiled once
-// for every instruction set's kernels: products and sums over channels,
-// which the baseline set's vectors run about as fast (the mixed statistics'
-// square roots and divisions do not: row_kernels_impl.h).
+// for every instruction set's kernels: products and sums over channels (the
+// mixed statistics' square roots and divisions are compiled per set:
+// row_kernels_impl.h).
 #include "row_kernels.h"
 
 namespace sn_mm_rows {
