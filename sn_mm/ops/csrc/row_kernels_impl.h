@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "row_kernels.h"
 
@@ -248,9 +249,14 @@ SN_KERNEL void input_grad_kernel(const RowArgs<T>& a, int64_t begin,
 constexpr int kDL = kLanes<double>;
 using DV = Vec<double, kDL>;
 
+// Lane by lane: one vcvtps2pd (GCC's __builtin_convertvector takes halves).
+template <typename V, int... K>
+SN_INLINE DV to_double(V v, std::integer_sequence<int, K...>) {
+  return DV{double(v[K])...};
+}
 template <typename T, typename P>
 SN_INLINE DV load_d(const T* p, P part) {
-  return __builtin_convertvector(load<kDL>(p, part), DV);
+  return to_double(load<kDL>(p, part), std::make_integer_sequence<int, kDL>());
 }
 
 SN_INLINE double sum_of(DV* s) {

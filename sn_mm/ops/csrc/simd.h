@@ -25,6 +25,9 @@ constexpr int kLanes = SN_REGISTER_BYTES / sizeof(T);
 template <typename T, int W>
 struct VecOf {
   typedef T type __attribute__((vector_size(sizeof(T) * W)));
+  // at any address a T may have (as immintrin.h's __m256_u)
+  typedef T unaligned __attribute__((vector_size(sizeof(T) * W),
+                                     aligned(alignof(T)), may_alias));
 };
 template <typename T, int W>
 using Vec = typename VecOf<T, W>::type;
@@ -33,34 +36,32 @@ template <typename T>
 using LaneInt = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
 
 // A row's last `count` values (1 to W - 1): where the row has W or more
-// (`back`), loaded with the values before them, in the last lanes; else
-// copied, in the first.
+// (kBack), loaded with the values before them, in the last lanes; else
+// copied, in the first. A type each: no test in the loops' bodies.
+template <bool kBack>
 struct Part {
   int count;
-  bool back;
 };
 struct Whole {};
 
 template <int W, typename T>
 SN_INLINE Vec<T, W> load(const T* p, Whole = {}) {
-  Vec<T, W> v;
-  __builtin_memcpy(&v, p, sizeof(v));
-  return v;
+  return *reinterpret_cast<const typename VecOf<T, W>::unaligned*>(p);
 }
-template <int W, typename T>
-SN_INLINE Vec<T, W> load(const T* p, Part part) {
-  if (part.back) return load<W>(p + part.count - W);
+template <int W, typename T, bool kBack>
+SN_INLINE Vec<T, W> load(const T* p, Part<kBack> part) {
+  if constexpr (kBack) return load<W>(p + part.count - W);
   Vec<T, W> v = {};
   for (int k = 0; k < part.count; ++k) v[k] = p[k];
   return v;
 }
 template <int W, typename T>
 SN_INLINE void store(T* p, Vec<T, W> v, Whole = {}) {
-  __builtin_memcpy(p, &v, sizeof(v));
+  *reinterpret_cast<typename VecOf<T, W>::unaligned*>(p) = v;
 }
-template <int W, typename T>
-SN_INLINE void store(T* p, Vec<T, W> v, Part part) {
-  if (part.back) return store<W>(p + part.count - W, v);
+template <int W, typename T, bool kBack>
+SN_INLINE void store(T* p, Vec<T, W> v, Part<kBack> part) {
+  if constexpr (kBack) return store<W>(p + part.count - W, v);
   for (int k = 0; k < part.count; ++k) p[k] = v[k];
 }
 
@@ -74,12 +75,12 @@ template <typename I, int W, int... K>
 SN_INLINE Vec<I, W> lane_numbers(std::integer_sequence<int, K...>) {
   return Vec<I, W>{K...};
 }
-template <int W, typename V>
-SN_INLINE V keep(V v, Part part) {
+template <int W, typename V, bool kBack>
+SN_INLINE V keep(V v, Part<kBack> part) {
   using I = LaneInt<decltype(v[0] + 0)>;
   const auto lane = lane_numbers<I, W>(std::make_integer_sequence<int, W>());
-  const auto in = part.back ? lane >= I(W - part.count) : lane < I(part.count);
-  return (V)((Vec<I, W>)v & in);
+  if constexpr (kBack) return (V)((Vec<I, W>)v & (lane >= I(W - part.count)));
+  return (V)((Vec<I, W>)v & (lane < I(part.count)));
 }
 
 // *p += v over the part's lanes.
@@ -98,7 +99,8 @@ SN_INLINE void over_row(int64_t n, const Body& body) {
 #pragma GCC unroll 4
     for (int u = 0; u < U; ++u) body(i + u * W, Whole{}, u);
   for (; i + W <= n; i += W) body(i, Whole{}, 0);
-  if (i < n) body(i, Part{int(n - i), n >= W}, U - 1);
+  if (i < n && n >= W) body(i, Part<true>{int(n - i)}, U - 1);
+  if (i < n && n < W) body(i, Part<false>{int(n)}, U - 1);
 }
 
 template <typename T, int W>
