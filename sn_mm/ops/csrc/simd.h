@@ -35,9 +35,8 @@ using Vec = typename VecOf<T, W>::type;
 template <typename T>
 using LaneInt = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
 
-// A row's last `count` values (1 to W - 1): where the row has W or more
-// (kBack), loaded with the values before them, in the last lanes; else
-// copied, in the first. A type each: no test in the loops' bodies.
+// A row's last `count` (1 to W - 1) values: in a row of W or more (kBack)
+// loaded with those before them, in the last lanes; else copied, first.
 template <bool kBack>
 struct Part {
   int count;
@@ -99,8 +98,9 @@ SN_INLINE void over_row(int64_t n, const Body& body) {
 #pragma GCC unroll 4
     for (int u = 0; u < U; ++u) body(i + u * W, Whole{}, u);
   for (; i + W <= n; i += W) body(i, Whole{}, 0);
-  if (i < n && n >= W) body(i, Part<true>{int(n - i)}, U - 1);
-  if (i < n && n < W) body(i, Part<false>{int(n)}, U - 1);
+  if (i == n) return;  // one test a row (two took 1.05x at 1024x256x14x14)
+  if (n >= W) return body(i, Part<true>{int(n - i)}, U - 1);
+  body(i, Part<false>{int(n)}, U - 1);
 }
 
 template <typename T, int W>
