@@ -43,23 +43,23 @@ COMMANDS = [
     ]),
     ('kernels-ab', 'main', 'avx512', [
         KERNELS, '--candidate', 'old=c5bbb69', 'old2=c5bbb69:pad=48',
-        'new=2e014b4', '--rounds', '9', '--fill', '0.03', '--isa', 'avx512',
+        'new=542798e', '--rounds', '9', '--fill', '0.03', '--isa', 'avx512',
         'avx2'
     ]),
     ('kernels-ab-baseline', 'main', None, [
         KERNELS, '--candidate', 'old=c5bbb69', 'old2=c5bbb69:pad=48',
-        'new=2e014b4', '--isa', 'baseline', '--threads', '2', '--dtypes',
+        'new=542798e', '--isa', 'baseline', '--threads', '2', '--dtypes',
         'float32', '--rounds', '9', '--fill', '0.03'
     ]),
     ('kernels-ab-oldest', 'oldest', 'avx512', [
         KERNELS, '--candidate', 'old=c5bbb69', 'old2=c5bbb69:pad=48',
-        'new=2e014b4', '--rounds', '9', '--fill', '0.03', '--isa', 'avx512',
+        'new=542798e', '--rounds', '9', '--fill', '0.03', '--isa', 'avx512',
         'avx2', '--threads', '2', '--dtypes', 'float32', '--shapes',
         '2x256x200x304', '8x256x56x56', '512x256x7x7', '1x2048x7x7',
         '1x64x8x8', '2x16x70x70', '8x64x24x24'
     ]),
     ('cutoffs', 'main', 'avx512', [
-        KERNELS, '--cutoffs', '2e014b4', '--rounds', '9', '--fill', '0.03',
+        KERNELS, '--cutoffs', '542798e', '--rounds', '9', '--fill', '0.03',
         '--threads', '2', '--isa', 'avx512', 'avx2', '--dtypes', 'float32'
     ]),
     ('paths', 'main', 'avx512',
