@@ -62,3 +62,41 @@ def test_a_commands_output_is_printed_as_it_comes_and_kept(tmp_path, capsys):
     assert capsys.readouterr().out == 'probe| first\nprobe| second\n'
     text = path.read_text()
     assert text.startswith('header\nfirst\nsecond\n') and 'exit: 0' in text
+
+
+kernels_ab = load_tool('analysis_tools', 'benchmark_kernels.py')
+
+
+def test_a_kernels_row_over_processes_gives_median_and_range():
+    case = ['8x64x24x24', 'float64', 'eval', '1', 'avx512']
+    runs = [{
+        'old': (1.0, 0),
+        'new': (1.10, 2)
+    }, {
+        'old': (2.0, 0),
+        'new': (1.90, 3)
+    }, {
+        'old': (1.0, 0),
+        'new': (1.02, 2)
+    }]
+    assert kernels_ab.case_cells(
+        case, runs,
+        ['old', 'new']) == case + ['1', '1.1', '1.020 (0.950-1.100)', '3']
+    assert kernels_ab.case_cells(case, runs[:1],
+                                 ['old', 'new'])[-2:] == ['1.100', '2']
+
+
+def test_kernels_cutoff_tables_name_their_builds():
+    args = kernels_ab.parse_args(
+        ['--cutoffs', 'HEAD', '--only', 'SN_SUMS', '--processes', '2'])
+    [(title, specs, shapes, modes)] = kernels_ab.tables(args)
+    assert 'SN_SUMS: 4' in title
+    assert specs == ['base=HEAD', 'sums_2=HEAD:SN_SUMS=2']
+    assert '1x2048x7x7' in shapes and modes == list(kernels_ab.MODES)
+
+
+def test_kernels_builds_at_pads_add_to_a_candidates_own():
+    assert kernels_ab.placed('old=c5bbb69', 0) == 'old=c5bbb69'
+    assert kernels_ab.placed('old=c5bbb69', 32) == 'old_pad32=c5bbb69:pad=32'
+    assert kernels_ab.placed('x=.:SN_SUMS=2,pad=16',
+                             32) == 'x_pad32=.:SN_SUMS=2,pad=48'

@@ -15,6 +15,18 @@ and the largest difference of its outputs from the first's in units in the
 last place (ulps; the gradients' for ``backward``). Two builds of the same
 revision show the noise (an A/A).
 
+With ``--pads P ...``, each candidate is built once per P, linked P
+bytes further on (added to its own ``pad``), and its time is the median
+over those builds: the same code at several addresses, so that where the
+linker happens to put its loops counts less.
+
+With ``--processes K``, the comparison runs in K fresh processes, the k-th
+loading and timing the candidates from the k-th on (load order places the
+libraries, and with them the code, differently). Each time is the median
+over the processes; each ratio the median of the processes' ratios, with
+their range: an A/A's range there is the noise between processes, which
+one process cannot show.
+
 With ``--cutoffs REV``, instead each cut-off of the kernels at REV (the
 ``SN_*`` macros, CUTOFFS below) against other values at the shapes around
 it, a table each.
@@ -30,15 +42,19 @@ Example::
         --candidate old=HEAD~1 old2=HEAD~1 new=. --rounds 9
     python tools/analysis_tools/benchmark_kernels.py \\
         --candidate new=. rows2=.:SN_ROWS_AT_ONCE=2 --shapes 512x256x7x7
+    python tools/analysis_tools/benchmark_kernels.py --processes 3 \\
+        --pads 0 32 --candidate old=HEAD~1 old2=HEAD~1:pad=16 new=.
     python tools/analysis_tools/benchmark_kernels.py --cutoffs HEAD \\
         --threads 2 --isa avx512 avx2 --dtypes float32
 """
 import argparse
 import hashlib
+import json
 import os
 import os.path as osp
 import statistics
 import subprocess
+import sys
 import tempfile
 
 import torch
@@ -117,8 +133,10 @@ def build(name, spec):
                       f'{namespace}_{key}')
     os.makedirs(folder, exist_ok=True)
     for file, text in files.items():
-        with open(osp.join(folder, file), 'w') as f:
-            f.write(text)
+        path = osp.join(folder, file)
+        if not osp.exists(path):  # rewritten, it would be compiled again
+            with open(path, 'w') as f:
+                f.write(text)
     library = torch.library.Library(namespace, 'DEF')
     library.define(SCHEMA)
     library.define(GRAPH_GRADS_SCHEMA)
@@ -192,7 +210,8 @@ def max_ulps(first, other):
     return max(ulps_of_largest(b, a) for a, b in zip(first, other))
 
 
-def run_case(ops, shape, dtype, mode, rounds, fill):
+def run_case(ops, shape, dtype, mode, rounds, fill, reference):
+    """{candidate: (median ms, ulps from candidate `reference`)}."""
     calls, outputs = {}, {}
     inputs, grad = make_inputs(shape, dtype, mode)
     for name, op in ops.items():
@@ -206,10 +225,9 @@ def run_case(ops, shape, dtype, mode, rounds, fill):
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             times[name].append(per_call(calls[name], repeat))
-    first = names[0]
     return {
         name: (statistics.median(times[name]) * 1e3,
-               max_ulps(outputs[first], outputs[name]))
+               max_ulps(outputs[reference], outputs[name]))
         for name in names
     }
 
@@ -269,6 +287,23 @@ def parse_args(argv=None):
         help='instruction sets (default: every one this CPU runs)')
     parser.add_argument('--rounds', type=int, default=9)
     parser.add_argument(
+        '--processes',
+        type=int,
+        default=1,
+        help='run the comparison in this many processes, each loading the '
+        'candidates in another order; ratios: median and range')
+    parser.add_argument(
+        '--pads',
+        nargs='+',
+        type=int,
+        default=[0],
+        help='build each candidate linked this many bytes further on, once '
+        'per value; its time: the median over them (default: 0)')
+    # A process of --processes: its load order and where its results go.
+    parser.add_argument(
+        '--rotate', type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument('--results', help=argparse.SUPPRESS)
+    parser.add_argument(
         '--fill',
         type=float,
         default=0.02,
@@ -284,22 +319,72 @@ def print_row(cells):
     print('| ' + ' | '.join(cells) + ' |', flush=True)
 
 
-def compare(args, specs):
-    """The A/B table of candidates `specs` (NAME=SOURCE)."""
-    ops = {}
-    for spec in specs:
-        name, _, source = spec.partition('=')
-        if spec not in compare.built:  # a namespace registers once
-            compare.built[spec] = build(name, source)
-        ops[name] = compare.built[spec]
-    names = list(ops)
+def print_head(names):
     head = ['shape', 'dtype', 'mode', 'threads', 'isa'] + [
         f'{n} ms' for n in names
     ] + [f'{n}/{names[0]}'
          for n in names[1:]] + [f'{n} ulps' for n in names[1:]]
     print_row(head)
     print('|' + '---|' * len(head))
-    for isa in args.isa or list(ops[names[0]].cpu_isas()):
+
+
+def case_cells(case, runs, names):
+    """A table row: case's cells, then from `runs` (one {name: (ms, ulps)}
+    a process) each candidate's median time, its ratios to the first's
+    (median, and range over more than one process) and its largest ulps."""
+    row = list(case)
+    row += [
+        f'{statistics.median(run[n][0] for run in runs):.4g}' for n in names
+    ]
+    for n in names[1:]:
+        ratios = [run[n][0] / run[names[0]][0] for run in runs]
+        cell = f'{statistics.median(ratios):.3f}'
+        if len(ratios) > 1:
+            cell += f' ({min(ratios):.3f}-{max(ratios):.3f})'
+        row.append(cell)
+    row += [f'{max(run[n][1] for run in runs):.0f}' for n in names[1:]]
+    return row
+
+
+def placed(spec, pad):
+    """Build spec NAME=SOURCE linked `pad` bytes further on than SOURCE
+    says (NAME_padPAD=SOURCE with its pad raised; NAME=SOURCE at 0)."""
+    name, _, source = spec.partition('=')
+    rev, _, settings = source.partition(':')
+    defines = [d for d in settings.split(',') if d]
+    own = sum(int(d[4:]) for d in defines if d.startswith('pad='))
+    defines = [d for d in defines if not d.startswith('pad=')]
+    if own + pad:
+        defines.append(f'pad={own + pad}')
+    name = f'{name}_pad{pad}' if pad else name
+    return f'{name}={rev}' + (':' + ','.join(defines) if defines else '')
+
+
+def compare(args, specs, on_case):
+    """Times candidates `specs` (NAME=SOURCE), each at args.pads, at each
+    case, built, loaded and timed from the args.rotate-th on; on_case(case
+    cells, {name: (ms: median over its pads, ulps from the first)})."""
+    builds = {spec: [placed(spec, p) for p in args.pads] for spec in specs}
+    order = [b for spec in specs for b in builds[spec]]
+    k = args.rotate % len(order)
+    ops = {}
+    for spec in order[k:] + order[:k]:
+        name, _, source = spec.partition('=')
+        if spec not in compare.built:  # a namespace registers once
+            compare.built[spec] = build(name, source)
+        ops[name] = compare.built[spec]
+    first = order[0].partition('=')[0]
+
+    def per_candidate(r):
+        return {
+            spec.partition('=')[0]:
+            (statistics.median(r[b.partition('=')[0]][0]
+                               for b in builds[spec]),
+             max(r[b.partition('=')[0]][1] for b in builds[spec]))
+            for spec in specs
+        }
+
+    for isa in args.isa or list(ops[first].cpu_isas()):
         for op in ops.values():
             op.set_cpu_isa(isa)
         for threads in args.threads:
@@ -309,35 +394,83 @@ def compare(args, specs):
                 for dtype in args.dtypes:
                     for mode in args.modes:
                         r = run_case(ops, dims, getattr(torch, dtype), mode,
-                                     args.rounds, args.fill)
-                        base = r[names[0]][0]
-                        row = [shape, dtype, mode, str(threads), isa]
-                        row += [f'{r[n][0]:.4g}' for n in names]
-                        row += [f'{r[n][0] / base:.3f}' for n in names[1:]]
-                        row += [f'{r[n][1]:.0f}' for n in names[1:]]
-                        print_row(row)
+                                     args.rounds, args.fill, first)
+                        on_case([shape, dtype, mode,
+                                 str(threads), isa], per_candidate(r))
 
 
 compare.built = {}
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    run_with_steady_malloc(args.allocator)
-    print(f'torch {torch.__version__}; medians of {args.rounds} rounds')
+def tables(args):
+    """(title, candidate specs, shapes, modes) of each table."""
     if args.candidate:
-        print(f'candidates: {", ".join(args.candidate)}')
-        compare(args, args.candidate)
-        return
-    for macro, value, others, shapes, modes in CUTOFFS:
-        if args.only and macro not in args.only:
-            continue
-        print(f'\n{macro}: {value} (base) against {others}')
-        args.shapes, args.modes = shapes, [m for m in modes]
-        compare(args, [f'base={args.cutoffs}'] + [
-            f'{macro[3:].lower()}_{v}={args.cutoffs}:{macro}={v}'
-            for v in others
-        ])
+        return [(f'candidates: {", ".join(args.candidate)}', args.candidate,
+                 args.shapes, args.modes)]
+    return [(f'\n{macro}: {value} (base) against {others}',
+             [f'base={args.cutoffs}'] + [
+                 f'{macro[3:].lower()}_{v}={args.cutoffs}:{macro}={v}'
+                 for v in others
+             ], shapes, list(modes))
+            for macro, value, others, shapes, modes in CUTOFFS
+            if not args.only or macro in args.only]
+
+
+def over_processes(args, argv):
+    """Runs the comparison in args.processes processes and prints each
+    table from all of them."""
+    results = []
+    with tempfile.TemporaryDirectory() as folder:
+        for k in range(args.processes):
+            path = osp.join(folder, f'{k}.json')
+            subprocess.run([
+                sys.executable,
+                osp.abspath(__file__), *argv, '--processes', '1', '--rotate',
+                str(k), '--results', path
+            ],
+                           check=True)
+            with open(path) as f:
+                results.append(json.load(f))
+    print(f'torch {torch.__version__}; medians of {args.rounds} rounds in '
+          f'{args.processes} processes (ratios: median, range)')
+    for t, (title, specs, _, _) in enumerate(tables(args)):
+        names = [spec.partition('=')[0] for spec in specs]
+        print(title)
+        print_head(names)
+        for c, (case, _) in enumerate(results[0][t]):
+            print_row(
+                case_cells(case, [process[t][c][1] for process in results],
+                           names))
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    if args.processes > 1:
+        return over_processes(args, argv)
+    run_with_steady_malloc(args.allocator)
+    if args.results is None:
+        print(f'torch {torch.__version__}; medians of {args.rounds} rounds')
+    results = []
+    for title, specs, shapes, modes in tables(args):
+        names = [spec.partition('=')[0] for spec in specs]
+        args.shapes, args.modes = shapes, modes
+        rows = []
+
+        def on_case(case, r):
+            if args.results:
+                rows.append((case, r))
+            else:
+                print_row(case_cells(case, [r], names))
+
+        if args.results is None:
+            print(title)
+            print_head(names)
+        compare(args, specs, on_case)
+        results.append(rows)
+    if args.results:
+        with open(args.results, 'w') as f:
+            json.dump(results, f)
 
 
 if __name__ == '__main__':
