@@ -42,16 +42,14 @@ COMMANDS = [
         '--skip-resnet', '--threads', '2'
     ]),
     ('kernels-ab', 'main', 'avx512', [
+        KERNELS, '--processes', '3', '--pads', '0', '32', '--candidate',
+        'old=c5bbb69', 'old2=c5bbb69:pad=16', 'new=542798e', '--rounds', '9',
+        '--fill', '0.03', '--isa', 'avx512', 'avx2'
+    ]),
+    ('kernels-ab-one-placement', 'main', 'avx512', [
         KERNELS, '--processes', '3', '--candidate', 'old=c5bbb69',
         'old2=c5bbb69:pad=48', 'new=542798e', '--rounds', '9', '--fill',
         '0.03', '--isa', 'avx512', 'avx2'
-    ]),
-    ('kernels-ab-float64', 'main', 'avx512', [
-        KERNELS, '--processes', '3', '--candidate', 'd28=d28df86',
-        'd28b=d28df86:pad=16', 's2e=2e014b4', 'new=542798e', 'old=c5bbb69',
-        '--rounds', '9', '--fill', '0.03', '--isa', 'avx512', '--dtypes',
-        'float64', '--modes', 'train', 'eval', '--threads', '1', '--shapes',
-        '2x512x100x152', '8x256x56x56', '2x256x200x304'
     ]),
     ('kernels-ab-baseline', 'main', None, [
         KERNELS, '--candidate', 'old=c5bbb69', 'old2=c5bbb69:pad=48',
