@@ -52,16 +52,17 @@ COMMANDS = [
         '0.03', '--isa', 'avx512', 'avx2'
     ]),
     ('kernels-ab-baseline', 'main', None, [
-        KERNELS, '--candidate', 'old=c5bbb69', 'old2=c5bbb69:pad=48',
-        'new=542798e', '--isa', 'baseline', '--threads', '2', '--dtypes',
-        'float32', '--rounds', '9', '--fill', '0.03'
+        KERNELS, '--processes', '3', '--pads', '0', '32', '--candidate',
+        'old=c5bbb69', 'old2=c5bbb69:pad=16', 'new=542798e', '--isa',
+        'baseline', '--threads', '2', '--dtypes', 'float32', '--rounds', '9',
+        '--fill', '0.03'
     ]),
     ('kernels-ab-oldest', 'oldest', 'avx512', [
-        KERNELS, '--candidate', 'old=c5bbb69', 'old2=c5bbb69:pad=48',
-        'new=542798e', '--rounds', '9', '--fill', '0.03', '--isa', 'avx512',
-        'avx2', '--threads', '2', '--dtypes', 'float32', '--shapes',
-        '2x256x200x304', '8x256x56x56', '512x256x7x7', '1x2048x7x7',
-        '1x64x8x8', '2x16x70x70', '8x64x24x24'
+        KERNELS, '--processes', '3', '--pads', '0', '32', '--candidate',
+        'old=c5bbb69', 'old2=c5bbb69:pad=16', 'new=542798e', '--rounds', '9',
+        '--fill', '0.03', '--isa', 'avx512', 'avx2', '--threads', '2',
+        '--dtypes', 'float32', '--shapes', '2x256x200x304', '8x256x56x56',
+        '512x256x7x7', '1x2048x7x7', '1x64x8x8', '2x16x70x70', '8x64x24x24'
     ]),
     ('cutoffs', 'main', 'avx512', [
         KERNELS, '--cutoffs', '542798e', '--rounds', '9', '--fill', '0.03',
