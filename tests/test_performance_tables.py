@@ -100,3 +100,12 @@ def test_kernels_builds_at_pads_add_to_a_candidates_own():
     assert kernels_ab.placed('old=c5bbb69', 32) == 'old_pad32=c5bbb69:pad=32'
     assert kernels_ab.placed('x=.:SN_SUMS=2,pad=16',
                              32) == 'x_pad32=.:SN_SUMS=2,pad=48'
+
+
+def test_kernels_alone_needs_candidates_in_several_processes():
+    for argv in (['--candidate', 'a=.', '--alone'],
+                 ['--cutoffs', 'HEAD', '--processes', '2', '--alone']):
+        with pytest.raises(SystemExit):
+            kernels_ab.parse_args(argv)
+    kernels_ab.parse_args(
+        ['--candidate', 'a=.', '--processes', '2', '--alone'])

@@ -25,7 +25,9 @@ loading and timing the candidates from the k-th on (load order places the
 libraries, and with them the code, differently). Each time is the median
 over the processes; each ratio the median of the processes' ratios, with
 their range: an A/A's range there is the noise between processes, which
-one process cannot show.
+one process cannot show. With ``--alone`` too, each of the K rounds runs
+each candidate in a process of its own, in turn: the builds cannot move
+each other's times, as they can in one process.
 
 With ``--cutoffs REV``, instead each cut-off of the kernels at REV (the
 ``SN_*`` macros, CUTOFFS below) against other values at the shapes around
@@ -299,6 +301,12 @@ def parse_args(argv=None):
         default=[0],
         help='build each candidate linked this many bytes further on, once '
         'per value; its time: the median over them (default: 0)')
+    parser.add_argument(
+        '--alone',
+        action='store_true',
+        help='with --processes: each candidate in a process of its own, '
+        'the candidates in turn (as a user\'s process holds one build); '
+        'no ulps')
     # A process of --processes: its load order and where its results go.
     parser.add_argument(
         '--rotate', type=int, default=0, help=argparse.SUPPRESS)
@@ -312,6 +320,9 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if not (args.candidate or args.cutoffs):
         parser.error('give --candidate or --cutoffs')
+    if args.alone and args.results is None and not (args.candidate
+                                                    and args.processes > 1):
+        parser.error('--alone needs --candidate and --processes')
     return args
 
 
@@ -342,7 +353,9 @@ def case_cells(case, runs, names):
         if len(ratios) > 1:
             cell += f' ({min(ratios):.3f}-{max(ratios):.3f})'
         row.append(cell)
-    row += [f'{max(run[n][1] for run in runs):.0f}' for n in names[1:]]
+    for n in names[1:]:
+        ulps = [run[n][1] for run in runs if run[n][1] is not None]
+        row.append(f'{max(ulps):.0f}' if ulps else '-')
     return row
 
 
@@ -416,23 +429,48 @@ def tables(args):
             if not args.only or macro in args.only]
 
 
+def run_child(argv, folder, extra):
+    """The results of this tool run in a fresh process with argv + extra."""
+    path = osp.join(folder, 'results.json')
+    subprocess.run([
+        sys.executable,
+        osp.abspath(__file__), *argv, '--processes', '1', *extra, '--results',
+        path
+    ],
+                   check=True)
+    with open(path) as f:
+        return json.load(f)
+
+
 def over_processes(args, argv):
-    """Runs the comparison in args.processes processes and prints each
-    table from all of them."""
+    """Runs the comparison in args.processes processes (--alone: that many
+    rounds of a process per candidate) and prints each table from all of
+    them."""
     results = []
     with tempfile.TemporaryDirectory() as folder:
         for k in range(args.processes):
-            path = osp.join(folder, f'{k}.json')
-            subprocess.run([
-                sys.executable,
-                osp.abspath(__file__), *argv, '--processes', '1', '--rotate',
-                str(k), '--results', path
-            ],
-                           check=True)
-            with open(path) as f:
-                results.append(json.load(f))
+            if not args.alone:
+                results.append(run_child(argv, folder, ['--rotate', str(k)]))
+                continue
+            specs = args.candidate[k % len(args.candidate):] + \
+                args.candidate[:k % len(args.candidate)]
+            # A table of one candidate from each process: merged, no ulps.
+            alone = [
+                run_child(argv, folder, ['--candidate', spec])[0]
+                for spec in specs
+            ]
+            merged = []
+            for c, (case, _) in enumerate(alone[0]):
+                times = {}
+                for table in alone:
+                    for name, (ms, _) in table[c][1].items():
+                        times[name] = (ms, None)
+                merged.append((case, times))
+            results.append([merged])
+    runs = (f'{args.processes} rounds of a process per candidate'
+            if args.alone else f'{args.processes} processes')
     print(f'torch {torch.__version__}; medians of {args.rounds} rounds in '
-          f'{args.processes} processes (ratios: median, range)')
+          f'{runs} (ratios: median, range)')
     for t, (title, specs, _, _) in enumerate(tables(args)):
         names = [spec.partition('=')[0] for spec in specs]
         print(title)

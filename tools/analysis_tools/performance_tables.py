@@ -51,6 +51,13 @@ COMMANDS = [
         'old2=c5bbb69:pad=48', 'new=542798e', '--rounds', '9', '--fill',
         '0.03', '--isa', 'avx512', 'avx2'
     ]),
+    ('kernels-ab-alone', 'main', 'avx512', [
+        KERNELS, '--processes', '4', '--alone', '--pads', '0', '32',
+        '--candidate', 'old=c5bbb69', 'old2=c5bbb69:pad=16', 'new=542798e',
+        '--rounds', '9', '--fill', '0.03', '--isa', 'avx512', '--shapes',
+        '2x256x200x304', '2x512x100x152', '2x1024x50x76', '512x256x7x7',
+        '8x64x24x24', '--modes', 'train', 'eval'
+    ]),
     ('kernels-ab-baseline', 'main', None, [
         KERNELS, '--processes', '3', '--pads', '0', '32', '--candidate',
         'old=c5bbb69', 'old2=c5bbb69:pad=16', 'new=542798e', '--isa',
