@@ -136,9 +136,10 @@ def build(name, spec):
     os.makedirs(folder, exist_ok=True)
     for file, text in files.items():
         path = osp.join(folder, file)
-        if not osp.exists(path):  # rewritten, it would be compiled again
-            with open(path, 'w') as f:
-                f.write(text)
+        if osp.exists(path) and open(path).read() == text:
+            continue  # rewritten, it would be compiled again
+        with open(path, 'w') as f:
+            f.write(text)
     library = torch.library.Library(namespace, 'DEF')
     library.define(SCHEMA)
     library.define(GRAPH_GRADS_SCHEMA)
@@ -212,6 +213,12 @@ def max_ulps(first, other):
     return max(ulps_of_largest(b, a) for a, b in zip(first, other))
 
 
+def rotated(items, k):
+    """items from the k-th (modulo their number) on, then the others."""
+    k %= len(items)
+    return items[k:] + items[:k]
+
+
 def run_case(ops, shape, dtype, mode, rounds, fill, reference):
     """{candidate: (median ms, ulps from candidate `reference`)}."""
     calls, outputs = {}, {}
@@ -225,7 +232,7 @@ def run_case(ops, shape, dtype, mode, rounds, fill, reference):
     names = list(ops)
     times = {name: [] for name in names}
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in rotated(names, r):
             times[name].append(per_call(calls[name], repeat))
     return {
         name: (statistics.median(times[name]) * 1e3,
@@ -379,9 +386,8 @@ def compare(args, specs, on_case):
     cells, {name: (ms: median over its pads, ulps from the first)})."""
     builds = {spec: [placed(spec, p) for p in args.pads] for spec in specs}
     order = [b for spec in specs for b in builds[spec]]
-    k = args.rotate % len(order)
     ops = {}
-    for spec in order[k:] + order[:k]:
+    for spec in rotated(order, args.rotate):
         name, _, source = spec.partition('=')
         if spec not in compare.built:  # a namespace registers once
             compare.built[spec] = build(name, source)
@@ -452,12 +458,10 @@ def over_processes(args, argv):
             if not args.alone:
                 results.append(run_child(argv, folder, ['--rotate', str(k)]))
                 continue
-            specs = args.candidate[k % len(args.candidate):] + \
-                args.candidate[:k % len(args.candidate)]
             # A table of one candidate from each process: merged, no ulps.
             alone = [
                 run_child(argv, folder, ['--candidate', spec])[0]
-                for spec in specs
+                for spec in rotated(args.candidate, k)
             ]
             merged = []
             for c, (case, _) in enumerate(alone[0]):
