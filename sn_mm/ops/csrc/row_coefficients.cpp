@@ -37,10 +37,9 @@ void input_grad_coefficients(const RowArgs<T>& a, int64_t begin, int64_t end,
       });
 }
 
-#define SN_INSTANTIATE(T)                                                    \
-  template void input_grad_coefficients(const RowArgs<T>&, int64_t, int64_t, \
-                                        T*, T*, T*);
-SN_INSTANTIATE(float)
-SN_INSTANTIATE(double)
+template void input_grad_coefficients(const RowArgs<float>&, int64_t, int64_t,
+                                      float*, float*, float*);
+template void input_grad_coefficients(const RowArgs<double>&, int64_t, int64_t,
+                                      double*, double*, double*);
 
 }  // namespace sn_mm_rows

@@ -64,29 +64,30 @@ template <int R, typename T>
 SN_INLINE void rows_moments(const T* __restrict__ x, int64_t n,
                             T* __restrict__ mean_dev, T* __restrict__ m2) {
   constexpr int W = kSumLanes<T>;
-  Vec<T, W> acc[2 * R] = {};
+  Vec<T, W> acc[2 * R];
   T shift[R], s[2 * R];
   for (int r = 0; r < R; ++r) shift[r] = x[r * n];
 #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
+  for (int r = 0; r < R; ++r) {
+    Vec<T, W> row[2] = {};  // constant indices: in registers to the end
     over_row<W, 2>(n, [&](int64_t i, auto part, int u) {
-      acc[u * R + r] += keep<W>(load<W>(x + r * n + i, part) - shift[r], part);
+      row[u] += keep<W>(load<W>(x + r * n + i, part) - shift[r], part);
     });
+    acc[r] = row[0], acc[R + r] = row[1];
+  }
   lane_sums<2 * R, W>(acc, s);
   const T inv_n = T(1) / static_cast<T>(n);
-  for (int r = 0; r < R; ++r) {
-    mean_dev[r] = (s[r] + s[R + r]) * inv_n;
-    acc[r] = Vec<T, W>{};
-  }
+  for (int r = 0; r < R; ++r) mean_dev[r] = (s[r] + s[R + r]) * inv_n;
+  Vec<T, W> squares[R] = {};
   over_row<W, 1>(n, [&](int64_t i, auto part, int) {
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const auto d = keep<W>(
           (load<W>(x + r * n + i, part) - shift[r]) - mean_dev[r], part);
-      acc[r] += d * d;
+      squares[r] += d * d;
     }
   });
-  lane_sums<R, W>(acc, m2);
+  lane_sums<R, W>(squares, m2);
 }
 
 // R rows' sums of g and of g * (x - m[r]) into s[0..R) and s[R..2R), in U

@@ -89,14 +89,18 @@ SN_INLINE void add_to(T* p, Vec<T, W> v, P part) {
 }
 
 // body(i, part, u) for each W values of a row of n from i: whole vectors
-// U at a time (u: U independent sums hide the adds' latency), then one at
-// a time (u = 0), then the part left (u = U - 1).
+// U at a time (u, a constant: U sums in registers hide the adds' latency),
+// then one at a time (u = 0), then the part left (u = U - 1).
+template <int W, typename Body, int... U>
+SN_INLINE void vectors(int64_t i, const Body& body,
+                       std::integer_sequence<int, U...>) {
+  (body(i + U * W, Whole{}, U), ...);
+}
 template <int W, int U, typename Body>
 SN_INLINE void over_row(int64_t n, const Body& body) {
   int64_t i = 0;
   for (; i + U * W <= n; i += U * W)
-#pragma GCC unroll 4
-    for (int u = 0; u < U; ++u) body(i + u * W, Whole{}, u);
+    vectors<W>(i, body, std::make_integer_sequence<int, U>());
   for (; i + W <= n; i += W) body(i, Whole{}, 0);
   if (i == n) return;  // one test a row (two took 1.05x at 1024x256x14x14)
   if (n >= W) return body(i, Part<true>{int(n - i)}, U - 1);

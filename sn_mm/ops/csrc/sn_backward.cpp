@@ -75,11 +75,10 @@ void backward_pass(const at::Tensor& g, const Forward& f,
   a.g = g.data_ptr<T>();
   a.dx = grad_x.data_ptr<T>();
   a.per_channel = f.ratios.groups > 1;
-  if (f.x3.numel()) {
+  if (f.x3.numel())
     run_rows(kGradSums, a, rows);
-  } else {
+  else
     std::fill_n(a.sum_g, 2 * rows, T(0));
-  }
   const auto cols = sum_over_samples(
       samples, a.per_channel ? 9 * channels : 4 * channels + 5,
       [&](int64_t n, double* acc) { run(kGradReduce, a, n, n + 1, acc); });

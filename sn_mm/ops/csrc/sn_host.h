@@ -139,10 +139,8 @@ std::vector<double> sum_over_samples(int64_t samples, int64_t width,
   std::vector<double> partial(tasks * width, 0.0);
   const int64_t per_task = (samples + tasks - 1) / tasks;
   at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t n = t * per_task; n < std::min(samples, (t + 1) * per_task);
-           ++n)
-        fn(n, partial.data() + t * width);
+    for (int64_t n = t0 * per_task; n < std::min(samples, t1 * per_task); ++n)
+      fn(n, partial.data() + n / per_task * width);
   });
   for (int64_t t = 0; t < tasks; ++t)
     for (int64_t i = 0; i < width; ++i) total[i] += partial[t * width + i];

@@ -1,8 +1,6 @@
-// sn_mm::switchable_norm's CPU and AutogradCPU kernels (the latter a
-// torch::autograd::Function, which compiled autograd also runs), the tests'
-// settings, and the module sn_mm._ext whose import registers them: no
-// binding library (torch's autograd and library headers compile about a
-// third faster than torch/extension.h).
+// sn_mm::switchable_norm's CPU and AutogradCPU kernels (a Function, which
+// compiled autograd runs), the tests' settings, and sn_mm._ext, whose import
+// registers them (no torch/extension.h: these headers compile 1/3 faster).
 #include <Python.h>  // first, as Python's API manual asks
 // torch's headers
 #include <ATen/FuncTorchTLS.h>
