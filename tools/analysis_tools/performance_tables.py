@@ -43,40 +43,28 @@ COMMANDS = [
     ]),
     ('kernels-ab', 'main', 'avx512', [
         KERNELS, '--processes', '3', '--pads', '0', '32', '--candidate',
-        'old=c5bbb69', 'old2=c5bbb69:pad=16', 'new=542798e', '--rounds', '9',
+        'old=c5bbb69', 'old2=c5bbb69:pad=16', 'new=e554328', '--rounds', '9',
         '--fill', '0.03', '--isa', 'avx512', 'avx2'
-    ]),
-    ('kernels-ab-one-placement', 'main', 'avx512', [
-        KERNELS, '--processes', '3', '--candidate', 'old=c5bbb69',
-        'old2=c5bbb69:pad=48', 'new=542798e', '--rounds', '9', '--fill',
-        '0.03', '--isa', 'avx512', 'avx2'
-    ]),
-    ('kernels-ab-alone', 'main', 'avx512', [
-        KERNELS, '--processes', '4', '--alone', '--pads', '0', '32',
-        '--candidate', 'old=c5bbb69', 'old2=c5bbb69:pad=16', 'new=542798e',
-        '--rounds', '9', '--fill', '0.03', '--isa', 'avx512', '--shapes',
-        '2x256x200x304', '2x512x100x152', '2x1024x50x76', '512x256x7x7',
-        '8x64x24x24', '--modes', 'train', 'eval'
     ]),
     ('kernels-ab-baseline', 'main', None, [
         KERNELS, '--processes', '3', '--pads', '0', '32', '--candidate',
-        'old=c5bbb69', 'old2=c5bbb69:pad=16', 'new=542798e', '--isa',
+        'old=c5bbb69', 'old2=c5bbb69:pad=16', 'new=e554328', '--isa',
         'baseline', '--threads', '2', '--dtypes', 'float32', '--rounds', '9',
         '--fill', '0.03'
     ]),
     ('kernels-ab-oldest', 'oldest', 'avx512', [
         KERNELS, '--processes', '3', '--pads', '0', '32', '--candidate',
-        'old=c5bbb69', 'old2=c5bbb69:pad=16', 'new=542798e', '--rounds', '9',
+        'old=c5bbb69', 'old2=c5bbb69:pad=16', 'new=e554328', '--rounds', '9',
         '--fill', '0.03', '--isa', 'avx512', 'avx2', '--threads', '2',
         '--dtypes', 'float32', '--shapes', '2x256x200x304', '8x256x56x56',
         '512x256x7x7', '1x2048x7x7', '1x64x8x8', '2x16x70x70', '8x64x24x24'
     ]),
     ('cutoffs', 'main', 'avx512', [
-        KERNELS, '--cutoffs', '542798e', '--rounds', '9', '--fill', '0.03',
+        KERNELS, '--cutoffs', 'e554328', '--rounds', '9', '--fill', '0.03',
         '--threads', '2', '--isa', 'avx512', 'avx2', '--dtypes', 'float32'
     ]),
     ('cutoffs-sample-max', 'main', 'avx512', [
-        KERNELS, '--processes', '3', '--cutoffs', '542798e', '--only',
+        KERNELS, '--processes', '3', '--cutoffs', 'e554328', '--only',
         'SN_SAMPLE_MAX_KIB', '--rounds', '9', '--fill', '0.03', '--threads',
         '2', '--isa', 'avx512', 'avx2', '--dtypes', 'float32'
     ]),
